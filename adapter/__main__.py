@@ -1,0 +1,5 @@
+import sys
+
+from adapter.cli import main
+
+sys.exit(main())

@@ -1,0 +1,115 @@
+"""The ``[dsv41]`` log lines: one logger, one format, and its parser.
+
+Format (one line each, machine-parseable; ``rank`` is always the last field)::
+
+    [dsv41] <switch> installed [key=value ...] rank=<rank>
+    [dsv41] <switch> refused: <reason> rank=<rank>
+    [dsv41] <switch> <event> [key=value ...] rank=<rank>      # periodic or per-action lines
+
+``rank`` is ``tp<N>`` (with ``pp<M>``/``dp<K>`` where they are non-zero) when the engine has told
+the process its rank, else ``pid<PID>``. ``installed`` and ``refused`` are logged at most once per
+switch per process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+
+LOGGER_NAME = "dsv41"
+TAG = "[dsv41]"
+
+_logger = logging.getLogger(LOGGER_NAME)
+_once: set[tuple[str, str]] = set()
+
+
+def logger() -> logging.Logger:
+    """The overlay's logger; its own stderr handler so engine log setup cannot swallow receipts."""
+    if not _logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        _logger.addHandler(handler)
+        _logger.setLevel(logging.DEBUG if os.environ.get("DSV41_DEBUG_LOG") == "1" else logging.INFO)
+        _logger.propagate = False
+    return _logger
+
+
+def current_rank() -> str:
+    """The process's rank as the engine knows it, else its pid."""
+    ranks = _engine_ranks()
+    if ranks is None:
+        return f"pid{os.getpid()}"
+    tp, pp, dp = ranks
+    return f"tp{tp}" + (f"pp{pp}" if pp else "") + (f"dp{dp}" if dp else "")
+
+
+def _engine_ranks() -> tuple[int, int, int] | None:
+    module = sys.modules.get("sglang.srt.runtime_context")
+    if module is None:
+        return None
+    try:
+        parallel = module.get_parallel()
+        return int(parallel.tp_rank), int(parallel.pp_rank or 0), int(parallel.dp_rank or 0)
+    except Exception:  # not published yet in this process: fall back to the pid
+        return None
+
+
+def _fields(params: dict[str, object]) -> str:
+    return "".join(f" {k}={v}" for k, v in params.items())
+
+
+def installed(switch: str, **params: object) -> None:
+    if (switch, "installed") in _once:
+        return
+    _once.add((switch, "installed"))
+    logger().info("%s %s installed%s rank=%s", TAG, switch, _fields(params), current_rank())
+
+
+def refused(switch: str, reason: str) -> None:
+    if (switch, "refused") in _once:
+        return
+    _once.add((switch, "refused"))
+    reason = " ".join(reason.split())  # one line, always
+    logger().warning("%s %s refused: %s rank=%s", TAG, switch, reason, current_rank())
+
+
+def event(switch: str, what: str, *, level: int = logging.INFO, **params: object) -> None:
+    """A per-action or periodic line (not deduplicated)."""
+    logger().log(level, "%s %s %s%s rank=%s", TAG, switch, what, _fields(params), current_rank())
+
+
+def warn(message: str) -> None:
+    logger().warning("%s %s", TAG, " ".join(message.split()))
+
+
+def reset_for_tests() -> None:
+    _once.clear()
+
+
+@dataclass
+class Receipt:
+    switch: str
+    event: str
+    rank: str
+    reason: str = ""
+    params: dict[str, str] = field(default_factory=dict)
+
+
+def parse_line(line: str) -> Receipt | None:
+    """Parse one log line; None when it is not a ``[dsv41] <switch> ...`` receipt."""
+    start = line.find(TAG)
+    if start < 0:
+        return None
+    body, sep, rank = line[start + len(TAG) :].strip().rpartition(" rank=")
+    if not sep or not rank or " " in rank:
+        return None
+    head, colon, reason = body.partition(": ")
+    words = head.split()
+    if len(words) < 2 or not re.fullmatch(r"[a-z0-9_]+", words[0]):
+        return None
+    event_words = [w for w in words[1:] if "=" not in w]
+    params = dict(w.split("=", 1) for w in words[1:] if "=" in w)
+    return Receipt(words[0], " ".join(event_words), rank, reason.strip() if colon else "", params)

@@ -1,0 +1,22 @@
+"""Test setup shared by every test: one torch thread (2-core machines), the repo on sys.path."""
+
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _no_overlay_state_leaks():
+    """Each test starts with no finder installed and no switch wrapped."""
+    from adapter import boot
+
+    boot.uninstall()
+    yield
+    boot.uninstall()
