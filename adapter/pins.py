@@ -23,6 +23,7 @@ PINS: dict[str, str] = {
     "sglang.srt.model_executor.runner.flashinfer_autotune:flashinfer_autotune_context": (
         "0a4d2304bc899b5e8afec773d7333cd145b0171b30430a0c2b1e7dd7de93ea51"
     ),
+    # -- end of pins (add new pins above this line, grouped under a comment naming the switch) --
 }
 
 

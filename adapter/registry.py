@@ -66,6 +66,7 @@ SWITCHES: tuple[Switch, ...] = (
         volatile=True,
         module_file="adapter/autotune_keep.py",
     ),
+    # -- end of switches (add new Switch entries above this line, in install order) --
 )
 
 

@@ -3,4 +3,5 @@ returns its figures, which the CLI prints as the last line (one JSON object)."""
 
 BENCHMARKS = {
     "startup": "adapter.bench.startup:run",
+    # -- end of benchmarks --
 }
