@@ -18,16 +18,17 @@ Failure rules:
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.machinery
 import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from adapter import patching, pins, receipts, registry
+from adapter import receipts, registry
+
+if TYPE_CHECKING:  # imported lazily: a process that installs nothing never loads wrapt or inspect
+    from adapter import patching, pins
 
 ENGINE_PACKAGE = "sglang"
 
@@ -59,14 +60,14 @@ class State:
 STATE: State | None = None
 
 
-class _LoaderProxy(importlib.abc.Loader):
+class _LoaderProxy:
     """Delegates to the real loader; runs the hook after the module has executed."""
 
     def __init__(self, loader: Any, finder: SwitchFinder):
         self._loader = loader
         self._finder = finder
 
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+    def create_module(self, spec: Any) -> ModuleType | None:
         return self._loader.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
@@ -77,7 +78,7 @@ class _LoaderProxy(importlib.abc.Loader):
         return getattr(self._loader, name)
 
 
-class SwitchFinder(importlib.abc.MetaPathFinder):
+class SwitchFinder:
     def __init__(self, state: State, targets: set[str], fail_with: str | None = None):
         self.state = state
         self.targets = targets
@@ -107,6 +108,8 @@ class SwitchFinder(importlib.abc.MetaPathFinder):
 
 def install_switch(state: State, switch: registry.Switch) -> Outcome:
     """Check pins, then install; on any failure revert and refuse (raise under strict)."""
+    from adapter import patching, pins
+
     outcome = state.outcomes.setdefault(switch.name, Outcome(switch.name))
     outcome.pins = [pins.check(target) for target in switch.wraps]
     drift = [p for p in outcome.pins if not p.ok]
@@ -170,7 +173,7 @@ def uninstall() -> None:
     global STATE
     sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, SwitchFinder)]
     if STATE is not None:
-        for patch in STATE.patches.values():
+        for patch in reversed(list(STATE.patches.values())):  # last installed is outermost
             patch.revert()
     STATE = None
     receipts.reset_for_tests()

@@ -131,7 +131,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"unknown benchmark {args.name!r}; known: {', '.join(sorted(BENCHMARKS))}", file=sys.stderr)
         return 2
     module_name, _, function = BENCHMARKS[args.name].partition(":")
-    figures = getattr(importlib.import_module(module_name), function)(quick=args.quick)
+    kwargs = {"device": args.device} if args.device is not None else {}
+    figures = getattr(importlib.import_module(module_name), function)(quick=args.quick, **kwargs)
     print(json.dumps({"bench": args.name, "quick": args.quick, **figures}, sort_keys=False))
     return 0
 
@@ -152,6 +153,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     p = sub.add_parser("bench", help="run a named benchmark")
     p.add_argument("name")
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--device", help="where the benchmark's device tensors live (e.g. cuda); only benchmarks that take it")
     p.set_defaults(run=cmd_bench)
     args = parser.parse_args(argv)
     try:

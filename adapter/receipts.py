@@ -26,10 +26,22 @@ _logger = logging.getLogger(LOGGER_NAME)
 _once: set[tuple[str, str]] = set()
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at emit time (it is replaced by daemons and test capture)."""
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: object) -> None:
+        pass
+
+
 def logger() -> logging.Logger:
     """The overlay's logger; its own stderr handler so engine log setup cannot swallow receipts."""
     if not _logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("%(message)s"))
         _logger.addHandler(handler)
         _logger.setLevel(logging.DEBUG if os.environ.get("DSV41_DEBUG_LOG") == "1" else logging.INFO)
