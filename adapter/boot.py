@@ -41,10 +41,18 @@ class Refusal(Exception):
     """Raised by a switch's install function: the switch cannot act here (one-line reason)."""
 
 
+class NotApplicable(Refusal):
+    """A refusal because this machine or model cannot use the switch (e.g. no CUDA device).
+
+    A boot logs it as a refusal like any other; ``check`` on a build machine reports it as ``n/a``
+    instead of a failure, since the profile itself is fine.
+    """
+
+
 @dataclass
 class Outcome:
     switch: str
-    status: str = "pending"  # pending | installed | refused
+    status: str = "pending"  # pending | installed | refused | n/a (refused: not applicable here)
     reason: str = ""
     params: dict[str, Any] = field(default_factory=dict)
     pins: list[pins.PinCheck] = field(default_factory=list)
@@ -122,8 +130,10 @@ def install_switch(state: State, switch: registry.Switch) -> Outcome:
         outcome.params = dict(install(state.config, patch) or {})
     except Exception as exc:  # a refusal, or a bug in an install: never half-installed
         patch.revert()
-        outcome.status = "refused"
+        outcome.status = "n/a" if isinstance(exc, NotApplicable) else "refused"
         outcome.reason = str(exc) if isinstance(exc, Refusal) else f"install failed: {type(exc).__name__}: {exc}"
+        if isinstance(exc, NotApplicable):
+            outcome.reason = f"not applicable here: {outcome.reason}"
         receipts.refused(switch.name, outcome.reason)
         if state.config.strict:
             raise BootError(f"{switch.name} refused under DSV41_STRICT=1: {outcome.reason}") from exc

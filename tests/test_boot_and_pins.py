@@ -183,3 +183,14 @@ def test_patch_revert_restores_plain_attributes_and_wrapped_functions(autotune_m
     patch.revert()
     assert autotune_module._autotune_cache_digest is before
     assert not hasattr(autotune_module, "DSV41_MARKER")
+
+
+def test_a_switch_that_cannot_act_on_this_machine_is_refused_as_not_applicable(autotune_module, monkeypatch, capfd):
+    def no_device(config, patch):
+        raise boot.NotApplicable("no CUDA device")
+
+    monkeypatch.setattr(sys.modules["adapter.autotune_keep"], "install", no_device)
+    state = boot.install({"DSV41_AUTOTUNE_KEEP": "1"})
+    outcome = state.outcomes["autotune_keep"]
+    assert (outcome.status, outcome.reason) == ("n/a", "not applicable here: no CUDA device")
+    assert "[dsv41] autotune_keep refused: not applicable here: no CUDA device rank=" in capfd.readouterr().err
