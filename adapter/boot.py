@@ -110,8 +110,18 @@ class SwitchFinder:
     def on_imported(self, module_name: str) -> None:
         for switch in self.state.config.requested:
             outcome = self.state.outcomes[switch.name]
-            if outcome.status == "pending" and all(m in sys.modules for m in switch.modules):
+            if outcome.status == "pending" and all(_executed(m, module_name) for m in switch.modules):
                 install_switch(self.state, switch)
+
+
+def _executed(name: str, just_executed: str) -> bool:
+    """``name`` is imported and its body has run. A module mid-import is already in ``sys.modules``
+    (``__spec__._initializing``) when it imports another target: installing then would find its
+    classes missing. ``just_executed`` is the module whose body just finished (still flagged)."""
+    module = sys.modules.get(name)
+    if module is None:
+        return False
+    return name == just_executed or not getattr(getattr(module, "__spec__", None), "_initializing", False)
 
 
 def install_switch(state: State, switch: registry.Switch) -> Outcome:

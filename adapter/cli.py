@@ -3,6 +3,7 @@
 * ``check [--env-file FILE]``: validate a profile against the pinned engine before a boot.
 * ``receipts LOG... --env-file FILE --ranks N``: verify a boot's logs after it.
 * ``pins``: the pinned upstream functions and the hashes installed here.
+* ``docs [--check]``: render ``docs/adapters.md`` from the registry.
 * ``bench NAME [--quick]``: a named benchmark; last line is one JSON object.
 """
 
@@ -59,6 +60,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             except boot.BootError as exc:  # DSV41_STRICT in the profile: the outcome is recorded
                 print(f"strict: {exc}")
     rows = []
+    notes: list[str] = []
     for switch in registry.SWITCHES:
         checks = [pins.check(t) for t in switch.wraps]
         drift = [c for c in checks if not c.ok]
@@ -70,9 +72,13 @@ def cmd_check(args: argparse.Namespace) -> int:
              "yes" if switch.volatile else "no"]
         )
         problems += [c.describe() for c in drift]
-        if outcome is not None and outcome.status != "installed":
+        if outcome is not None and outcome.status == "n/a":
+            notes.append(f"{switch.name}: {outcome.reason} (a boot on this machine would refuse it)")
+        elif outcome is not None and outcome.status != "installed":
             problems.append(f"{switch.name} {outcome.status}: {outcome.reason or 'its modules did not import'}")
     print(_table(["switch", "keys", "pins", "status", "volatile"], rows))
+    for note in notes:
+        print(f"note: {note}")
     for problem in problems:
         print(f"problem: {problem}")
     print("check: " + ("FAILED" if problems else "ok"))
@@ -137,6 +143,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_docs(args: argparse.Namespace) -> int:
+    from adapter import docs
+
+    return docs.main(check=args.check)
+
+
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m adapter", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -150,11 +162,24 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     p.set_defaults(run=cmd_receipts)
     p = sub.add_parser("pins", help="list pinned upstream functions and their installed hashes")
     p.set_defaults(run=cmd_pins)
+    p = sub.add_parser("docs", help="render docs/adapters.md from the registry")
+    p.add_argument("--check", action="store_true", help="fail if docs/adapters.md is stale")
+    p.set_defaults(run=cmd_docs)
     p = sub.add_parser("bench", help="run a named benchmark")
     p.add_argument("name")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--device", help="where the benchmark's device tensors live (e.g. cuda); only benchmarks that take it")
     p.set_defaults(run=cmd_bench)
+    from adapter import fit_cost_model  # light: no engine import until it reads a log
+
+    p = sub.add_parser("fit-cost-model", help="fit the decode-yield cost model from forward-pass-metrics output")
+    fit_cost_model.add_arguments(p)
+    p.set_defaults(run=fit_cost_model.run)
+    from adapter import gate  # light: the engine kit and SGLang load only when the gate runs
+
+    p = sub.add_parser("gate", help="release gate: stock / profile / stock boots of the real engine on CPU")
+    gate.add_arguments(p)
+    p.set_defaults(run=gate.main)
     args = parser.parse_args(argv)
     try:
         return args.run(args)

@@ -88,6 +88,19 @@ def choice(*options: str) -> Parser[str]:
     return Parser(parse, allowed)
 
 
+def absolute_path() -> Parser[str]:
+    """An absolute filesystem path (whether it exists is for the switch to check at install)."""
+    allowed = "an absolute path (starting with /)"
+
+    def parse(key: str, raw: str) -> str:
+        text = raw.strip()
+        if not text.startswith("/") or any(c in text for c in "\n\r\0"):
+            raise ConfigError(key, raw, allowed)
+        return text
+
+    return Parser(parse, allowed)
+
+
 def dsv41_items(environ: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in environ.items() if k.startswith(PREFIX)}
 

@@ -23,6 +23,111 @@ PINS: dict[str, str] = {
     "sglang.srt.model_executor.runner.flashinfer_autotune:flashinfer_autotune_context": (
         "0a4d2304bc899b5e8afec773d7333cd145b0171b30430a0c2b1e7dd7de93ea51"
     ),
+    # page_rounded_admission (wrapped)
+    "sglang.srt.managers.schedule_policy:PrefillAdder._get_running_request_total_token_offset": (
+        "64fd33f1c3fee43bd659c89c36274155636d11725fa896aac1fc58c3483c5275"
+    ),
+    "sglang.srt.managers.schedule_policy:PrefillAdder.__init__": (
+        "311684cd26be5b49ecc864a1f5adabf6263513b986c4d8d5738703b8d58615aa"
+    ),
+    "sglang.srt.managers.schedule_policy:PrefillAdder._check_prefill_budget": (
+        "090134788039bbb48c6f510e1a876e17204fbea4e1afb21e94161783ffe9b17f"
+    ),
+    "sglang.srt.managers.schedule_policy:PrefillAdder._update_prefill_budget": (
+        "63965ae1945bd25ffa773e73e0c1976d13bc914d542863ec2a5c6fd6b6b3c150"
+    ),
+    "sglang.srt.managers.scheduler:Scheduler.init_req_max_new_tokens": (
+        "ea5d8cf1e6bf45ac74c991156882153117a19c9ddb2e97466eed48ec91cfe6a8"
+    ),
+    # page_rounded_admission (pinned, not wrapped: the arithmetic its wrappers replace)
+    "sglang.srt.mem_cache.prefill_budget:PrefillBudget.reserve": (
+        "81106a62693358040771b92b9fbce3d6322363ea3b5ae2036cde6111a3fd0c6d"
+    ),
+    "sglang.srt.mem_cache.prefill_budget:PrefillBudget.check_prefill": (
+        "3496f9d9e0e8c0ed05b461f88be871c63d337a709960a1eea73eb258ce82ecb5"
+    ),
+    "sglang.srt.managers.schedule_policy:PrefillAdder.add_one_req": (
+        "11ea292b16f33cb686bf72862fee68949b2586dac1b4c42a45525c6b43c17f7f"
+    ),
+    "sglang.srt.managers.schedule_policy:PrefillAdder._select_prefill_admission": (
+        "c17c45f9e1e609c65f2ddf85e1e8e97ace80f259e0b44113de81545f14b45662"
+    ),
+    "sglang.srt.mem_cache.allocator.base:BaseTokenToKVPoolAllocator.max_new_tokens_for_memory": (
+        "69701e5fec1eb452aee8cc95f4cb6d01a3e39d1407d66adb80f0d3ae92432187"
+    ),
+    # fast_tree_core
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._insert_walk_step": (
+        "e05a13b0ebcb98f584587bd42842aa4fe7337c9b13715eda4681da8f5227f5c2"
+    ),
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._finish_insert_walk_node": (
+        "952475c4b33f48283b0d5b568195b9e55bdf8fabfda3341a27e654d3b3b8af17"
+    ),
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._insert_commit_step": (
+        "0b4f537155f635bd8d45886e1a9292fffd8d3c8e64209d6aebf7f9d38d6cafeb"
+    ),
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._insert_overlap_step": (
+        "6674cf49e0b8d7f6038bceb075bd79d83559afd5c4f3772d3c7abdcfe0adb4fe"
+    ),
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._touch_node": (
+        "2903de6a567b669f76dc557a7f0b2d9b997faaf6d9fd98b42988b38dc4eae31a"
+    ),
+    "sglang.srt.mem_cache.unified_cache.components.swa:SWAComponent.update_component_on_insert_overlap": (
+        "03feead801e19dbcffe977f84608b6987d4496356ccb9470f469688420ddb1eb"
+    ),
+    "sglang.srt.mem_cache.unified_cache.components.swa:SWAComponent.refresh_lru": (
+        "cb4932a420de8a80d296ea8a1c6b6a6a7eb55982b74ace1d66ffd69e41573f0f"
+    ),
+    "sglang.srt.mem_cache.unified_cache.components.base:TreeComponent.update_component_on_insert_overlap": (
+        "34a714325de3a56b07ec40e7be7a5a788b73a3cdec234296cb9888c7b13640f7"
+    ),
+    # swa_thin
+    "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.checkpoint_into_tree": (
+        "3a20fa5c0617352cc19485b47d5fc54b429288fe6deb62747ed95f4fd7ffd098"
+    ),
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedLRUList._remove_node": (
+        "e0101fd38b9dc80111fa9fd6b043faf7e442da4586105f912bea4fc097e0d8fb"
+    ),
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedLRUList._add_node_after": (
+        "7b84b69969bc04730bec910f80927121f6de0a96499d8801b4a21f24b7abcae1"
+    ),
+    # decode_yield
+    "sglang.srt.managers.scheduler:Scheduler.get_next_batch_to_run": (
+        "34f30fd4dfb13d741ef8aae209ca7de67fa00846ee58ffa7706fc3b12890fae0"
+    ),
+    "sglang.srt.managers.scheduler:Scheduler._should_defer_prefill": (
+        "fbdbb2ae5a7e7086d980af305f19f5a25791c5db92f450dc22f349e4c28e12b3"
+    ),
+    # swa_native_decode
+    "sglang.kernels.ops.attention.flash_mla_sm120:_flash_mla_flashinfer": (
+        "dc287221ffafd0d4311863acfc34ba8183c8230f03508e191db96b3bc97a4acb"
+    ),
+    # kv_park (also wraps Scheduler.get_next_batch_to_run, pinned above under decode_yield)
+    "sglang.srt.managers.schedule_batch:release_req": (
+        "e9a690b5c7084bb5f69496e1b8e200a75a05db87a7232dc66bdbb5feba112c43"
+    ),
+    # cone_replay (wrapped; PrefillAdder._select_prefill_admission is pinned above, same hash)
+    "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.__init__": (
+        "cc144f4312cfcd7108e7d52717622db6c42f7d62a8cc9ccbf38fd623411906a5"
+    ),
+    "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.match_prefix": (
+        "8cd7f2cc3958b7250fe8218cbeaa206d9939c6c05c08a318cf03f832a7b1a74b"
+    ),
+    "sglang.srt.managers.schedule_batch:ScheduleBatch.prepare_for_extend": (
+        "e7ca2d0e335a570e2c731f3dc2869899f16f223dbc13d1ce688fbdd3040eef62"
+    ),
+    # cone_replay (pinned, not wrapped: F's definition, the fields a fallback restores, the anchor lock)
+    "sglang.srt.mem_cache.unified_cache.components.swa:SWAComponent.finalize_match_result_in_tree_core": (
+        "e680eab5d5c255cae6ef9a6dcbb14b32ca172ca371c3d6f1b7c63f36462531bf"
+    ),
+    "sglang.srt.mem_cache.common:match_kv_cache": (
+        "1f3b0e2c895cf0ad687d3f98329b74d0aab90e85babc2d105806fe176b7de009"
+    ),
+    "sglang.srt.managers.schedule_policy:PrefillAdder._commit_prefill_admission": (
+        "6151e6da5dfb0b6f7a8a8a8ecd50a3c85b1abc5a6dc4de858523750327bf006e"
+    ),
+    "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.path_device_indices": (
+        "c32a8f4f29a0983a7a0550a31dbdaad8aed809d6a0d62c7e0853d3120c6ecf25"
+    ),
     # -- end of pins (add new pins above this line, grouped under a comment naming the switch) --
 }
 

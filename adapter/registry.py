@@ -66,7 +66,175 @@ SWITCHES: tuple[Switch, ...] = (
         volatile=True,
         module_file="adapter/autotune_keep.py",
     ),
-    # -- end of switches (add new Switch entries above this line, in install order) --
+    Switch(
+        name="swa_native_decode",
+        gate=Key("DSV41_SWA_NATIVE_DECODE", env.flag(), "DSV4 decode reads 256-token SWA pages in place (SM120/SM121)"),
+        summary="decode-sized DSV4 calls on SM120/SM121 go to a sha-checked decode-only FlashInfer module with "
+        "the 256-token SWA pool view instead of copying each touched page into four 64-token pages (issue 6)",
+        modules=("sglang.kernels.ops.attention.flash_mla_sm120",),
+        wraps=("sglang.kernels.ops.attention.flash_mla_sm120:_flash_mla_flashinfer",),
+        install="adapter.swa_native_decode:install",
+        # Same kernel instance and the tactic FlashInfer's planner picks for the copy path; autotune
+        # passes take the stock path, so no tuned shape or kernel depends on this key.
+        volatile=True,
+        options=(
+            Key(
+                "DSV41_NATIVE_DECODE_DIR",
+                env.absolute_path(),
+                "folder of the built module and its manifest (default: <overlay>/build/native_decode)",
+            ),
+        ),
+        module_file="adapter/swa_native_decode.py",
+    ),
+    Switch(
+        name="decode_yield",
+        gate=Key("DSV41_DECODE_YIELD", env.percent(), "share (percent) of time running streams keep while a long prompt prefills in chunks"),
+        summary="after each non-final chunk, defer the next prefill for N decode steps (integer cost model, "
+        "floor --prefill-decode-interval, cap 128) so running streams keep their share (issue 3)",
+        modules=("sglang.srt.managers.scheduler",),
+        wraps=(
+            "sglang.srt.managers.scheduler:Scheduler.get_next_batch_to_run",
+            "sglang.srt.managers.scheduler:Scheduler._should_defer_prefill",
+        ),
+        install="adapter.decode_yield:install",
+        volatile=True,
+        options=tuple(
+            Key(f"DSV41_DECODE_YIELD_{name}", env.integer(0, 10**12, unit=unit), f"decode-yield cost model: {unit}")
+            for name, unit in (  # defaults and their provenance: adapter/cost_model.py DEFAULTS
+                ("CHUNK_US", "µs per prefill forward"),
+                ("TOKEN_NS", "ns per prefill token"),
+                ("PAIR_FS", "fs per causal attention pair"),
+                ("TOPK_PAIR_PS", "ps per top-k attention pair"),
+                ("STEP_US", "µs per decode step"),
+                ("ROW_NS", "ns per decode row"),
+                ("KV_PS", "ps per KV token read in decode"),
+                ("TOPK_KV_PS", "ps per top-k KV token read in decode"),
+                ("TOPK", "keys per query of the sparse attention; 0 = dense"),
+            )
+        ),
+        module_file="adapter/decode_yield.py",
+    ),
+    Switch(
+        name="fast_tree_core",
+        gate=Key("DSV41_SWA_FAST_CORE", env.flag(), "insert walk of the Python tree core without quadratic key copies"),
+        summary="the Python UnifiedTreeCore insert walk advances a key offset instead of copying the key's rest "
+        "at every node (results identical to stock; turned on by SWA thin)",
+        # The cache module, not the tree-core module: the cache imports the tree core mid-import, and a
+        # switch must not install while the cache module is still partially initialized.
+        modules=("sglang.srt.mem_cache.unified_radix_cache",),
+        wraps=(
+            *(
+                f"sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore.{fn}"
+                for fn in ("_insert_walk_step", "_finish_insert_walk_node", "_insert_commit_step",
+                           # pinned, not wrapped: the walk calls the first and inlines the second
+                           "_insert_overlap_step", "_touch_node")
+            ),
+            # Pinned, not wrapped: the component hooks the walk knows to be no-ops where it skips them.
+            "sglang.srt.mem_cache.unified_cache.components.swa:SWAComponent.update_component_on_insert_overlap",
+            "sglang.srt.mem_cache.unified_cache.components.swa:SWAComponent.refresh_lru",
+            "sglang.srt.mem_cache.unified_cache.components.base:TreeComponent.update_component_on_insert_overlap",
+        ),
+        install="adapter.fast_tree_core:install",
+        volatile=True,
+        module_file="adapter/fast_tree_core.py",
+    ),
+    Switch(
+        name="swa_thin",
+        gate=Key("DSV41_SWA_THIN", env.flag(), "evict passed SWA checkpoints first so idle sessions keep their resume point"),
+        summary="checkpoints a request has moved past go to the evict-first end of the SWA LRU (Python tree core)",
+        modules=("sglang.srt.mem_cache.unified_radix_cache",),
+        wraps=(
+            "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.checkpoint_into_tree",
+            # Pinned, not wrapped: the two LRU primitives the demotion calls.
+            "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedLRUList._remove_node",
+            "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedLRUList._add_node_after",
+        ),
+        install="adapter.swa_thin:install",
+        volatile=True,
+        requires=("fast_tree_core",),
+        module_file="adapter/swa_thin.py",
+    ),
+    Switch(
+        name="cone_replay",
+        gate=Key("DSV41_SWA_CONE_REPLAY", env.flag(), "replay only the last N tokens before a resume point whose SWA window was evicted"),
+        summary="a match stopped only by an evicted SWA window at F resumes on Full KV at page_floor(F - N) and "
+        "replays N tokens instead of re-prefilling from the stock match (issue 5)",
+        modules=(
+            "sglang.srt.mem_cache.unified_radix_cache",
+            "sglang.srt.mem_cache.unified_cache.components.swa",
+            "sglang.srt.mem_cache.common",
+            "sglang.srt.managers.schedule_policy",
+            "sglang.srt.managers.schedule_batch",
+        ),
+        wraps=(
+            "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.__init__",
+            "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.match_prefix",
+            "sglang.srt.managers.schedule_policy:PrefillAdder._select_prefill_admission",
+            "sglang.srt.managers.schedule_batch:ScheduleBatch.prepare_for_extend",
+            # Pinned, not wrapped: F's definition, the fields a fallback restores, the anchor lock, the copy source.
+            "sglang.srt.mem_cache.unified_cache.components.swa:SWAComponent.finalize_match_result_in_tree_core",
+            "sglang.srt.mem_cache.common:match_kv_cache",
+            "sglang.srt.managers.schedule_policy:PrefillAdder._commit_prefill_admission",
+            "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.path_device_indices",
+        ),
+        install="adapter.cone_replay:install",
+        volatile=True,
+        options=(
+            Key("DSV41_SWA_CONE_TOKENS", env.integer(1, unit="tokens; a multiple of the page size, at least the bound"),
+                "replay depth N (checked against the bound when the cache is built)", default="8192"),
+            Key("DSV41_SWA_CONE_FORWARD_STANDIN", env.flag(),
+                "tests and bench only: the forward applies the cone's write mask and window floor itself "
+                "(not wired into SGLang's attention backends yet; without it the switch refuses at cache build)",
+                default="0", test_only=True),
+        ),
+        module_file="adapter/cone_replay.py",
+    ),
+    Switch(
+        name="page_rounded_admission",
+        gate=Key("DSV41_PAGE_ROUNDED_ADMISSION", env.flag(), "charge KV in whole pages everywhere PrefillAdder admits"),
+        summary="one page-rounded KV cost for running rows, mixed decode rows, the admission check, the "
+        "reserve and the never-fits gate, so admission never overcommits the pool (issue 8)",
+        # The scheduler alone: it imports schedule_policy, and while it executes it is already in
+        # sys.modules, so listing both would install before Scheduler is defined.
+        modules=("sglang.srt.managers.scheduler",),
+        wraps=(
+            "sglang.srt.managers.schedule_policy:PrefillAdder._get_running_request_total_token_offset",
+            "sglang.srt.managers.schedule_policy:PrefillAdder.__init__",
+            "sglang.srt.managers.schedule_policy:PrefillAdder._check_prefill_budget",
+            "sglang.srt.managers.schedule_policy:PrefillAdder._update_prefill_budget",
+            "sglang.srt.managers.scheduler:Scheduler.init_req_max_new_tokens",
+            # Pinned, not wrapped: the arithmetic the wrappers replace exactly (stock reserve and
+            # check, the caller that builds total_tokens, the stock never-fits bound).
+            "sglang.srt.mem_cache.prefill_budget:PrefillBudget.reserve",
+            "sglang.srt.mem_cache.prefill_budget:PrefillBudget.check_prefill",
+            "sglang.srt.managers.schedule_policy:PrefillAdder.add_one_req",
+            "sglang.srt.managers.schedule_policy:PrefillAdder._select_prefill_admission",
+            "sglang.srt.mem_cache.allocator.base:BaseTokenToKVPoolAllocator.max_new_tokens_for_memory",
+        ),
+        install="adapter.page_rounded_admission:install",
+        volatile=True,
+        module_file="adapter/page_rounded_admission.py",
+    ),
+    Switch(
+        name="kv_park",
+        gate=Key("DSV41_KV_PARK", env.choice("ram"), "park a retracted request's KV pages in host RAM and restore them on re-admission"),
+        summary="retraction saves the row's pages with a page-major copy engine (background worker) into a "
+        "budgeted LRU host store; re-admission restores them as a cached prefix instead of a re-prefill (issue 9)",
+        modules=("sglang.srt.managers.schedule_batch", "sglang.srt.managers.scheduler"),
+        wraps=(
+            "sglang.srt.managers.schedule_batch:release_req",
+            "sglang.srt.managers.scheduler:Scheduler.get_next_batch_to_run",
+        ),
+        install="adapter.kv_park.switch:install",
+        volatile=True,  # host copies only: no tuned shape or kernel
+        options=(
+            Key("DSV41_KV_PARK_GIB", env.integer(1, 4096, unit="GiB of host RAM for parked KV"),
+                "host RAM budget of parked entries; least recently used entries are evicted beyond it",
+                default="8"),
+        ),
+        module_file="adapter/kv_park/switch.py",
+    ),
+    # -- end of switches (in install order; the production profile lists its keys in this order) --
 )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import os
 import sys
 import types
 
@@ -166,12 +167,16 @@ def test_receipt_lines_parse_back_to_switch_event_params_and_rank():
     assert receipts.parse_line("INFO scheduler started") is None
 
 
-def test_the_rank_comes_from_the_engine_once_it_has_published_one():
+def test_the_rank_comes_from_the_engine_once_it_has_published_one(monkeypatch):
     from sglang.srt import runtime_context
 
-    assert receipts.current_rank().startswith("pid")
-    with runtime_context.get_parallel().override(tp_rank=2, pp_rank=1, dp_rank=0):
-        assert receipts.current_rank() == "tp2pp1"
+    with runtime_context.get_parallel().override(tp_rank=0, pp_rank=0, dp_rank=0):
+        assert receipts.current_rank() == "tp0"
+    monkeypatch.setattr(receipts, "_engine_ranks", lambda: (2, 1, 0))
+    assert receipts.current_rank() == "tp2pp1"
+    monkeypatch.undo()
+    monkeypatch.delitem(sys.modules, "sglang.srt.runtime_context")  # an engine that published nothing
+    assert receipts.current_rank() == f"pid{os.getpid()}"
 
 
 def test_patch_revert_restores_plain_attributes_and_wrapped_functions(autotune_module):
@@ -194,3 +199,31 @@ def test_a_switch_that_cannot_act_on_this_machine_is_refused_as_not_applicable(a
     outcome = state.outcomes["autotune_keep"]
     assert (outcome.status, outcome.reason) == ("n/a", "not applicable here: no CUDA device")
     assert "[dsv41] autotune_keep refused: not applicable here: no CUDA device rank=" in capfd.readouterr().err
+
+
+_SEEN_AT_INSTALL: list[bool] = []
+
+
+def _install_needing_the_scheduler_class(config, patch):
+    _SEEN_AT_INSTALL.append(hasattr(sys.modules["sglang.srt.managers.scheduler"], "Scheduler"))
+    return {}
+
+
+def test_a_switch_waits_until_every_target_module_has_finished_executing(monkeypatch):
+    """scheduler.py imports schedule_policy mid-body: that moment must not count as 'both imported'."""
+    importlib.import_module("sglang.srt.managers.scheduler")
+    base = registry.by_name("autotune_keep")
+    waiting = dataclasses.replace(
+        base, name="waits_for_both", gate=dataclasses.replace(base.gate, name="DSV41_TEST_WAITS"), wraps=(),
+        modules=("sglang.srt.managers.schedule_policy", "sglang.srt.managers.scheduler"),
+        install=f"{__name__}:_install_needing_the_scheduler_class",
+    )
+    monkeypatch.setattr(registry, "SWITCHES", (waiting,))
+    for name in waiting.modules:
+        monkeypatch.delitem(sys.modules, name)
+    _SEEN_AT_INSTALL.clear()
+    state = boot.install({"DSV41_TEST_WAITS": "1"})
+    assert state.outcomes["waits_for_both"].status == "pending"
+    importlib.import_module("sglang.srt.managers.scheduler")
+    assert state.outcomes["waits_for_both"].status == "installed"
+    assert _SEEN_AT_INSTALL == [True]

@@ -1,0 +1,101 @@
+"""HTTP calls to a kit server: bounded in time, greedy, token ids in and out."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+
+TIMEOUT_S = 300.0  # one request never waits longer than this
+
+
+def greedy(max_new_tokens: int, **extra: Any) -> dict[str, Any]:
+    return {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True, **extra}
+
+
+def generate(base_url: str, input_ids: list[int], max_new_tokens: int, timeout_s: float = TIMEOUT_S) -> dict[str, Any]:
+    """One greedy ``/generate`` call; returns ``{"output_ids", "meta_info", "e2e_s"}``."""
+    t0 = time.monotonic()
+    response = requests.post(base_url + "/generate", timeout=timeout_s,
+                             json={"input_ids": input_ids, "sampling_params": greedy(max_new_tokens)})
+    response.raise_for_status()
+    body = response.json()
+    return {"output_ids": list(body["output_ids"]), "meta_info": body["meta_info"], "e2e_s": time.monotonic() - t0}
+
+
+def flush_cache(base_url: str) -> None:
+    """Empty the radix cache so a phase starts from the same tree on every boot."""
+    requests.post(base_url + "/flush_cache", timeout=60).raise_for_status()
+
+
+def abort(base_url: str, rid: str) -> None:
+    requests.post(base_url + "/abort_request", json={"rid": rid}, timeout=30).raise_for_status()
+
+
+@dataclass
+class Stream:
+    """A streaming greedy request on its own thread: token counts with client-side arrival times."""
+
+    base_url: str
+    rid: str
+    input_ids: list[int]
+    max_new_tokens: int
+    timeout_s: float = TIMEOUT_S
+    ticks: list[tuple[float, int]] = field(default_factory=list)  # (monotonic time, completion tokens)
+    output_ids: list[int] = field(default_factory=list)
+    finish_reason: Any = None
+    error: str | None = None
+    _thread: threading.Thread | None = None
+
+    def start(self) -> Stream:
+        self._thread = threading.Thread(target=self._run, name=f"stream-{self.rid}", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        body = {"input_ids": self.input_ids, "sampling_params": greedy(self.max_new_tokens), "stream": True,
+                "rid": self.rid}
+        try:
+            with requests.post(self.base_url + "/generate", json=body, stream=True, timeout=self.timeout_s) as response:
+                response.raise_for_status()
+                for line in response.iter_lines():
+                    if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                        continue
+                    chunk = json.loads(line[6:])
+                    meta = chunk.get("meta_info", {})
+                    self.ticks.append((time.monotonic(), int(meta.get("completion_tokens", 0))))
+                    if "output_ids" in chunk:
+                        self.output_ids = list(chunk["output_ids"])
+                    self.finish_reason = meta.get("finish_reason")
+        except Exception as exc:  # reported to the caller, who decides
+            self.error = f"{type(exc).__name__}: {exc}"
+
+    @property
+    def tokens(self) -> int:
+        return self.ticks[-1][1] if self.ticks else 0
+
+    def tokens_at(self, t: float) -> int:
+        """Completion tokens received by time ``t``."""
+        seen = 0
+        for when, count in self.ticks:
+            if when > t:
+                break
+            seen = count
+        return seen
+
+    def join(self, timeout_s: float) -> bool:
+        assert self._thread is not None
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+
+def wait_until(predicate, timeout_s: float, what: str, poll_s: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(poll_s)

@@ -1,0 +1,418 @@
+"""A real ``UnifiedRadixCache`` (FULL + SWA components) on CPU, and the request life cycle on it.
+
+Shared by tests and benchmarks (SWA thin, the fast tree core, later cone replay). Everything here
+drives the real upstream objects through the scheduler's own entry points; only the model forward
+(the KV contents) is absent.
+
+API::
+
+    kit = build(geometry=SMALL, backend="python", session=False)
+    kit.cache / kit.allocator / kit.pool          # UnifiedRadixCache, SWATokenToKVPoolAllocator, ReqToTokenPool
+    kit.core                                      # the tree core (UnifiedTreeCore or RustUnifiedTreeCore)
+
+    req = kit.admit(tokens)                       # Req + row + real match (match_kv_cache) + admission lock
+    kit.prefill(req, chunk=None)                  # chunks of geometry.chunk, a checkpoint after each
+    kit.prefill_to(req, end)                      # one chunk [req's position, end) + its checkpoint
+    kit.finish(req, out_len)                      # decode out_len tokens, release_kv_cache(checkpoint=True)
+    kit.run_turn(tokens, out_len, chunk=None)     # admit + prefill + finish -> TurnResult
+    kit.node_at(tokens)                           # read-only: id of the deepest Full-resident node on tokens
+    kit.evict(full=0, swa=0)                      # cache.evict(EvictParams(...))
+    kit.timings = {}                              # then match/checkpoint/release/evict times (ns) per call
+    kit.resume_state(history)                     # read-only: is the resume point at page_floor(len) usable?
+    kit.leak_check()                              # free + evictable + protected == pool size (Full and SWA)
+    snapshot(kit, lru_order=False)                # whole tree state, comparable across two caches (python core)
+    swa_lru(kit)                                  # SWA LRU order (MRU first) as DFS indices (python core)
+
+Allocation uses the upstream kit's page-aligned trick (Full pages + SWA pages + the full->swa
+mapping); when a pool runs short it evicts first, like ``alloc_for_extend``. Token ids should be
+unique per generated span (:class:`Tokens`), so sharing is deliberate. All lengths are multiples of
+the page size.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from array import array
+from dataclasses import dataclass, field
+from typing import Any
+
+#: The process-global ServerArgs page size is set by the first build; one page size per process.
+_SERVER_ARGS_PAGE: list[int] = []
+
+
+@dataclass(frozen=True)
+class Geometry:
+    page: int
+    window: int
+    chunk: int
+    full_tokens: int
+    swa_tokens: int
+    max_reqs: int = 16
+    max_ctx: int = 8192
+
+    def with_pools(self, full_tokens: int | None = None, swa_tokens: int | None = None, max_ctx: int | None = None) -> Geometry:
+        return Geometry(self.page, self.window, self.chunk,
+                        self.full_tokens if full_tokens is None else full_tokens,
+                        self.swa_tokens if swa_tokens is None else swa_tokens,
+                        self.max_reqs, self.max_ctx if max_ctx is None else max_ctx)
+
+
+#: Scaled-down DeepSeek-V4 shape: window < page, as 128 < 256.
+SMALL = Geometry(page=16, window=8, chunk=128, full_tokens=65536, swa_tokens=1024, max_ctx=8192)
+#: DeepSeek-V4 geometry: page 256, SWA window 128, chunked prefill 8192.
+DSV4 = Geometry(page=256, window=128, chunk=8192, full_tokens=4 * 1024 * 1024, swa_tokens=64 * 256, max_ctx=1 << 20)
+
+
+class Tokens:
+    """Fresh token ids: every span is unique, so two prompts share only what they are given."""
+
+    def __init__(self, start: int = 1_000_000):
+        self._next = itertools.count(start)
+
+    def fresh(self, n: int) -> list[int]:
+        return [next(self._next) for _ in range(n)]
+
+
+OUTPUT_TOKEN = 7  # what "decode" writes
+
+
+@dataclass
+class TurnResult:
+    rid: str
+    prefix_len: int  # device_prefix_len the match gave (the resume point used)
+    swa_branching_seqlen: int | None  # set when the window was gone although Full KV was resident
+    reprefilled: int  # tokens prefilled (prompt minus prefix)
+    history: list[int] = field(default_factory=list)  # prompt + output: the next turn starts with it
+
+
+class CacheKit:
+    """One real cache with its pools; counts SWA slots handed out (the traffic volume)."""
+
+    def __init__(self, geometry: Geometry, cache: Any, allocator: Any, pool: Any, backend: str):
+        self.geometry, self.cache, self.allocator, self.pool, self.backend = geometry, cache, allocator, pool, backend
+        self.core = cache.tree_core
+        self.swa_alloc_tokens = 0
+        self.evict_calls = 0
+        self._rid = itertools.count(1)
+        # Set to {} to time match / checkpoint / release / evict: CPU ns of this thread, so a shared
+        # machine's preemption does not land in the figures.
+        self.timings: dict[str, list[int]] | None = None
+        self.baseline = (allocator.full_available_size(), allocator.swa_available_size())
+
+    # -- allocation -----------------------------------------------------------------------------
+    def alloc_pages(self, n: int) -> Any:
+        from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+        page = self.geometry.page
+        assert n % page == 0, f"allocations are whole pages: {n} % {page}"
+        a = self.allocator
+        short_full = n - a.full_attn_allocator.available_size()
+        short_swa = n - a.swa_attn_allocator.available_size()
+        if short_full > 0 or short_swa > 0:
+            self.evict_calls += 1
+            self.cache.evict(EvictParams(num_tokens=max(0, short_full), swa_num_tokens=max(0, short_swa)))
+        full = a.full_attn_allocator.alloc(n)
+        swa = a.swa_attn_allocator.alloc(n)
+        if full is None or swa is None:
+            raise RuntimeError(
+                f"out of KV: need {n}, full free {a.full_attn_allocator.available_size()}, "
+                f"swa free {a.swa_attn_allocator.available_size()}"
+            )
+        a.full_to_swa_index_mapping[full] = swa
+        self.swa_alloc_tokens += n
+        return full
+
+    # -- request life cycle ---------------------------------------------------------------------
+    def admit(self, tokens: list[int], out_len: int = 0, rid: str | None = None, session_id: str | None = None) -> Any:
+        """A Req with a row, matched by the real ``match_kv_cache`` and locked like an admission.
+        ``session_id`` tags it for the session radix cache (its current generation)."""
+        from sglang.srt.managers.schedule_batch import Req
+        from sglang.srt.sampling.sampling_params import SamplingParams
+
+        req = Req(
+            rid=rid or f"r{next(self._rid)}",
+            origin_input_text="",
+            origin_input_ids=array("q", tokens),
+            sampling_params=SamplingParams(temperature=0, max_new_tokens=out_len + 1),
+        )
+        if session_id is not None:
+            req.session_id = session_id
+            req.session_generation = self.cache.ensure_session_generation(session_id)
+        self.pool.alloc([req])
+        t0 = time.thread_time_ns()
+        req.init_next_round_input(self.cache)  # common.match_kv_cache -> cache.match_prefix
+        self._time("match", t0)
+        req.lock = self.cache.lock(req.last_node)  # PrefillAdder._commit_prefill_admission
+        if req.prefix_len:
+            self.pool.write((req.kv.req_pool_idx, slice(0, req.prefix_len)), self.cache.prefix_device_indices(req))
+        req._kit_pos = req.prefix_len
+        return req
+
+    def _time(self, op: str, t0: int) -> None:
+        if self.timings is not None:
+            self.timings.setdefault(op, []).append(time.thread_time_ns() - t0)
+
+    def prefill_to(self, req: Any, end: int) -> None:
+        """One prefill pass [position, end) and its checkpoint (``stash_chunked_request`` or the
+        post-prefill ``checkpoint_kv_cache`` of ``batch_result_processor``)."""
+        from sglang.srt.mem_cache.common import checkpoint_kv_cache
+
+        pos = req._kit_pos
+        assert pos < end <= len(req.origin_input_ids), (pos, end)
+        idx = self.alloc_pages(end - pos)
+        self.pool.write((req.kv.req_pool_idx, slice(pos, end)), idx)
+        req.extend_end = end
+        req.kv.kv_committed_len = req.kv.kv_allocated_len = end
+        t0 = time.thread_time_ns()
+        checkpoint_kv_cache(req, self.cache)
+        self._time("checkpoint", t0)
+        req._kit_pos = end
+
+    def prefill(self, req: Any, chunk: int | None = None) -> None:
+        chunk = chunk or self.geometry.chunk
+        total = len(req.origin_input_ids)
+        while req._kit_pos < total:
+            self.prefill_to(req, min(total, req._kit_pos + chunk))
+
+    def finish(self, req: Any, out_len: int) -> list[int]:
+        """Decode ``out_len`` tokens and release the finished request (the finished-turn insert)."""
+        from sglang.srt.managers.schedule_batch import FINISH_LENGTH
+        from sglang.srt.mem_cache.common import release_kv_cache
+
+        total = len(req.origin_input_ids)
+        if out_len:
+            idx = self.alloc_pages(out_len)
+            self.pool.write((req.kv.req_pool_idx, slice(total, total + out_len)), idx)
+            req.output_ids = array("q", [OUTPUT_TOKEN] * out_len)
+            req.kv.kv_committed_len = req.kv.kv_allocated_len = total + out_len
+        req.finished_reason = FINISH_LENGTH(length=out_len)
+        t0 = time.thread_time_ns()
+        release_kv_cache(req, self.cache, checkpoint=True)
+        self._time("release", t0)
+        return list(req.origin_input_ids) + [OUTPUT_TOKEN] * out_len
+
+    def run_turn(self, tokens: list[int], out_len: int, chunk: int | None = None,
+                 session_id: str | None = None) -> TurnResult:
+        req = self.admit(tokens, out_len, session_id=session_id)
+        result = TurnResult(req.rid, req.prefix_len, req.swa_branching_seqlen, len(tokens) - req.prefix_len)
+        self.prefill(req, chunk)
+        result.history = self.finish(req, out_len)
+        return result
+
+    def evict(self, full: int = 0, swa: int = 0) -> None:
+        from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+        t0 = time.thread_time_ns()
+        self.cache.evict(EvictParams(num_tokens=full, swa_num_tokens=swa))
+        self._time("evict", t0)
+
+    # -- read-only probes -----------------------------------------------------------------------
+    def resume_state(self, history: list[int]) -> dict[str, Any]:
+        """Is the resume point F = page_floor(len(history)) usable? Read-only on both cores: Full
+        via ``match_full_device_prefix``, SWA via ``swa_tombstone_ranges`` (no LRU touch)."""
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+
+        page, window = self.geometry.page, self.geometry.window
+        f = len(history) // page * page
+        key = RadixKey(array("q", history[:f]))
+        full_len, _, _ = self.core.match_full_device_prefix(key)
+        holes = self.core.swa_tombstone_ranges(key, max(0, f - window), f)
+        return {"resume_at": f, "full_resident": full_len, "swa_window_holes": holes,
+                "lost": full_len < f or bool(holes)}
+
+    def node_at(self, tokens: list[int]) -> int:
+        """Id of the deepest node with Full KV on the path of ``tokens`` (read-only, both cores)."""
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+
+        return self.core.match_full_device_prefix(RadixKey(array("q", tokens)))[1]
+
+    def leak_check(self) -> dict[str, int]:
+        """Slots not accounted for by the free lists plus the tree (0 and 0 when nothing leaked)."""
+        a, c = self.allocator, self.cache
+        full = a.full_available_size() + c.full_evictable_size() + c.full_protected_size()
+        swa = a.swa_available_size() + c.swa_evictable_size() + c.swa_protected_size()
+        return {"full": self.baseline[0] - full, "swa": self.baseline[1] - swa}
+
+    def is_python_core(self) -> bool:
+        from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore
+
+        return isinstance(self.core, UnifiedTreeCore)
+
+
+def build(geometry: Geometry = SMALL, backend: str = "python", session: bool = False,
+          eviction_policy: str = "lru") -> CacheKit:
+    """A real ``UnifiedRadixCache`` with FULL + SWA components on CPU (the construction of the
+    upstream kit's ``build_fixture``, without its inspector). ``backend`` is ``"python"``,
+    ``"rust"`` or ``None`` (None: the env var / default, as the engine does); ``session`` turns on
+    the session radix cache (its LRU ``mid`` partition)."""
+    import torch
+    from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+    g = geometry
+    if [g.page] != _SERVER_ARGS_PAGE:
+        set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=g.page))
+        _SERVER_ARGS_PAGE[:] = [g.page]
+    pool = ReqToTokenPool(size=g.max_reqs, max_context_len=g.max_ctx, device="cpu", enable_memory_saver=False)
+    kv = SWAKVPool(size=g.full_tokens, size_swa=g.swa_tokens, page_size=g.page, dtype=torch.bfloat16,
+                   head_num=1, head_dim=1, swa_attention_layer_ids=[0], full_attention_layer_ids=[1],
+                   device="cpu")
+    allocator = SWATokenToKVPoolAllocator(size=g.full_tokens, size_swa=g.swa_tokens, page_size=g.page,
+                                          dtype=torch.bfloat16, device="cpu", kvcache=kv, need_sort=False)
+    params = CacheInitParams(
+        disable=False, req_to_token_pool=pool, token_to_kv_pool_allocator=allocator, page_size=g.page,
+        sliding_window_size=g.window, tree_components=(ComponentType.FULL, ComponentType.SWA),
+        chunked_prefill_size=g.chunk, eviction_policy=eviction_policy,
+        enable_session_radix_cache=session, tree_core_backend=backend,
+    )
+    cache = UnifiedRadixCache(params=params)
+    return CacheKit(g, cache, allocator, pool, cache._tree_core_backend)
+
+
+# -- whole-state snapshots (python core) ----------------------------------------------------------
+def _dfs(core: Any) -> list[Any]:
+    """Nodes in a deterministic order (children sorted by their first page), root first."""
+    out, stack = [], [core.root_node]
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        kids = sorted(node.children.values(), key=lambda n: tuple(n.key.token_ids[:1]), reverse=True)
+        stack.extend(kids)
+    return out
+
+
+def _ids(t: Any) -> tuple[int, ...] | None:
+    if t is None:
+        return None
+    return tuple(int(x) for x in (t.tolist() if hasattr(t, "tolist") else t))
+
+
+def snapshot(kit: CacheKit, lru_order: bool = False) -> dict[str, Any]:
+    """The whole tree state of a python-core cache in a form two caches can be compared by:
+    structure and keys, Full and SWA values, lock refs, hit counts, session refs, LRU membership,
+    evictable leaves, access-time order (ranks, since the clock is process-global) and the
+    component sizes. ``lru_order=True`` adds the SWA LRU order."""
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+
+    core = kit.core
+    nodes = _dfs(core)
+    index = {n.id: i for i, n in enumerate(nodes)}
+    full, swa = ComponentType.FULL, ComponentType.SWA
+    lru = core.lru_lists[swa]
+    rows = []
+    for n in nodes:
+        fd, sd = n.component_data[full], n.component_data[swa]
+        rows.append((
+            index[n.parent.id] if n.parent is not None else -1,
+            tuple(n.key.token_ids) if n.key is not None else (),
+            _ids(fd.value), _ids(sd.value), fd.lock_ref, sd.lock_ref, sd.session_ref, n.hit_count,
+            n.priority, n.id in lru.cache, n in core.evictable_device_leaves,
+        ))
+    times = sorted(range(len(nodes)), key=lambda i: nodes[i].last_access_time)
+    state: dict[str, Any] = {
+        "nodes": rows,
+        "access_order": times,
+        "evictable": {int(k): v for k, v in core.component_evictable_size_.items()},
+        "protected": {int(k): v for k, v in core.component_protected_size_.items()},
+        "free": (kit.allocator.full_available_size(), kit.allocator.swa_available_size()),
+    }
+    if lru_order:
+        state["swa_lru"] = swa_lru(kit)
+    return state
+
+
+def swa_lru(kit: CacheKit) -> list[int]:
+    """The SWA LRU from MRU to LRU as DFS indices (sentinels ``mid`` as -1, skipped cursor)."""
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+
+    core = kit.core
+    index = {n.id: i for i, n in enumerate(_dfs(core))}
+    lru = core.lru_lists[ComponentType.SWA]
+    pt = lru._pt
+    out, x = [], lru.head.lru_next[pt]
+    while x is not lru.tail:
+        if x is lru.mid:
+            out.append(-1)
+        elif x is not lru.cursor:
+            out.append(index[x.id])
+        x = x.lru_next[pt]
+    return out
+
+
+# -- multi-session traces, run in lockstep on several caches ---------------------------------------
+@dataclass(frozen=True)
+class Op:
+    """One trace operation. ``turn``: a turn of session ``session`` (``-1`` or out of range: a new
+    session; ``fork``: continue its history without replacing it; ``trim_pages``: branch off that many
+    pages before the history's end, so match and insert end inside a node) with ``new_pages`` fresh prompt
+    pages and ``out_pages`` output pages, prefilled in chunks of ``geometry.chunk`` when ``chunked``
+    else in one pass. ``evict_swa`` / ``evict_full``: evict ``pages`` pages of that pool. ``idle``:
+    nothing (a gap)."""
+
+    kind: str
+    session: int = -1
+    new_pages: int = 1
+    out_pages: int = 1
+    chunked: bool = False
+    fork: bool = False
+    trim_pages: int = 0
+    pages: int = 0
+
+
+class TraceRunner:
+    """Runs the same trace on several caches in lockstep; ``check(stage)`` runs after every
+    sub-operation (admission, each checkpoint, release, eviction) on all of them."""
+
+    def __init__(self, kits: list[CacheKit], tokens: Tokens | None = None, max_one_pass: int | None = None,
+                 max_history: int | None = None):
+        """``max_one_pass``: a one-pass turn whose extend is longer is prefilled in passes of this
+        many tokens (small SWA pools cannot hold a long extend at once; the engine would chunk it).
+        ``max_history``: a turn whose prompt would be longer starts a new session instead (small
+        Full pools must hold a whole prompt)."""
+        self.max_one_pass, self.max_history = max_one_pass, max_history
+        self.kits = kits
+        self.tok = tokens or Tokens()
+        self.sessions: list[list[int]] = []
+        self.results: list[list[TurnResult]] = []
+
+    def run(self, op: Op, check: Any = None) -> None:
+        check = check or (lambda stage: None)
+        page = self.kits[0].geometry.page
+        if op.kind == "idle":
+            return
+        if op.kind in ("evict_swa", "evict_full"):
+            for kit in self.kits:
+                kit.evict(swa=op.pages * page) if op.kind == "evict_swa" else kit.evict(full=op.pages * page)
+            check(op.kind)
+            return
+        assert op.kind == "turn", op.kind
+        known = 0 <= op.session < len(self.sessions)
+        base = self.sessions[op.session] if known else []
+        base = base[: max(0, len(base) - op.trim_pages * page)]
+        if self.max_history is not None and len(base) + op.new_pages * page > self.max_history:
+            base, known = [], False
+        prompt = base + self.tok.fresh(op.new_pages * page)
+        reqs = [kit.admit(prompt, op.out_pages * page) for kit in self.kits]
+        results = [TurnResult(r.rid, r.prefix_len, r.swa_branching_seqlen, len(prompt) - r.prefix_len) for r in reqs]
+        check("admit")
+        chunk = self.kits[0].geometry.chunk if op.chunked else (self.max_one_pass or len(prompt))
+        while any(req._kit_pos < len(prompt) for req in reqs):  # prefixes may differ between caches
+            for kit, req in zip(self.kits, reqs):
+                if req._kit_pos < len(prompt):
+                    kit.prefill_to(req, min(len(prompt), req._kit_pos + chunk))
+            check("checkpoint")
+        for kit, req, result in zip(self.kits, reqs, results):
+            result.history = kit.finish(req, op.out_pages * page)
+        check("release")
+        history = results[0].history
+        if known and not op.fork:
+            self.sessions[op.session] = history
+        else:
+            self.sessions.append(history)
+        self.results.append(results)

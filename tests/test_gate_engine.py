@@ -1,0 +1,68 @@
+"""End-to-end behaviour the gate relies on, on the real engine (slow: two boots, stock and profile,
+sharing one model, one workload and one set of server arguments)."""
+
+import pytest
+
+from adapter import gate
+from adapter.engine_kit import launcher, model, workload
+
+pytestmark = pytest.mark.slow
+
+# Shorter than the gate's quick workload: enough chunks and churn to show each effect.
+WORK = workload.Workload(session_tokens=768, cone_tokens=768, cone_branch_at=500, churn_requests=8,
+                         churn_tokens=448, long_prompt_tokens=1536, before_s=1.5)
+
+
+def _boot(label, profile, tiny_model, tmp_path):
+    boot = gate.Boot(label, profile, tmp_path / f"{label}.log")
+    args = launcher.server_args(tiny_model, launcher.free_port(), swa_ratio=0.1, extra=["--decode-log-interval", "1"])
+    server = launcher.Server(args, boot.log, profile)
+    with server:
+        boot.cache = workload.run_cache_phases(server.base_url, WORK)
+        boot.yield_log_from = len(server.log_lines())
+        boot.yield_ = workload.run_yield_phase(server.base_url, WORK, label)
+    boot.log_lines = server.log_lines()
+    assert launcher.members(server.proc.pid) == []
+    return boot
+
+
+@pytest.fixture(scope="module")
+def boots(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gate_engine")
+    tiny = model.make_model(tmp / "model")
+    profile = gate.build_profile()  # every acting switch this build has, default coefficients
+    return _boot("stock", {}, tiny, tmp), _boot("profile", profile, tiny, tmp), profile
+
+
+def test_idle_session_resumes_with_its_context_cached_under_swa_thin_and_not_under_stock(boots):
+    stock, profile, keys = boots
+    assert keys["DSV41_SWA_THIN"] == "1"
+    assert stock.cache["resume_cached_frac"] < 0.1
+    assert profile.cache["resume_cached_frac"] == 1.0
+    assert profile.cache["outputs"]["session_turn2"] == stock.cache["outputs"]["session_turn2"]
+
+
+def test_chunked_long_prompt_beside_streams_shows_the_yields_decode_steps_in_the_scheduler_log(boots):
+    stock, profile, keys = boots
+    if "DSV41_DECODE_YIELD" not in keys:
+        pytest.skip("decode_yield is not in this build's registry")
+    stock_gaps = gate.decode_steps_between_chunks(stock.log_lines[stock.yield_log_from:])
+    yield_gaps = gate.decode_steps_between_chunks(profile.log_lines[profile.yield_log_from:])
+    median = sorted(yield_gaps)[len(yield_gaps) // 2] if yield_gaps else 0
+    assert stock_gaps and sorted(stock_gaps)[len(stock_gaps) // 2] == 0  # stock: chunk after chunk
+    # The yield: decode steps between (nearly) every pair of chunks; the first window may open a
+    # pass late, so one gap of 0 is allowed.
+    assert median >= 1 and sum(g >= 1 for g in yield_gaps) >= 0.8 * len(yield_gaps), yield_gaps
+    assert profile.yield_["outputs"]["long"] == stock.yield_["outputs"]["long"]
+
+
+def test_cone_replay_returns_the_same_greedy_tokens_as_a_prefix_hit(boots):
+    if not gate.available("cone_replay")[0]:
+        pytest.skip("cone_replay is not in this build's registry")
+    stock, profile, _ = boots
+    refused = [line for line in profile.log_lines if "[dsv41] cone_replay refused" in line]
+    plans = [line for line in profile.log_lines if "[dsv41] cone_replay DSV41_SWA_CONE plan" in line]
+    if not plans:  # an equal output without a replay would prove nothing
+        pytest.skip("cone_replay planned no replay on this engine: " + (refused[0].strip() if refused else "no plan line"))
+    assert profile.cache["cone_recomputed_tokens"] < stock.cache["cone_recomputed_tokens"]
+    assert profile.cache["outputs"]["cone_branch"] == stock.cache["outputs"]["cone_branch"]
