@@ -190,6 +190,9 @@ def _check_cache(cache: Any) -> ConeConfig:
     if layers is None or window <= 0:
         return _refuse_late(ConeConfig(False, tokens, window=window, page=page),
                             f"cannot read the sliding window ({window}) or its layer count from {type(kvpool).__name__}")
+    if getattr(kvpool, "_unified_kv", False):
+        return _refuse_late(ConeConfig(False, tokens, window=window, page=page),
+                            "DeepSeek-V4 unified KV ring: its Full side has no pages of its own to copy")
     bound = cone_bound(window, page, layers)
     cfg = ConeConfig(True, tokens, bound, window, page, layers)
     receipts.event(SWITCH, "bound", N=tokens, bound=bound, window=window, page=page, swa_layers=layers)
@@ -321,8 +324,8 @@ def _full_side_buffers(kvpool: Any) -> list[tuple[Any, int]]:
                 bufs.append((buf, page))
         return bufs
     if type(kvpool).__name__ == "DeepSeekV4TokenToKVPool":
-        if getattr(kvpool, "_unified_kv", False):
-            raise NotImplementedError("DeepSeek-V4 unified KV ring: cone copy not supported")
+        if getattr(kvpool, "_unified_kv", False):  # refused at cache build (_check_cache)
+            raise TypeError("cone copy: DeepSeek-V4 unified KV ring")
         bufs = []
         for ratio, kv in kvpool.kv_pools.items():
             if kv is not None:
@@ -333,7 +336,7 @@ def _full_side_buffers(kvpool: Any) -> list[tuple[Any, int]]:
             rows = (page // ratio) // index.page_size if ratio in (1, 2) else 1
             bufs.extend((buf, rows) for buf in index.contiguous_page_row_buffers())
         return bufs
-    raise NotImplementedError(f"cone copy: unknown pool family {type(kvpool).__name__}")
+    raise TypeError(f"cone copy: unknown pool family {type(kvpool).__name__} (refused at cache build)")
 
 
 def copy_full_pages(kvpool: Any, src: Any, dst: Any) -> tuple[int, int]:

@@ -20,3 +20,24 @@ def _no_overlay_state_leaks():
     boot.uninstall()
     yield
     boot.uninstall()
+
+
+@pytest.fixture
+def records():
+    """The overlay's log records (its logger does not propagate, so attach a handler), DEBUG included."""
+    import logging
+
+    seen: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    handler = Keep(level=logging.DEBUG)
+    log = logging.getLogger("dsv41")
+    old_level = log.level
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
+    yield seen
+    log.removeHandler(handler)
+    log.setLevel(old_level)

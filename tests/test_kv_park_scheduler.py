@@ -113,24 +113,6 @@ def harness():
     return _build()
 
 
-@pytest.fixture
-def records():
-    seen: list[logging.LogRecord] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            seen.append(record)
-
-    handler = Keep(level=logging.DEBUG)
-    log = logging.getLogger("dsv41")
-    old = log.level
-    log.addHandler(handler)
-    log.setLevel(logging.DEBUG)
-    yield seen
-    log.removeHandler(handler)
-    log.setLevel(old)
-
-
 @pytest.mark.parametrize(
     ("pool", "overlap", "parked", "page"),
     [

@@ -44,25 +44,6 @@ class BrokenEngine(CopyEngine):
         raise RuntimeError("device copy failed")
 
 
-@pytest.fixture
-def records():
-    """The overlay's log lines (its logger does not propagate, so attach a handler)."""
-    seen: list[logging.LogRecord] = []
-
-    class Keep(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            seen.append(record)
-
-    handler = Keep(level=logging.DEBUG)
-    log = logging.getLogger("dsv41")
-    old_level = log.level
-    log.addHandler(handler)
-    log.setLevel(logging.DEBUG)
-    yield seen
-    log.removeHandler(handler)
-    log.setLevel(old_level)
-
-
 def test_offer_returns_before_the_copy_and_holds_pages_until_it_lands():
     layout = _layout()
     engine = GatedEngine(layout)
