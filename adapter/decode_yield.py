@@ -27,7 +27,7 @@ Hooks: ``Scheduler.get_next_batch_to_run`` (after the call: arm the window when 
 run holds a non-final chunk) and ``Scheduler._should_defer_prefill`` (before the call: end the
 window early). ``_arm_prefill_decode_interval`` (whose counter is the floor) and
 ``_reqs_finishing_inflight`` (rows the overlap loop's in-flight result finishes) are read or called,
-not wrapped; install checks their source hashes (``RELIED_ON``) like the pins.
+not wrapped; they are pinned beside the wrapped two (registry ``wraps``), so drift refuses the switch.
 
 Rollback: unset ``DSV41_DECODE_YIELD`` (the ``DSV41_DECODE_YIELD_*`` cost keys then do nothing).
 """
@@ -37,20 +37,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from adapter import boot, cost_model, env, pins, receipts, registry
+from adapter import boot, cost_model, env, receipts, registry
 
 NAME = "decode_yield"
 SCHEDULER = "sglang.srt.managers.scheduler"
-# Read or called, not wrapped (so not in adapter/pins.py, which pins what switches wrap): their
-# semantics are relied on, so install checks their source against these hashes too.
-RELIED_ON = {
-    f"{SCHEDULER}:Scheduler._arm_prefill_decode_interval": (
-        "54db911b31a3cfcb1f4e2463d9d9e39b9e31cc3579c9df487cf48265b2be6933"
-    ),
-    f"{SCHEDULER}:Scheduler._reqs_finishing_inflight": (
-        "0a23fa4468031e1d72d71106ef992f899155249b6d59d2afb1ae0cc27960729e"
-    ),
-}
 _ATTR = "_dsv41_decode_yield"  # per-Scheduler state, on the instance
 DLLM = "dLLM: diffusion decoding does not use the chunked-prefill deferral path"
 
@@ -117,9 +107,6 @@ def install(config: registry.Config, patch: Any) -> dict[str, Any]:
         coef = cost_model.from_config(config.values)
     except env.ConfigError as exc:  # a cross-key rule the per-key parsers cannot see
         raise boot.Refusal(str(exc)) from None
-    drift = [c.describe() for c in (pins.check(target, RELIED_ON) for target in RELIED_ON) if not c.ok]
-    if drift:
-        raise boot.Refusal("engine drifted: " + "; ".join(drift))
     debug_log = receipts.logger()
     topk = coef.topk
     published = _published_server_args()

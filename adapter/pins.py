@@ -97,6 +97,12 @@ PINS: dict[str, str] = {
     "sglang.srt.managers.scheduler:Scheduler._should_defer_prefill": (
         "fbdbb2ae5a7e7086d980af305f19f5a25791c5db92f450dc22f349e4c28e12b3"
     ),
+    "sglang.srt.managers.scheduler:Scheduler._arm_prefill_decode_interval": (
+        "54db911b31a3cfcb1f4e2463d9d9e39b9e31cc3579c9df487cf48265b2be6933"
+    ),
+    "sglang.srt.managers.scheduler:Scheduler._reqs_finishing_inflight": (
+        "0a23fa4468031e1d72d71106ef992f899155249b6d59d2afb1ae0cc27960729e"
+    ),
     # swa_native_decode
     "sglang.kernels.ops.attention.flash_mla_sm120:_flash_mla_flashinfer": (
         "dc287221ffafd0d4311863acfc34ba8183c8230f03508e191db96b3bc97a4acb"

@@ -95,6 +95,10 @@ SWITCHES: tuple[Switch, ...] = (
         wraps=(
             "sglang.srt.managers.scheduler:Scheduler.get_next_batch_to_run",
             "sglang.srt.managers.scheduler:Scheduler._should_defer_prefill",
+            # Pinned, not wrapped: the interval arming (its counter is the floor) and the overlap
+            # loop's in-flight finishers, both relied on.
+            "sglang.srt.managers.scheduler:Scheduler._arm_prefill_decode_interval",
+            "sglang.srt.managers.scheduler:Scheduler._reqs_finishing_inflight",
         ),
         install="adapter.decode_yield:install",
         volatile=True,
