@@ -18,28 +18,46 @@ matched on Full KV up to ``s = page_floor(F - N)`` and prefills ``[s, L)``:
 * copy (``ScheduleBatch.prepare_for_extend``, after ``alloc_for_extend`` wrote the rows): the
   resident Full-side KV of ``[s, F)`` is copied page by page into the replay rows' fresh pages.
   One line per replay: ``DSV41_SWA_CONE copy rid=.. pages=.. bytes=..``.
-* write mask and window floor (forward side): the replay rows' own Full-side writes go to the
-  padding slot and their sliding window is floored at s, so every row from F on computes what a
-  prefix hit at F computes. :func:`forward_rows` (``SWAKVPool``: mask ``[s, F)``) and
-  :func:`dsv4_forward_fields` (DeepSeek-V4: ``encoder_swa_compress_rows`` masking
+* write mask and window floor (forward side: ``ForwardBatch.init_new`` finds the replay rows,
+  ``ModelRunner.forward`` publishes them for its duration, ``RadixAttention.forward`` applies them):
+  the replay rows ``[s, F)`` must not let their own (inexact) Full-side K/V reach any row from F on.
+  SGLang's extend kernels read the extend rows' K/V from the forward's own ``k``/``v`` tensors,
+  not from the cache, so masking the cache write alone would not do it. On ``SWAKVPool`` the
+  switch therefore replaces, in every Full-attention layer, the replay rows' ``k``/``v`` with the
+  resident Full KV of ``[s, F)`` read from F's locked tree pages before the backend sees them:
+  every row from F on reads exactly what a prefix hit at F reads, and the rows' cache write
+  stores the copied bytes again (the same effect as sending it to the padding slot). Sliding-
+  window layers are untouched. Their window has no per-row floor in SGLang's SWAKVPool backends;
+  a replay row below ``s + W`` reads the evicted positions below s as the SWA padding slot (the
+  allocator points a freed SWA slot's mapping at slot 0), which changes only rows inside the
+  cone, and the bound keeps every row from F on out of their reach
+  (``tests/test_cone_replay_exactness.py`` proves both, with a floor and with padding reads).
+  A batch with replay rows never runs in a prefill CUDA graph (``can_run_graph`` is False for
+  it), because a graph would replay attention without the substitution.
+  DeepSeek-V4 (:func:`dsv4_forward_fields`: ``encoder_swa_compress_rows`` masking
   ``[s, F - align_up(W, page))`` so the last rows before F write the compressor states, and the
-  per-row ``encoder_swa_row_floor``) compute them; the proof is ``adapter/testkit/tiny_hybrid.py``
-  + ``tests/test_cone_replay_exactness.py``. The mask is what makes rows >= F exact (without it the
-  replay rows' inexact Full KV reaches every later row); at N >= bound the floor only keeps the
-  replay rows off freed slots. Neither is wired into SGLang's attention backends yet, so without
-  ``DSV41_SWA_CONE_FORWARD_STANDIN=1`` (test-only: a forward that applies them itself) the switch
-  refuses when the cache is built and the engine stays stock; it never replays inexactly.
+  per-row ``encoder_swa_row_floor``) is computed and tested at its seams only: its backend cannot
+  run here, so on DeepSeek-V4 pools the switch refuses at cache build (GPU-unverified) unless the
+  test-only ``DSV41_SWA_CONE_FORWARD_STANDIN=1`` says the caller's forward applies them itself.
+  It never replays inexactly.
 
 The bound. A row's hidden state after k sliding-window layers depends on at most the k*W rows
 before it (SGLang's window: ``r - j < W``); Full-attention layers read the copied, exact Full KV.
 Rows >= F read the window ``[F - W, F)`` of every SWA layer, computed from the input of that
 layer, so they are exact when ``F - s >= L_swa * W``. Rounding the first window to a page (the
 compressor states and the last page before F are written by whole pages) and the total to a page
-gives ``bound = align_up(align_up(W, page) + (L_swa - 1) * W, page)``, the shape of sglang
-#31713's recompute window. The bound is computed when the cache is built (the pools are sized from
-the loaded model config: W, page and the number of sliding-window layers) and logged with N
+gives ``align_up(align_up(W, page) + (L_swa - 1) * W, page)``, the shape of sglang #31713's
+recompute window (the issue's formula). One page more is needed: the request's first checkpoint
+re-publishes the replay's own SWA KV of the last ``align_up(W, page) + page`` rows before F, not
+only F's window (measured on the real cache for five geometries; ``tests/test_cone_replay_tree.py``
+checks it), and a later request that resumes one page below F reads that extra page. At the
+issue's formula its top SWA layers are inexact in three of the five exactness cases
+(``tests/test_cone_replay_exactness.py``), so ``bound = align_up(align_up(W, page) + (L_swa - 1) *
+W, page) + page``. The bound is computed when the cache is built (the pools are sized from the
+loaded model config: W, page and the number of sliding-window layers) and logged with N
 (``cone_replay bound N=.. bound=..``); N < bound, or N not a multiple of the page, refuses the
 switch for that engine (``cone_replay refused: ..``; a boot failure under ``DSV41_STRICT=1``).
+Local pool layers are counted: under pipeline parallelism a stage sees only its own layers.
 
 Rollback: unset ``DSV41_SWA_CONE_REPLAY`` (and ``DSV41_SWA_CONE_TOKENS``).
 """
@@ -65,10 +83,25 @@ WRAPS = (
     f"{_POLICY}:PrefillAdder._select_prefill_admission",
     f"{_BATCH}:ScheduleBatch.prepare_for_extend",
 )
-MODULES = (_URC, _POLICY, _BATCH)
 
-# Plan states: planned (match) -> admitted (first chunk covers [s, F)) -> copied (rows filled).
-PLANNED, ADMITTED, COPIED = "planned", "admitted", "copied"
+_FWD = "sglang.srt.model_executor.forward_batch_info"
+_ATTN = "sglang.srt.layers.radix_attention"
+_GRAPH = "sglang.srt.model_executor.runner.prefill_cuda_graph_runner"
+FORWARD_WRAPS = (
+    f"{_FWD}:ForwardBatch.init_new",
+    f"{_ATTN}:RadixAttention.forward",
+    f"{_GRAPH}:PrefillCudaGraphRunner.can_run_graph",
+    "sglang.srt.model_executor.model_runner:ModelRunner.forward",
+)
+FORWARD_ATTR = "_dsv41_cone_rows"  # (batch rows, F's tree slots) of one forward's replay rows
+# The replay rows of the forward running now. A field-less attribute does not survive the runners'
+# copies of the live ForwardBatch (dataclasses.replace into static buffers), so ModelRunner.forward
+# publishes it here for its duration; forwards of one process never overlap.
+_ACTIVE: list[Any] = [None]
+
+# Plan states: planned (match) -> admitted (first chunk covers [s, F)) -> copied (rows filled)
+# -> forwarded (its ForwardBatch carries the replay rows).
+PLANNED, ADMITTED, COPIED, FORWARDED = "planned", "admitted", "copied", "forwarded"
 
 
 def align_up(x: int, a: int) -> int:
@@ -79,7 +112,7 @@ def cone_bound(window: int, page: int, swa_layers: int) -> int:
     """The smallest replay depth that keeps rows >= F exact (see the module docstring)."""
     if window <= 0 or page <= 0 or swa_layers <= 0:
         raise ValueError(f"cone_bound needs a positive window, page and layer count: {window}, {page}, {swa_layers}")
-    return align_up(align_up(window, page) + (swa_layers - 1) * window, page)
+    return align_up(align_up(window, page) + (swa_layers - 1) * window, page) + page
 
 
 def cone_start(F: int, N: int, page: int) -> int:
@@ -144,6 +177,7 @@ class ConePlan:
     stock: Any  # the stock MatchResult, to fall back to
     stock_protected: int  # the stock cache_protected_len
     state: str = PLANNED
+    source: Any = None  # F's tree slots of [s, F) (the copy source; locked through the anchor)
 
 
 @dataclass
@@ -153,6 +187,8 @@ class Counters:
     copies: int = 0
     copied_pages: int = 0
     copied_bytes: int = 0
+    forwards: int = 0  # forward batches that carried replay rows
+    substituted_layers: int = 0  # Full-attention layer calls whose replay rows read the resident KV
     fallbacks: int = 0
 
     def reset(self) -> None:
@@ -162,8 +198,9 @@ class Counters:
 COUNTERS = Counters()
 FALLBACKS: dict[str, int] = {}  # reason -> count (bench and tests)
 _TOKENS: list[int] = []  # N, set by install
+_COPIED: list[int] = [0]  # copied plans whose forward is not built yet (decode batches skip the scan)
 STANDIN_KEY = "DSV41_SWA_CONE_FORWARD_STANDIN"
-_STANDIN: list[bool] = [False]  # the forward applies mask + floor itself (tests, bench)
+_STANDIN: list[bool] = [False]  # DeepSeek-V4 pools: the caller's forward applies mask + floor (tests, bench)
 
 
 # -- geometry -------------------------------------------------------------------------------------
@@ -201,12 +238,26 @@ def _check_cache(cache: Any) -> ConeConfig:
     if tokens < bound:
         return _refuse_late(cfg, f"{TOKENS_KEY}={tokens} < bound={bound} (window {window}, page {page}, "
                                  f"{layers} sliding-window layers): set it to at least {bound}")
-    if not _STANDIN[0]:
-        # Without the mask and the floor the replay rows' own Full-side writes leak into every row
-        # from F on (tests/test_cone_replay_exactness.py): never run inexact, stay stock.
-        return _refuse_late(cfg, "the replay rows' Full-side write mask and window floor are not wired into "
-                                 f"SGLang's attention backends yet ({type(kvpool).__name__}); the engine stays stock")
+    why = _forward_unsupported(kvpool)
+    if why is not None and not _STANDIN[0]:
+        # Without the forward side the replay rows' own Full-side K/V leak into every row from F on
+        # (tests/test_cone_replay_exactness.py): never run inexact, stay stock.
+        return _refuse_late(cfg, why)
     return cfg
+
+
+def _forward_unsupported(kvpool: Any) -> str | None:
+    """Why the forward side cannot run on this pool (None: it can)."""
+    name = type(kvpool).__name__
+    if name == "DeepSeekV4TokenToKVPool":
+        return ("the DeepSeek-V4 forward seams (encoder_swa_compress_rows, the row floor in make_core_attn_metadata) "
+                "are GPU-unverified and not wired; the engine stays stock")
+    full = getattr(kvpool, "full_kv_pool", None)
+    if full is None or not hasattr(full, "k_buffer"):
+        return f"the Full side of {name} ({type(full).__name__}) is not an MHA pool; only MHA Full layers are substituted"
+    if getattr(full, "store_dtype", full.dtype) != full.dtype or full.dtype.itemsize == 1:
+        return f"the Full KV cache is quantized ({full.dtype}); the replay rows' K/V cannot be read back exactly"
+    return None
 
 
 def _refuse_late(cfg: ConeConfig, reason: str) -> ConeConfig:
@@ -237,7 +288,7 @@ def _fallback(req: Any, reason: str, **fields: Any) -> None:
 def _plan(cache: Any, params: Any, result: Any) -> Any:
     req, F = params.req, result.swa_branching_seqlen
     previous = getattr(req, REQ_ATTR, None) if req is not None else None
-    if previous is not None and previous.state == PLANNED:  # a new round's match replaces an unadmitted plan
+    if previous is not None and previous.state in (PLANNED, FORWARDED):  # unadmitted, or spent
         setattr(req, REQ_ATTR, None)
     cfg = cache_config(cache)
     if req is None or F is None or cfg is None or not cfg.enabled:
@@ -370,7 +421,8 @@ def copy_replay_rows(cache: Any, req_to_token: Any, row: int, plan: ConePlan) ->
     src = cache.path_device_indices(plan.anchor)[plan.s : plan.F]
     dst = req_to_token[row, plan.s : plan.F]
     pages, nbytes = copy_full_pages(cache.token_to_kv_pool_allocator.get_kvcache(), src, dst)
-    plan.state = COPIED
+    plan.state, plan.source = COPIED, src
+    _COPIED[0] += 1
     COUNTERS.copies += 1
     COUNTERS.copied_pages += pages
     COUNTERS.copied_bytes += nbytes
@@ -422,6 +474,92 @@ def _prepare_for_extend(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> 
     return out
 
 
+def replay_rows(batch: Any) -> tuple[Any, Any] | None:
+    """The replay rows of one extend batch: (row indices in the batch's token order, the tree
+    slots of ``[s, F)`` they read their Full-side K/V from); None when it has none. Marks the
+    plans spent: a later pass of the same request is an ordinary extend."""
+    import torch
+
+    if not batch.forward_mode.is_extend() or batch.prefix_lens is None:
+        return None
+    rows, slots, start = [], [], 0
+    for req, prefix, extend in zip(batch.reqs, batch.prefix_lens, batch.extend_lens):
+        plan = getattr(req, REQ_ATTR, None)
+        if plan is not None and plan.state == COPIED and prefix == plan.s:
+            rows.append(torch.arange(start, start + plan.F - plan.s, dtype=torch.int64))
+            slots.append(plan.source.to(torch.int64))
+            plan.state = FORWARDED
+            _COPIED[0] = max(0, _COPIED[0] - 1)
+        start += extend
+    if not rows:
+        return None
+    device = batch.out_cache_loc.device
+    return torch.cat(rows).to(device), torch.cat(slots).to(device)
+
+
+def _forward_batch_init(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    forward_batch = wrapped(*args, **kwargs)
+    batch = args[0] if args else kwargs["batch"]
+    cone = replay_rows(batch) if _COPIED[0] else None
+    if cone is not None:
+        model_runner = args[1] if len(args) > 1 else kwargs["model_runner"]
+        cone = (*cone, model_runner.token_to_kv_pool)
+        setattr(forward_batch, FORWARD_ATTR, cone)
+        COUNTERS.forwards += 1
+        receipts.event(SWITCH, "DSV41_SWA_CONE forward", rows=int(cone[0].numel()))
+    return forward_batch
+
+
+def substitute_full_kv(layer: Any, k: Any, v: Any, cone: tuple[Any, Any, Any]) -> tuple[Any, Any]:
+    """In a Full-attention layer of ``SWAKVPool``, the replay rows' K/V become the resident Full KV
+    of ``[s, F)`` (F's tree slots); sliding-window layers are returned unchanged.
+    ``cone``: (rows, slots, pool) as :func:`replay_rows` and the model runner's pool give them."""
+    rows, slots, pool = cone
+    mapping = getattr(pool, "layers_mapping", None)
+    if mapping is None or mapping[layer.layer_id][1]:
+        return k, v
+    key_buffer, value_buffer = pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id)
+    k = k.reshape(k.shape[0], *key_buffer.shape[1:]).clone()
+    v = v.reshape(v.shape[0], *value_buffer.shape[1:]).clone()
+    k[rows] = key_buffer[slots].to(k.dtype)
+    v[rows] = value_buffer[slots].to(v.dtype)
+    COUNTERS.substituted_layers += 1
+    return k, v
+
+
+def _model_forward(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    forward_batch = args[0] if args else kwargs["forward_batch"]
+    cone = getattr(forward_batch, FORWARD_ATTR, None)
+    if cone is None:
+        return wrapped(*args, **kwargs)
+    _ACTIVE[0] = cone
+    try:
+        return wrapped(*args, **kwargs)
+    finally:
+        _ACTIVE[0] = None
+
+
+def _attention_forward(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    cone = _ACTIVE[0]
+    if cone is None or instance.is_cross_attention:
+        return wrapped(*args, **kwargs)
+    q = args[0] if args else kwargs["q"]
+    k = args[1] if len(args) > 1 else kwargs["k"]
+    v = args[2] if len(args) > 2 else kwargs["v"]
+    if k is None or "k_rope" in kwargs:  # KV-shared layer, or MLA (refused at cache build)
+        return wrapped(*args, **kwargs)
+    k, v = substitute_full_kv(instance, k, v, cone)
+    forward_batch = args[3] if len(args) > 3 else kwargs["forward_batch"]
+    rest = {key: val for key, val in kwargs.items() if key not in ("q", "k", "v", "forward_batch")}
+    return wrapped(q, k, v, forward_batch, *args[4:], **rest)
+
+
+def _can_run_graph(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    if _ACTIVE[0] is not None:
+        return False  # a graph would replay attention without the substitution
+    return wrapped(*args, **kwargs)
+
+
 def install(config: Any, patch: Any) -> dict[str, Any]:
     from adapter import boot
 
@@ -434,11 +572,17 @@ def install(config: Any, patch: Any) -> dict[str, Any]:
     patch.wrap(WRAPS[1], _match_prefix)
     patch.wrap(WRAPS[2], _select_admission)
     patch.wrap(WRAPS[3], _prepare_for_extend)
+    patch.wrap(FORWARD_WRAPS[0], _forward_batch_init)
+    patch.wrap(FORWARD_WRAPS[1], _attention_forward)
+    patch.wrap(FORWARD_WRAPS[2], _can_run_graph)
+    patch.wrap(FORWARD_WRAPS[3], _model_forward)
     return {"N": tokens, "bound": "at_cache_init"}
 
 
 def reset_counters() -> None:
     COUNTERS.reset()
     FALLBACKS.clear()
+    _COPIED[0] = 0
+    _ACTIVE[0] = None
 
 

@@ -1,61 +1,92 @@
-"""Fast Python tree core (``DSV41_SWA_FAST_CORE=1``): the insert walk of ``UnifiedTreeCore`` without
-quadratic key copies.
+"""Fast Python tree core (``DSV41_SWA_FAST_CORE=1``): the insert walk, the prefix match and the
+Full lock walks of ``UnifiedTreeCore`` without per-node key copies, tuple keys or method layers.
 
-What it changes: the stock insert walk (every chunk checkpoint and every finished turn goes through
-it) ends each walked node with ``state.key = state.key[prefix_len:]`` in
-``UnifiedTreeCore._finish_insert_walk_node``, which copies the whole rest of the key at every node
-on the root-to-leaf path: O(path nodes x session length), about half of a deep checkpoint on a
-2M-token tree (9.0 ms vs 2.1 ms on the Rust core for chunks ending past 128K;
-``shared/upstream/tree-core-cost.md``). With this switch the walk keeps the key whole and advances
-an offset instead (``RadixKey.child_key_at`` / ``match_at``, the offset forms upstream already uses in
-``_match_prefix_helper``); the remaining key is sliced once, when the walk reaches the commit step
-that needs it for the new leaf. Two more per-node costs go: the child lookup hashes the page-long
-tuple key once instead of twice (``dict.get`` instead of ``in`` + ``[]``), and a node that matches
-whole is recognised by one C-level memoryview comparison instead of ``match_at``'s galloping
-slice copies (a partial match still goes to ``match_at``); the SWA walk-down refresh (an upstream
-no-op) is not called, and a node inside the request's own protected prefix skips the overlap hooks,
-which claim nothing there (Full's base hook, SWA's early return; both pinned). Everything else the walk does (touch, split, un-evict, overlap and
-duplicate frees, hit counts, component hooks) calls the same upstream methods in the same order,
-so the tree, the match lengths, the LRU lists and ``sanity_check()`` are identical to stock
-(``tests/test_fast_tree_core.py`` compares the two op by op on random traces).
+What it changes, path by path (each the same reads and writes as stock, in the same order):
 
-Why: SWA thin (``DSV41_SWA_THIN``) needs the Python tree core, which the Rust core outruns on deep
-checkpoints; this switch is turned on by SWA thin and can be used alone on any Python-core cache
+* Insert walk (every chunk checkpoint and every finished turn): the stock walk ends each walked node
+  with ``state.key = state.key[prefix_len:]`` (``_finish_insert_walk_node``), which copies the whole
+  rest of the key at every node on the root-to-leaf path: O(path nodes x session length)
+  (``shared/upstream/tree-core-cost.md``). Here the key stays whole and the walk advances an offset;
+  the remaining key is sliced once, at the commit step that needs it for the new leaf. The walk runs
+  node after node inside one ``_insert_walk_step`` call, keeping the walk position, the prefix length
+  and the value offset in locals; it writes them back to the walk state before any upstream step
+  that reads them (overlap, un-evict, commit) and stops exactly where stock's ``_advance_insert``
+  would stop: when a node emits an action that is not deferrable (a barrier).
+* Child lookup (insert walk and match): stock builds the page-long tuple key
+  (``RadixKey.child_key_at``: 256 boxed ints at page 256), hashes it and compares it with the stored
+  tuple key, at every node. Here a node with at most ``SCAN_CHILDREN`` children is scanned instead:
+  the child whose key starts with the same page of tokens (same ``extra_key`` / ``cache_salt``
+  namespace, plain keys only) is the one the dict maps that tuple to, because every upstream writer
+  of ``children`` files a child under ``child_key`` of its own key (``_split_node``,
+  ``_add_new_node``, ``insert_host``; checked on every state by the op-by-op test). Anything else
+  (bigram, limit, typed arrays of another kind, page 1, many children) uses the stock tuple lookup.
+* Match length: a node that matches whole is recognised by one C-level array comparison of the
+  node key with the same span of the insert key (``array.__eq__`` of one typecode compares items in
+  C); a partial match still goes to ``RadixKey.match_at``.
+* Node state in the walk: the SWA walk-down refresh (an upstream no-op) is not called; a node inside
+  the request's own protected prefix skips the overlap hooks, which claim nothing there (Full's base
+  hook, SWA's early return; both pinned); ``_inc_hit_count_and_check`` is inlined for a core without
+  write-back, HiCache or an external linker (then it only counts the hit).
+* Prefix match (``_match_prefix_helper``, every admission) without HiCache: the same walk, the same
+  validators called on the same nodes in the same order, the same splits, the same
+  ``_match_post_processor`` call; only the child lookup and the whole-node match are the fast forms
+  above.
+* Full lock and unlock (``FullComponent.acquire_component_lock`` / ``release_component_lock``, twice
+  per checkpoint, three times per release, each over the whole root path): the same per-node ledger
+  moves, lock refs and evictable-leaf set operations in the same order, with the leaf test
+  (``_update_evictable_leaf_sets``: ``_is_device_leaf`` / ``_is_host_leaf``) and the value length
+  (``reclaimable_value_len``, ``len(tensor)``) inlined; a host lock, a component or core subclass
+  that overrides one of these, or a stock-kept core goes to upstream.
+
+So the tree, the match lengths, the LRU lists, the lock refs, the evictable sets, the ledgers and
+``sanity_check()`` are identical to stock (``tests/test_fast_tree_core.py`` compares the two op by
+op on random traces, including the child-key invariant the scan relies on).
+
+Why: SWA thin (``DSV41_SWA_THIN``) needs the Python tree core, which the Rust core outruns; this
+switch is turned on by SWA thin and can be used alone on any Python-core cache
 (``--enable-session-radix-cache`` already runs it). It does nothing on the Rust core.
 
 Invariants:
 * the walk offset lives on the tree core, keyed by the in-flight ``_InsertWalkState`` (inserts are
   single-flight), so a walk suspended at a barrier resumes at its offset;
 * ``state.key`` is the whole (page-aligned) insert key while the walk runs and exactly the stock
-  remainder from the commit step on.
+  remainder from the commit step on; ``state.node``, ``state.total_prefix_length`` and
+  ``state.value`` equal stock's whenever upstream code runs.
 
 Rollback: unset ``DSV41_SWA_FAST_CORE`` (and ``DSV41_SWA_THIN``, which turns it on).
 """
 
 from __future__ import annotations
 
-import weakref
 from array import array
 from typing import Any
 
 NAME = "fast_tree_core"
 MODULE = "sglang.srt.mem_cache.unified_cache.unified_tree_core"
-WALK_STEP = f"{MODULE}:UnifiedTreeCore._insert_walk_step"
-FINISH_NODE = f"{MODULE}:UnifiedTreeCore._finish_insert_walk_node"
-COMMIT_STEP = f"{MODULE}:UnifiedTreeCore._insert_commit_step"
-WRAPS = (WALK_STEP, FINISH_NODE, COMMIT_STEP)
+_CORE = f"{MODULE}:UnifiedTreeCore"
+_FULL = "sglang.srt.mem_cache.unified_cache.components.full:FullComponent"
+WALK_STEP = f"{_CORE}._insert_walk_step"
+FINISH_NODE = f"{_CORE}._finish_insert_walk_node"
+COMMIT_STEP = f"{_CORE}._insert_commit_step"
+MATCH_HELPER = f"{_CORE}._match_prefix_helper"
+FULL_ACQUIRE = f"{_FULL}.acquire_component_lock"
+FULL_RELEASE = f"{_FULL}.release_component_lock"
+WRAPS = (WALK_STEP, FINISH_NODE, COMMIT_STEP, MATCH_HELPER, FULL_ACQUIRE, FULL_RELEASE)
 
-# Attributes on the tree core: [state, offset] of the in-flight insert walk; the per-core plan.
+# A node with at most this many children is scanned instead of hashed (the root, with one child per
+# distinct first page, takes the tuple lookup).
+SCAN_CHILDREN = 8
+
+# Attributes on the tree core: [state, offset] of the in-flight insert walk; the per-core plan; the
+# stock mark.
 _OFFSET_ATTR = "_dsv41_walk_key_offset"
 _PLAN_ATTR = "_dsv41_walk_plan"
-
-# Tree cores left on the stock walk while the switch is installed (side-by-side tests, benchmarks).
-_STOCK: weakref.WeakSet[Any] = weakref.WeakSet()
+_STOCK_ATTR = "_dsv41_stock_core"
 
 
 def keep_stock(core: Any) -> None:
-    """Leave ``core`` on the stock insert walk (a twin to compare the fast walk against)."""
-    _STOCK.add(core)
+    """Leave ``core`` on every stock path (a twin to compare the fast paths against)."""
+    core.__dict__[_STOCK_ATTR] = True
 
 
 def _offset(core: Any, state: Any) -> int:
@@ -67,10 +98,51 @@ def _set_offset(core: Any, state: Any, offset: int) -> None:
     core.__dict__[_OFFSET_ATTR] = [state, offset]
 
 
+# -- child lookup and match length ---------------------------------------------------------------
+_UNDECIDED = -2  # the scan cannot answer: use the stock tuple lookup
+_PARTIAL = -1  # found; the node matches in part (ask match_at)
+
+
+def _plain(key: Any) -> bool:
+    return type(key.token_ids) is array and not key.is_bigram and key.limit is None
+
+
+def _scan(children: dict, key: Any, offset: int, page: int) -> tuple[Any, int]:
+    """``children.get(key.child_key_at(offset, page))`` and, when it is found whole, its match
+    length, for a plain ``key`` (the caller checks) and ``page > 1``: the child whose key is plain,
+    in ``key``'s namespace and starts with ``key``'s page at ``offset``. Returns (child or None,
+    match length | ``_PARTIAL`` | ``_UNDECIDED``)."""
+    t1 = key.token_ids
+    rest = len(t1) - offset
+    if rest < page:
+        return None, _UNDECIDED  # stock raises IndexError here: let it
+    first, head = t1[offset], None
+    extra, salt, code = key.extra_key, key.cache_salt, t1.typecode
+    single = len(children) == 1
+    for child in children.values():
+        ck = child.key
+        t0 = ck.token_ids
+        if type(t0) is not array or t0.typecode != code or ck.is_bigram or ck.limit is not None or len(t0) < page:
+            return None, _UNDECIDED
+        if ck.extra_key != extra or ck.cache_salt != salt or t0[0] != first:
+            continue  # another namespace or another first token: another dict key
+        n0 = len(t0)
+        # One child: try the whole node first (the common case: it matches whole).
+        if single and n0 <= rest and t0 == t1[offset : offset + n0]:
+            return child, n0 // page * page
+        if head is None:
+            head = t1[offset : offset + page]
+        if t0[:page] == head:
+            if not single and n0 <= rest and t0 == t1[offset : offset + n0]:
+                return child, n0 // page * page
+            return child, _PARTIAL
+    return None, 0
+
+
 def _match_len(node_key: Any, key: Any, offset: int, page: int) -> int:
-    """``node_key.match_at(key, offset, page_size=page)``, with a copy-free answer for the common
-    case: plain keys (no bigram, no limit, one namespace) and the whole node matching, compared as
-    two memoryviews in C. Anything else, or a node that matches only in part, asks upstream."""
+    """``node_key.match_at(key, offset, page_size=page)``, with a copy-light answer for the common
+    case: plain keys of one namespace and the whole node matching, compared as arrays in C. Anything
+    else, or a node that matches only in part, asks upstream."""
     t0, t1 = node_key.token_ids, key.token_ids
     n0 = len(t0)
     if (
@@ -84,65 +156,121 @@ def _match_len(node_key: Any, key: Any, offset: int, page: int) -> int:
         and node_key.extra_key == key.extra_key
         and node_key.cache_salt == key.cache_salt
         and 0 < n0 <= len(t1) - offset
-        and memoryview(t0) == memoryview(t1)[offset : offset + n0]
+        and t0 == t1[offset : offset + n0]
     ):
         return n0 if page == 1 else n0 // page * page
     return node_key.match_at(key, offset, page_size=page)
 
 
+def _child(node: Any, key: Any, offset: int, page: int, scan: bool) -> tuple[Any, int]:
+    """The child stock's walk takes at ``offset`` (or None) and its match length (or ``_PARTIAL``:
+    ask ``match_at``; ``_UNDECIDED`` never leaves here)."""
+    children = node.children
+    if scan and len(children) <= SCAN_CHILDREN:
+        child, plen = _scan(children, key, offset, page)
+        if plen != _UNDECIDED:
+            return child, plen
+    child = children.get(key.child_key_at(offset, page))
+    return child, (_match_len(child.key, key, offset, page) if child is not None else 0)
+
+
+# -- insert walk -----------------------------------------------------------------------------------
 def _walk_step(wrapped: Any, core: Any, args: tuple, kwargs: dict) -> None:
-    """``_insert_walk_step`` reading the key at the walk offset instead of a sliced copy, with one
-    child lookup instead of two (a page-long tuple key is re-hashed by every dict operation)."""
-    if core in _STOCK:
+    """``_insert_walk_step`` run node after node until stock would leave the walk phase or stop at a
+    barrier, reading the key at the walk offset instead of sliced copies."""
+    d = core.__dict__
+    if _STOCK_ATTR in d:
         return wrapped(*args, **kwargs)
-    BASE_COMPONENT_TYPE, _InsertPhase = _UPSTREAM["BASE_COMPONENT_TYPE"], _UPSTREAM["_InsertPhase"]
+    U = _UPSTREAM
+    WALK, time_counter = U["WALK"], U["time_counter"]
     state = args[0] if args else kwargs["state"]
-    key, page = state.key, core.page_size
-    offset = _offset(core, state)
-    node = state.node.children.get(key.child_key_at(offset, page)) if len(key) > offset else None
-    if node is None:
-        state.phase = _InsertPhase.COMMIT
-        return
+    key, page, root = state.key, core.page_size, core.root_node
+    scan = page > 1 and _plain(key)
+    n1 = len(key)
     walkdown, plain_overlap = _plan(core)
-    # _touch_node, without the SWA walk-down refresh (a no-op upstream: SWA refreshes its window at
-    # MATCH_END / INSERT_END only).
-    node.last_access_time = _UPSTREAM["time_counter"]()
-    for component in walkdown:
-        component.refresh_lru(_UPSTREAM["WALKDOWN"], node, core.root_node)
-    prefix_len = _match_len(node.key, key, offset, page)
-    if prefix_len < len(node.key):
-        node, action = core._split_node(node.key, node, prefix_len)
-        if action is not None:
-            state.pending_actions.append(action)
-    node.priority = max(node.priority, state.priority)
-    if node.evicted:
-        # Full comes back from the request's fresh KV; aux components rebuild from the same slice.
-        core._unevict_node_on_insert(node, state.value[:prefix_len], session_id=state.params.session_id)
-        state.result.record_adopted_range(
-            BASE_COMPONENT_TYPE, state.total_prefix_length, state.total_prefix_length + prefix_len
+    params = state.params
+    prev_prefix_len, inserted_len, priority = params.prev_prefix_len, params.inserted_len, state.priority
+    only_count_hits = not (core.is_write_back or core.enable_external_cache_linker or core.enable_hicache)
+    full = U["FULL"]
+    actions = state.pending_actions
+    node, total, offset = state.node, state.total_prefix_length, _offset(core, state)
+    value, consumed = state.value, 0  # stock's state.value is value[consumed:]
+
+    def sync() -> None:
+        state.node = node
+        state.total_prefix_length = total
+        if consumed:
+            state.value = value[consumed:]  # a tensor view, as stock's chain of slices
+        d[_OFFSET_ATTR] = [state, offset]
+
+    while True:
+        child, prefix_len = _child(node, key, offset, page, scan) if offset < n1 else (None, 0)
+        if child is None:
+            sync()
+            state.phase = U["_InsertPhase"].COMMIT
+            return
+        mark = len(actions)
+        # _touch_node, without the SWA walk-down refresh (a no-op upstream: SWA refreshes its window
+        # at MATCH_END / INSERT_END only).
+        child.last_access_time = time_counter()
+        for component in walkdown:
+            component.refresh_lru(U["WALKDOWN"], child, root)
+        if prefix_len == _PARTIAL:
+            prefix_len = child.key.match_at(key, offset, page_size=page)
+        if prefix_len < len(child.key):
+            child, action = core._split_node(child.key, child, prefix_len)
+            if action is not None:
+                actions.append(action)
+        child.priority = max(child.priority, priority)
+        if child.parent is not None and child.component_data[full].value is None:  # child.evicted
+            sync()
+            _unevict_step(core, state, child, prefix_len)
+            node, total, offset, value, consumed = state.node, state.total_prefix_length, _offset(core, state), state.value, 0
+        elif plain_overlap and prev_prefix_len >= total + prefix_len:
+            # Inside what this request already protects: the Full and SWA overlap hooks claim nothing
+            # and there is no duplicate to free, so the overlap step is only its finish.
+            if total + prefix_len > inserted_len:  # nodes this request inserted were counted then
+                if only_count_hits:
+                    child.hit_count += 1  # _inc_hit_count_and_check of a live node: count, no backup
+                elif core._inc_hit_count_and_check(child):
+                    actions.append(core._build_backup_kv_action(child))
+            node = child
+            total += prefix_len
+            offset += prefix_len
+            consumed += prefix_len
+        else:
+            sync()
+            state.overlap_node = child
+            state.overlap_prefix_len = prefix_len
+            state.phase = U["_InsertPhase"].OVERLAP
+            core._insert_overlap_step(state)
+            node, total, offset, value, consumed = state.node, state.total_prefix_length, _offset(core, state), state.value, 0
+            if state.phase is not WALK:  # a backend's resource barrier resumes in OVERLAP
+                return
+        # _advance_insert suspends after a step that emitted a non-deferrable action.
+        if len(actions) > mark and not all(map(core._is_deferrable_action, actions[mark:])):
+            sync()
+            return
+
+
+def _unevict_step(core: Any, state: Any, node: Any, prefix_len: int) -> None:
+    """Stock's walk step for an evicted node: Full comes back from the request's fresh KV and the aux
+    components rebuild from the same slice."""
+    base = _UPSTREAM["BASE_COMPONENT_TYPE"]
+    core._unevict_node_on_insert(node, state.value[:prefix_len], session_id=state.params.session_id)
+    state.result.record_adopted_range(base, state.total_prefix_length, state.total_prefix_length + prefix_len)
+    for component in core.components:
+        if component.component_type == base:
+            continue
+        component.recover_after_unevict(
+            node=node,
+            prefix_len=prefix_len,
+            total_prefix_len=state.total_prefix_length,
+            params=state.params,
+            result=state.result,
+            cache_actions=state.pending_actions,
         )
-        for component in core.components:
-            if component.component_type == BASE_COMPONENT_TYPE:
-                continue
-            component.recover_after_unevict(
-                node=node,
-                prefix_len=prefix_len,
-                total_prefix_len=state.total_prefix_length,
-                params=state.params,
-                result=state.result,
-                cache_actions=state.pending_actions,
-            )
-        core._finish_insert_walk_node(state, node, prefix_len)
-        return
-    if plain_overlap and state.params.prev_prefix_len >= state.total_prefix_length + prefix_len:
-        # The node lies inside what this request already protects: the Full and SWA overlap hooks
-        # claim nothing and there is no duplicate to free, so the overlap step is only its finish.
-        core._finish_insert_walk_node(state, node, prefix_len)
-        return
-    state.overlap_node = node
-    state.overlap_prefix_len = prefix_len
-    state.phase = _InsertPhase.OVERLAP
-    core._insert_overlap_step(state)
+    core._finish_insert_walk_node(state, node, prefix_len)
 
 
 def _plan(core: Any) -> tuple[tuple[Any, ...], bool]:
@@ -162,7 +290,7 @@ def _plan(core: Any) -> tuple[tuple[Any, ...], bool]:
 
 def _finish_node(wrapped: Any, core: Any, args: tuple, kwargs: dict) -> None:
     """``_finish_insert_walk_node`` advancing the key offset instead of copying the key's rest."""
-    if core in _STOCK:
+    if _STOCK_ATTR in core.__dict__:
         return wrapped(*args, **kwargs)
     state, node, prefix_len = args
     node_end = state.total_prefix_length + prefix_len
@@ -180,7 +308,7 @@ def _finish_node(wrapped: Any, core: Any, args: tuple, kwargs: dict) -> None:
 
 def _commit_step(wrapped: Any, core: Any, args: tuple, kwargs: dict) -> None:
     """Slice the remaining key once (the new leaf's key), then run the stock commit step."""
-    if core in _STOCK:
+    if _STOCK_ATTR in core.__dict__:
         return wrapped(*args, **kwargs)
     state = args[0] if args else kwargs["state"]
     offset = _offset(core, state)
@@ -190,18 +318,199 @@ def _commit_step(wrapped: Any, core: Any, args: tuple, kwargs: dict) -> None:
     return wrapped(*args, **kwargs)
 
 
+# -- prefix match ----------------------------------------------------------------------------------
+def _match_helper(wrapped: Any, core: Any, args: tuple, kwargs: dict) -> Any:
+    """``_match_prefix_helper`` without HiCache (one validator set), with the fast child lookup and
+    whole-node match; validators, splits, values and the post-processor as stock."""
+    if _STOCK_ATTR in core.__dict__ or core.enable_hicache:
+        return wrapped(*args, **kwargs)
+    key, params = _bind_match(*args, **kwargs)
+    U = _UPSTREAM
+    base, full = U["BASE_COMPONENT_TYPE"], U["FULL"]
+    page, root = core.page_size, core.root_node
+    scan = page > 1 and _plain(key)
+    n1 = len(key)
+    if n1 < page:  # stock's first child_key_at raises IndexError: let it
+        return wrapped(*args, **kwargs)
+    node, offset = root, 0
+    value: list[Any] = []
+    best_node = best_device_node = node
+    best_device_len, full_hit, action = 0, 0, None
+    validators = core._create_match_validators(params, match_device_only=True)
+    while offset < n1:
+        child, prefix_len = _child(node, key, offset, page, scan)
+        if child is None:
+            break
+        evicted = child.parent is not None and child.component_data[full].value is None
+        if evicted and child.component_data[full].host_value is None:  # dead: not backuped
+            break
+        if prefix_len == _PARTIAL:
+            prefix_len = child.key.match_at(key, offset, page_size=page)
+        full_hit += prefix_len
+        if prefix_len < len(child.key):
+            node, action = core._split_node(child.key, child, prefix_len)
+            if not node.evicted:
+                value.append(node.component_data[base].value)
+            if all([validator(node) for validator in validators]):  # every validator runs: they keep state
+                best_node = best_device_node = node
+                best_device_len = len(value)
+            break
+        if not evicted:
+            value.append(child.component_data[base].value)
+        node = child
+        if all([validator(node) for validator in validators]):
+            best_node = best_device_node = node
+            best_device_len = len(value)
+        offset += prefix_len
+    return core._match_post_processor(
+        params,
+        value,
+        best_node,
+        best_device_node,
+        best_device_len,
+        full_hit,
+        action,
+        last_visited_node_id=node.id if node is not root else None,
+        device_validators=validators,
+    )
+
+
+def _bind_match(key: Any, params: Any) -> tuple[Any, Any]:
+    return key, params
+
+
+# -- Full lock walks -------------------------------------------------------------------------------
+def _bind_acquire(node: Any, result: Any, lock_host: bool = False) -> tuple[Any, Any, bool]:
+    return node, result, lock_host
+
+
+def _bind_release(node: Any, params: Any, lock_host: bool = False) -> tuple[Any, bool]:
+    return node, lock_host
+
+
+def _fast_full(component: Any) -> bool:
+    """The component and its core use the stock length and leaf-set methods (pinned)."""
+    core = component.tree_core
+    if _STOCK_ATTR in core.__dict__:
+        return False
+    U = _UPSTREAM
+    cls, core_cls = type(component), type(core)
+    return (
+        cls.reclaimable_value_len is U["reclaimable_value_len"]
+        and cls.value_len is U["value_len"]
+        and core_cls._update_evictable_leaf_sets is U["update_leaf_sets"]
+        and core_cls._is_device_leaf is U["is_device_leaf"]
+    )
+
+
+def _full_acquire(wrapped: Any, component: Any, args: tuple, kwargs: dict) -> Any:
+    """``FullComponent.acquire_component_lock`` (device lock) with the value length inlined."""
+    node, result, lock_host = _bind_acquire(*args, **kwargs)
+    if lock_host or not _fast_full(component):
+        return wrapped(*args, **kwargs)
+    ct = component.component_type
+    core = component.tree_core
+    root = core.root_node
+    evictable, protected = core.component_evictable_size_, core.component_protected_size_
+    discard = core.evictable_device_leaves.discard
+    cur = node
+    # The bottom device-evicted segment is locked too (no ledger move).
+    while cur is not root and cur.component_data[ct].value is None:
+        cur.component_data[ct].lock_ref += 1
+        cur = cur.parent
+    delta = 0
+    while cur is not root:
+        cd = cur.component_data[ct]
+        value = cd.value
+        assert value is not None, f"FULL invariant broken: evicted ancestor {cur.id} above device-on segment"
+        if cd.lock_ref == 0:
+            key_len = value.shape[0] if type(value) is _Tensor else len(value)  # reclaimable_value_len
+            evictable[ct] -= key_len
+            protected[ct] += key_len
+            delta += key_len
+        cd.lock_ref += 1
+        discard(cur)
+        cur = cur.parent
+    result.delta = delta
+    return result
+
+
+def _full_release(wrapped: Any, component: Any, args: tuple, kwargs: dict) -> None:
+    """``FullComponent.release_component_lock`` (device lock) with the value length and the
+    evictable-leaf refresh of every node it unlocks inlined."""
+    node, lock_host = _bind_release(*args, **kwargs)
+    if lock_host or not _fast_full(component):
+        return wrapped(*args, **kwargs)
+    ct = component.component_type
+    core = component.tree_core
+    root = core.root_node
+    evictable, protected = core.component_evictable_size_, core.component_protected_size_
+    cur = node
+    while cur is not root:
+        cd = cur.component_data[ct]
+        ref = cd.lock_ref
+        assert ref > 0, f"FULL segment release hit lock_ref=0 on node {cur.id}"
+        value = cd.value
+        if ref == 1 and value is not None:
+            key_len = value.shape[0] if type(value) is _Tensor else len(value)  # reclaimable_value_len
+            evictable[ct] += key_len
+            protected[ct] -= key_len
+        cd.lock_ref = ref - 1
+        if ref == 1:
+            refresh_leaf_sets(core, cur)
+        cur = cur.parent
+
+
+def refresh_leaf_sets(core: Any, node: Any) -> None:
+    """``core._update_evictable_leaf_sets(node)`` for the stock core: the same set operations, with
+    ``_is_device_leaf`` inlined (``_is_host_leaf`` is asked only for an evicted node; it is False
+    for any other)."""
+    U = _UPSTREAM
+    cds = node.component_data
+    evicted = node.parent is not None and cds[U["FULL"]].value is None
+    leaf = node is not core.root_node and not evicted
+    if leaf:
+        for cd in cds:
+            if cd.lock_ref > 0:
+                leaf = False
+                break
+    if leaf:
+        base = U["BASE_COMPONENT_TYPE"]
+        for child in node.children.values():
+            if child.component_data[base].value is not None:
+                leaf = False
+                break
+    if leaf:
+        core.evictable_device_leaves.add(node)
+    else:
+        core.evictable_device_leaves.discard(node)
+    if evicted and core._is_host_leaf(node):
+        core.evictable_host_leaves.add(node)
+    else:
+        core.evictable_host_leaves.discard(node)
+
+
 # Upstream names the hot paths use, resolved once at install (not per walked node).
 _UPSTREAM: dict[str, Any] = {}
+# torch.Tensor, set at install: a 1-D tensor's len() is shape[0], but len() goes through Python.
+_Tensor: Any = None
 
 
 def install(config: Any, patch: Any) -> dict[str, object]:
     from sglang.srt.mem_cache.unified_cache.components import base
     from sglang.srt.mem_cache.unified_cache.components.swa import SWAComponent
-    from sglang.srt.mem_cache.unified_cache.unified_tree_core import _InsertPhase
+    from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore, _InsertPhase
 
+    global _Tensor
+    import torch
+
+    _Tensor = torch.Tensor
+    core_fns = vars(UnifiedTreeCore)
     _UPSTREAM.update(
         BASE_COMPONENT_TYPE=base.BASE_COMPONENT_TYPE,
+        FULL=base.ComponentType.FULL,  # UnifiedTreeNode.evicted reads ComponentType.FULL
         _InsertPhase=_InsertPhase,
+        WALK=_InsertPhase.WALK,
         time_counter=base.get_and_increase_time_counter,
         WALKDOWN=base.LRURefreshPhase.WALKDOWN,
         swa_refresh=vars(SWAComponent)["refresh_lru"],
@@ -210,8 +519,18 @@ def install(config: Any, patch: Any) -> dict[str, object]:
             vars(base.TreeComponent)["update_component_on_insert_overlap"],
             vars(SWAComponent)["update_component_on_insert_overlap"],
         ),
+        reclaimable_value_len=vars(base.TreeComponent)["reclaimable_value_len"],
+        value_len=vars(base.TreeComponent)["value_len"],
+        update_leaf_sets=core_fns["_update_evictable_leaf_sets"],
+        is_device_leaf=core_fns["_is_device_leaf"],
     )
-    patch.wrap(WALK_STEP, _walk_step)
-    patch.wrap(FINISH_NODE, _finish_node)
-    patch.wrap(COMMIT_STEP, _commit_step)
-    return {"paths": "insert_walk", "key_copies": "once_per_insert"}
+    for target, wrapper in (
+        (WALK_STEP, _walk_step),
+        (FINISH_NODE, _finish_node),
+        (COMMIT_STEP, _commit_step),
+        (MATCH_HELPER, _match_helper),
+        (FULL_ACQUIRE, _full_acquire),
+        (FULL_RELEASE, _full_release),
+    ):
+        patch.wrap(target, wrapper)
+    return {"paths": "insert_walk,match,full_lock", "key_copies": "once_per_insert"}

@@ -80,6 +80,61 @@ PINS: dict[str, str] = {
     "sglang.srt.mem_cache.unified_cache.components.base:TreeComponent.update_component_on_insert_overlap": (
         "34a714325de3a56b07ec40e7be7a5a788b73a3cdec234296cb9888c7b13640f7"
     ),
+    # fast_tree_core (wrapped: the match walk and the Full lock walks)
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._match_prefix_helper": (
+        "0f2b6aef0c37c86f024a586159b083400be9f0d445fcb0a6254b99f38c7c75fb"
+    ),
+    "sglang.srt.mem_cache.unified_cache.components.full:FullComponent.acquire_component_lock": (
+        "73fc2807a3f10349d477334c25a88da157ddd76eaea3883008c7a5d38105fb34"
+    ),
+    "sglang.srt.mem_cache.unified_cache.components.full:FullComponent.release_component_lock": (
+        "a50962eb41cb9dfc01828a412a985c0752845ecba62340b872cb2ffc21069d20"
+    ),
+    # fast_tree_core (pinned, not wrapped: the barrier rule the multi-node walk step keeps, the hit count,
+    # leaf-set and value-length methods it inlines, the child-key filing its child scan relies on, and
+    # the key methods whose answers it reproduces)
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._advance_insert": (
+        "b59e53571f56e5b874a16b0e8e575cc62c9bcddaaaa30efde13ce497759a3303"
+    ),
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._inc_hit_count_and_check": (
+        "ee042b6f6227e9233275eb0987a5f4ca9a7962e652bcf2f9dae97d9f6529c3b7"
+    ),
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._update_evictable_leaf_sets": (
+        "c37800284e06624ea4363db108e69071e09fab57bd558bce265806fd8da61e9c"
+    ),
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._is_device_leaf": (
+        "e05419d912e821742ca05bb55d7bbc285fe283e2c3893c2db3bec6c82d834933"
+    ),
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._is_host_leaf": (
+        "818e9936b02213a16a21db687031187f1eaa3cfdae375b316495ef26f4c6d298"
+    ),
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._split_node": (
+        "069693552db78cef4cd9a03367c2e2a5599680b502f89be958b2eb90c4069016"
+    ),
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._add_new_node": (
+        "5c287b8918f6024691af0be2229dfd6d829679ad4d30e19fd198522dfc449c12"
+    ),
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore.insert_host": (
+        "a5ea822ca4930af43dd882ea8f9ac3b8aca3588c537f090030e87a95c1914c72"
+    ),
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeNode.evicted.fget": (
+        "f6763ea35837b3ca14531040e968d19ce173c58b0749f44699cd7a8fe532d1f2"
+    ),
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeNode.backuped.fget": (
+        "5d48e2f82d7a240a0bfa51fd1af74063a385c0274249e6a615e1582212849e0f"
+    ),
+    "sglang.srt.mem_cache.unified_cache.components.base:TreeComponent.value_len": (
+        "dcc878a98161953b5a1f1a911459c4d84c2014a576daf68623af31859c69a282"
+    ),
+    "sglang.srt.mem_cache.unified_cache.components.base:TreeComponent.reclaimable_value_len": (
+        "8b604db4a2d8daa5c543a946ef9776e239aa4bef7575713c7abc925187b9de34"
+    ),
+    "sglang.srt.mem_cache.radix_cache:RadixKey.child_key_at": (
+        "78d8fdf7fe5339649c6652a6135745c45b4afe641676abadc70ba1fb5501de01"
+    ),
+    "sglang.srt.mem_cache.radix_cache:RadixKey.match_at": (
+        "3af84653132e239dadc2b3b86c211adc66dc11a9974b6af700ac005fedf3b83e"
+    ),
     # swa_thin
     "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.checkpoint_into_tree": (
         "3a20fa5c0617352cc19485b47d5fc54b429288fe6deb62747ed95f4fd7ffd098"
@@ -111,6 +166,21 @@ PINS: dict[str, str] = {
     "sglang.srt.managers.schedule_batch:release_req": (
         "e9a690b5c7084bb5f69496e1b8e200a75a05db87a7232dc66bdbb5feba112c43"
     ),
+    # kv_park (pinned, not wrapped: the DSV4 regions and order parked per page-id space, the C4
+    # state addressing that makes state rows follow SWA pages, and the retract loop that rules
+    # out holding pages in the allocator while a copy is in flight)
+    "sglang.srt.mem_cache.deepseek_v4_memory_pool:DeepSeekV4TokenToKVPool.get_contiguous_buf_infos": (
+        "5f30ae1eaa234041062e5d871427c37a7245a01086ec3a7154cd251241613e3d"
+    ),
+    "sglang.srt.mem_cache.deepseek_v4_memory_pool:DeepSeekV4TokenToKVPool.get_state_buf_infos": (
+        "ff7684b4d9673071d077ad44b451514e1f15b3a03006adb190e699daf99d6a4a"
+    ),
+    "sglang.srt.mem_cache.deepseek_v4_compress_state:CompressStatePool.translate_from_swa_loc_to_state_loc": (
+        "fadcb223853e5cd0b78a3183ccf352610179071697b6f3ecf5726703b551ea04"
+    ),
+    "sglang.srt.managers.schedule_batch:ScheduleBatch.retract_decode": (
+        "aa8b1c7e5e790ab79f4d8933b0ff811ab450bd5ced042306dbfe98f0a6237a06"
+    ),
     # cone_replay (wrapped; PrefillAdder._select_prefill_admission is pinned above, same hash)
     "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.__init__": (
         "cc144f4312cfcd7108e7d52717622db6c42f7d62a8cc9ccbf38fd623411906a5"
@@ -120,6 +190,19 @@ PINS: dict[str, str] = {
     ),
     "sglang.srt.managers.schedule_batch:ScheduleBatch.prepare_for_extend": (
         "e7ca2d0e335a570e2c731f3dc2869899f16f223dbc13d1ce688fbdd3040eef62"
+    ),
+    # cone_replay (wrapped, forward side: the replay rows of a batch, their Full K/V, no prefill graph)
+    "sglang.srt.model_executor.forward_batch_info:ForwardBatch.init_new": (
+        "1f92fa245fced357d681c76ce8b7874c4b1fab10380a8eb3f88243c6ab7aa35f"
+    ),
+    "sglang.srt.layers.radix_attention:RadixAttention.forward": (
+        "4ca2cac7fefcd32bc21a3e137201b292bb933a1c95f697cfad56e346e4a98dcb"
+    ),
+    "sglang.srt.model_executor.runner.prefill_cuda_graph_runner:PrefillCudaGraphRunner.can_run_graph": (
+        "2c4349416d987ef50243f2449277d985ce65aa304384e0a40d1a3d370f9db49e"
+    ),
+    "sglang.srt.model_executor.model_runner:ModelRunner.forward": (
+        "19034759e5d5ec511c71cfd535d168a4b7d48040e0b895321f12d7233e27b88f"
     ),
     # cone_replay (pinned, not wrapped: F's definition, the fields a fallback restores, the anchor lock)
     "sglang.srt.mem_cache.unified_cache.components.swa:SWAComponent.finalize_match_result_in_tree_core": (

@@ -120,9 +120,11 @@ SWITCHES: tuple[Switch, ...] = (
     ),
     Switch(
         name="fast_tree_core",
-        gate=Key("DSV41_SWA_FAST_CORE", env.flag(), "insert walk of the Python tree core without quadratic key copies"),
+        gate=Key("DSV41_SWA_FAST_CORE", env.flag(),
+                 "insert walk, prefix match and Full lock walks of the Python tree core without key copies"),
         summary="the Python UnifiedTreeCore insert walk advances a key offset instead of copying the key's rest "
-        "at every node (results identical to stock; turned on by SWA thin)",
+        "at every node, finds children by scanning instead of hashing page-long tuple keys, and the match and "
+        "Full lock walks run inlined (results identical to stock; turned on by SWA thin)",
         # The cache module, not the tree-core module: the cache imports the tree core mid-import, and a
         # switch must not install while the cache module is still partially initialized.
         modules=("sglang.srt.mem_cache.unified_radix_cache",),
@@ -130,13 +132,29 @@ SWITCHES: tuple[Switch, ...] = (
             *(
                 f"sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore.{fn}"
                 for fn in ("_insert_walk_step", "_finish_insert_walk_node", "_insert_commit_step",
+                           "_match_prefix_helper",
                            # pinned, not wrapped: the walk calls the first and inlines the second
-                           "_insert_overlap_step", "_touch_node")
+                           "_insert_overlap_step", "_touch_node",
+                           # pinned, not wrapped: the barrier rule the multi-node walk step keeps, the
+                           # hit count and leaf-set tests it inlines, and every writer of a node's
+                           # children (a child is filed under child_key of its own key: the scan's rule)
+                           "_advance_insert", "_inc_hit_count_and_check", "_update_evictable_leaf_sets",
+                           "_is_device_leaf", "_is_host_leaf", "_split_node", "_add_new_node", "insert_host")
             ),
+            "sglang.srt.mem_cache.unified_cache.components.full:FullComponent.acquire_component_lock",
+            "sglang.srt.mem_cache.unified_cache.components.full:FullComponent.release_component_lock",
             # Pinned, not wrapped: the component hooks the walk knows to be no-ops where it skips them.
             "sglang.srt.mem_cache.unified_cache.components.swa:SWAComponent.update_component_on_insert_overlap",
             "sglang.srt.mem_cache.unified_cache.components.swa:SWAComponent.refresh_lru",
             "sglang.srt.mem_cache.unified_cache.components.base:TreeComponent.update_component_on_insert_overlap",
+            # Pinned, not wrapped: what the walks inline (node state, value lengths) or reproduce (the
+            # child key a scan stands for, a whole-node match).
+            "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeNode.evicted.fget",
+            "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeNode.backuped.fget",
+            "sglang.srt.mem_cache.unified_cache.components.base:TreeComponent.value_len",
+            "sglang.srt.mem_cache.unified_cache.components.base:TreeComponent.reclaimable_value_len",
+            "sglang.srt.mem_cache.radix_cache:RadixKey.child_key_at",
+            "sglang.srt.mem_cache.radix_cache:RadixKey.match_at",
         ),
         install="adapter.fast_tree_core:install",
         volatile=True,
@@ -169,12 +187,20 @@ SWITCHES: tuple[Switch, ...] = (
             "sglang.srt.mem_cache.common",
             "sglang.srt.managers.schedule_policy",
             "sglang.srt.managers.schedule_batch",
+            "sglang.srt.model_executor.forward_batch_info",
+            "sglang.srt.layers.radix_attention",
+            "sglang.srt.model_executor.runner.prefill_cuda_graph_runner",
+            "sglang.srt.model_executor.model_runner",
         ),
         wraps=(
             "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.__init__",
             "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.match_prefix",
             "sglang.srt.managers.schedule_policy:PrefillAdder._select_prefill_admission",
             "sglang.srt.managers.schedule_batch:ScheduleBatch.prepare_for_extend",
+            "sglang.srt.model_executor.forward_batch_info:ForwardBatch.init_new",
+            "sglang.srt.layers.radix_attention:RadixAttention.forward",
+            "sglang.srt.model_executor.runner.prefill_cuda_graph_runner:PrefillCudaGraphRunner.can_run_graph",
+            "sglang.srt.model_executor.model_runner:ModelRunner.forward",
             # Pinned, not wrapped: F's definition, the fields a fallback restores, the anchor lock, the copy source.
             "sglang.srt.mem_cache.unified_cache.components.swa:SWAComponent.finalize_match_result_in_tree_core",
             "sglang.srt.mem_cache.common:match_kv_cache",
@@ -187,8 +213,9 @@ SWITCHES: tuple[Switch, ...] = (
             Key("DSV41_SWA_CONE_TOKENS", env.integer(1, unit="tokens; a multiple of the page size, at least the bound"),
                 "replay depth N (checked against the bound when the cache is built)", default="8192"),
             Key("DSV41_SWA_CONE_FORWARD_STANDIN", env.flag(),
-                "tests and bench only: the forward applies the cone's write mask and window floor itself "
-                "(not wired into SGLang's attention backends yet; without it the switch refuses at cache build)",
+                "tests and bench only: on DeepSeek-V4 pools, whose forward seams are GPU-unverified and not "
+                "wired, the caller's forward applies the write mask and window floor itself (without it the "
+                "switch refuses there at cache build)",
                 default="0", test_only=True),
         ),
         module_file="adapter/cone_replay.py",
@@ -224,10 +251,21 @@ SWITCHES: tuple[Switch, ...] = (
         gate=Key("DSV41_KV_PARK", env.choice("ram"), "park a retracted request's KV pages in host RAM and restore them on re-admission"),
         summary="retraction saves the row's pages with a page-major copy engine (background worker) into a "
         "budgeted LRU host store; re-admission restores them as a cached prefix instead of a re-prefill (issue 9)",
-        modules=("sglang.srt.managers.schedule_batch", "sglang.srt.managers.scheduler"),
+        modules=(
+            "sglang.srt.managers.schedule_batch",
+            "sglang.srt.managers.scheduler",
+            "sglang.srt.mem_cache.deepseek_v4_memory_pool",
+            "sglang.srt.mem_cache.deepseek_v4_compress_state",
+        ),
         wraps=(
             "sglang.srt.managers.schedule_batch:release_req",
             "sglang.srt.managers.scheduler:Scheduler.get_next_batch_to_run",
+            # Pinned, not wrapped: the DSV4 regions per page-id space, C4 state rows following SWA
+            # pages, and the retract loop that rules out holding pages during a copy.
+            "sglang.srt.mem_cache.deepseek_v4_memory_pool:DeepSeekV4TokenToKVPool.get_contiguous_buf_infos",
+            "sglang.srt.mem_cache.deepseek_v4_memory_pool:DeepSeekV4TokenToKVPool.get_state_buf_infos",
+            "sglang.srt.mem_cache.deepseek_v4_compress_state:CompressStatePool.translate_from_swa_loc_to_state_loc",
+            "sglang.srt.managers.schedule_batch:ScheduleBatch.retract_decode",
         ),
         install="adapter.kv_park.switch:install",
         volatile=True,  # host copies only: no tuned shape or kernel

@@ -29,7 +29,8 @@ Left where they are:
 The tree core: the default Rust core cannot reorder its LRU, so the switch sets
 ``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python`` before the cache is built (the engine reads it
 when it constructs the cache) and turns on ``fast_tree_core`` (``DSV41_SWA_FAST_CORE``), which
-takes the quadratic key copies out of the Python insert walk. If the operator set the variable to
+takes the key copies, tuple child keys and method layers out of the Python insert walk, prefix match
+and Full lock walks (identical results). If the operator set the variable to
 ``rust`` the switch refuses. A cache built with an explicit Rust core is left stock (one warning).
 
 Receipts: ``installed tree_core=python backend_set_by=overlay|operator``; every 1024 hooked inserts

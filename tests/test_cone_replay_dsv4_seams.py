@@ -42,7 +42,7 @@ def _plan(s: int, F: int) -> ConePlan:
 def test_copy_moves_every_registered_full_side_page_of_a_real_dsv4_pool(dsv4_pool):
     from adapter.cone_replay import _full_side_buffers, cone_bound, swa_layer_count
 
-    assert swa_layer_count(dsv4_pool) == 4 and cone_bound(W, PAGE, swa_layer_count(dsv4_pool)) == 768
+    assert swa_layer_count(dsv4_pool) == 4 and cone_bound(W, PAGE, swa_layer_count(dsv4_pool)) == 1024
     bufs = _full_side_buffers(dsv4_pool)
     ptrs, _, _ = dsv4_pool.get_contiguous_buf_infos()
     assert sorted(b.data_ptr() for b, _ in bufs) == sorted(ptrs)  # the PD transfer's buffers, all of them
@@ -119,3 +119,9 @@ def test_window_floor_through_build_causal_swa_page_indices_only_cuts_keys_below
     assert torch.equal(floored[~below], plain[~below])  # every other key as a plain window
     assert torch.equal(floored[q >= s + W - 1], plain[q >= s + W - 1])  # rows past the first window: untouched
     assert torch.equal(floored[q >= F], plain[q >= F])  # rows >= F read what a prefix hit at F reads
+
+
+def test_a_real_dsv4_pool_refuses_the_forward_side_as_gpu_unverified(dsv4_pool):
+    from adapter.cone_replay import _forward_unsupported
+
+    assert "GPU-unverified" in _forward_unsupported(dsv4_pool)

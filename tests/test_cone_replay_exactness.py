@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adapter.cone_replay import cone_bound, cone_start, copy_full_pages, forward_rows
+from adapter.cone_replay import align_up, cone_bound, cone_start, copy_full_pages, forward_rows
 from adapter.testkit.tiny_hybrid import TinyHybrid
 
 NAN = float("nan")
@@ -44,11 +44,11 @@ def _prefix_hit(model, kv, tokens, first, F):
     return model.forward(kv, slots, tokens, F, L)
 
 
-def _evict_swa(model, kv, first, upto):
-    """The resume point's window is gone: turn 1's SWA KV of [0, upto) becomes NaN."""
+def _evict_swa(model, kv, first, upto, value=NAN):
+    """The resume point's window is gone: turn 1's SWA KV of [0, upto) becomes NaN (``value``)."""
     for layer in model.swa_layer_ids:
-        kv.get_key_buffer(layer)[first[:upto]] = NAN
-        kv.get_value_buffer(layer)[first[:upto]] = NAN
+        kv.get_key_buffer(layer)[first[:upto]] = value
+        kv.get_value_buffer(layer)[first[:upto]] = value
 
 
 def _cone(model, kv, tokens, first, F, s, base, *, mask=True, floor=True, copy=True, whole=False):
@@ -135,11 +135,61 @@ def test_every_piece_is_needed_mask_floor_and_copy():
     assert torch.equal(_cone(model, kv, tokens, first, F, s, base=32 * page), hit)
 
 
-def test_bound_matches_the_issue_formula_and_dsv4_fits_in_the_default():
-    assert cone_bound(128, 256, 43) == 256 + 42 * 128 == 5632
-    assert cone_bound(128, 256, 61) == 8192 - 256  # 61 layers: still inside N = 8192
-    assert cone_bound(8, 16, 1) == 16
-    assert cone_bound(6, 4, 4) == 28
+@pytest.mark.parametrize("kinds,W,page,F", CASES)
+def test_without_a_floor_replay_rows_reading_the_zeroed_padding_slot_leave_every_row_from_f_exact(kinds, W, page, F):
+    """What ``SWAKVPool`` engines do (no backend has a per-row window floor): a freed SWA slot's
+    mapping points at the padding slot, so the first replay rows read zeros below s. That changes
+    rows inside the cone only; at N >= bound every row from F on is bit-identical."""
+    N = cone_bound(W, page, kinds.count("S"))
+    s = cone_start(F, N, page)
+    model, kv, tokens, first = _setup(kinds, W, page, F, extra=2 * page + 3)
+    hit = _prefix_hit(model, kv, tokens, first, F)
+    _evict_swa(model, kv, first, F, value=0.0)
+    whole = _cone(model, kv, tokens, first, F, s, base=40 * page, floor=False, whole=True)
+    assert torch.isfinite(whole).all()
+    assert torch.equal(whole[F - s :], hit)
+    floored = _cone(model, kv, tokens, first, F, s, base=48 * page, whole=True)
+    assert not torch.equal(whole[:W], floored[:W])  # the padding reads did change the first replay rows
+
+
+@pytest.mark.parametrize("kinds,W,page,F", CASES)
+def test_the_swa_kv_the_checkpoint_republishes_is_bit_identical_at_the_bound(kinds, W, page, F):
+    """The first checkpoint re-publishes the replay's SWA KV of the last align_up(W, page) + page
+    rows before F; a later request resuming a page below F reads it, so it must be exact."""
+    N = cone_bound(W, page, kinds.count("S"))
+    model, kv, tokens, first = _setup(kinds, W, page, F, extra=2 * page + 3)
+    published = align_up(W, page) + page
+    turn1 = {layer: kv.get_key_buffer(layer)[first[F - published : F]].clone() for layer in model.swa_layer_ids}
+    _evict_swa(model, kv, first, F)
+    base = 40 * page
+    _cone(model, kv, tokens, first, F, cone_start(F, N, page), base=base)
+    replay = _fresh(base + F - published - cone_start(F, N, page), published)
+    assert all(torch.equal(kv.get_key_buffer(layer)[replay], turn1[layer]) for layer in model.swa_layer_ids)
+
+
+def test_one_page_less_than_the_bound_leaves_the_republished_extra_page_inexact():
+    """The issue's formula (the bound less its last page) keeps F's window exact but not the extra
+    page the checkpoint re-publishes: why the bound has one page more."""
+    kinds, W, page, F = "SFSF", 8, 16, 96
+    N = cone_bound(W, page, kinds.count("S")) - page
+    s = cone_start(F, N, page)
+    model, kv, tokens, first = _setup(kinds, W, page, F, extra=2 * page + 3)
+    hit = _prefix_hit(model, kv, tokens, first, F)
+    top = model.swa_layer_ids[-1]
+    turn1 = kv.get_key_buffer(top)[first[F - 2 * page : F]].clone()
+    _evict_swa(model, kv, first, F)
+    base = 40 * page
+    assert torch.equal(_cone(model, kv, tokens, first, F, s, base=base), hit)  # rows >= F: exact
+    replay = kv.get_key_buffer(top)[_fresh(base + F - 2 * page - s, 2 * page)]
+    assert torch.equal(replay[page:], turn1[page:])  # F's window: exact
+    assert not torch.equal(replay[:page], turn1[:page])  # the extra page: not
+
+
+def test_bound_is_the_issue_formula_plus_one_page_and_dsv4_fits_in_the_default():
+    assert cone_bound(128, 256, 43) == 256 + 42 * 128 + 256 == 5888
+    assert cone_bound(128, 256, 61) == 8192  # 61 layers: exactly N = 8192
+    assert cone_bound(8, 16, 1) == 32
+    assert cone_bound(6, 4, 4) == 32
     assert cone_start(25600, 8192, 256) == 17408
     assert cone_start(100, 8192, 16) == 0
     with pytest.raises(ValueError):

@@ -8,9 +8,11 @@ from array import array
 
 import pytest
 
-from adapter import boot, cone_replay
+from adapter import cone_replay
+from adapter.testkit import scheduler as harness
+from adapter.testkit.cone import install
 
-N = 64  # page 16, window 8, 3 SWA layers: bound 32
+N = 64  # page 16, window 8, 3 SWA layers: bound 48
 
 
 def _harness(chunk: int, overlap: bool):
@@ -54,12 +56,24 @@ def _lose_a(h):
 
 
 @pytest.mark.parametrize("chunk,cone,overlap", [(N, True, False), (N - 16, False, False), (N, True, True)])
-def test_scheduler_replays_n_tokens_when_the_chunk_covers_the_cone_else_falls_back(chunk, cone, overlap):
-    state = boot.install({"DSV41_SWA_CONE_REPLAY": "1", "DSV41_SWA_CONE_FORWARD_STANDIN": "1", "DSV41_SWA_CONE_TOKENS": str(N)})
+def test_scheduler_replays_n_tokens_when_the_chunk_covers_the_cone_else_falls_back(chunk, cone, overlap, monkeypatch):
+    # Where the engine builds each forward (ForwardBatch.init_new), the switch finds the batch's
+    # replay rows: record them on the real ScheduleBatch the scheduler launches.
+    found = []
+
+    def forward(batch):
+        rows = cone_replay.replay_rows(batch)
+        if rows is not None:
+            found.append((list(batch.reqs), list(batch.extend_lens), *rows))
+        return simulated(batch)
+
+    simulated = harness.simulated_forward
+    monkeypatch.setattr(harness, "simulated_forward", forward)
+    state = install(N)
     h = _harness(chunk, overlap)
     assert state.outcomes["cone_replay"].status == "installed"
     cfg = cone_replay.cache_config(h.scheduler.tree_cache)
-    assert cfg.enabled and cfg.bound == 32
+    assert cfg.enabled and cfg.bound == 48
     baseline = _leak(h)
     a_hist, F = _lose_a(h)
     assert F > N
@@ -73,7 +87,17 @@ def test_scheduler_replays_n_tokens_when_the_chunk_covers_the_cone_else_falls_ba
     if cone:
         assert (first.prefix_lens[i], first.extend_lens[i]) == (F - N, N)
         assert (c.plans, c.admitted, c.copies, c.copied_pages, c.fallbacks) == (1, 1, 1, N // 16, 0)
+        # One forward carries the replay rows: a2's first N rows in the batch's token order, reading
+        # the tree's pages of [F - N, F) (the pages its own row pointed at before the checkpoint).
+        [(reqs, extend_lens, rows, slots)] = found
+        j = [r.rid for r in reqs].index(a2.rid)
+        start = sum(extend_lens[:j])
+        assert rows.tolist() == list(range(start, start + N))
+        tree = h.scheduler.tree_cache.path_device_indices(getattr(a2, cone_replay.REQ_ATTR).anchor)[F - N : F]
+        assert slots.tolist() == tree.tolist()
+        assert getattr(a2, cone_replay.REQ_ATTR).state == cone_replay.FORWARDED and cone_replay._COPIED == [0]
     else:
+        assert found == []
         assert first.prefix_lens[i] == 0 and first.extend_lens[i] == chunk
         assert c.plans >= 1 and c.copies == 0 and cone_replay.FALLBACKS == {"first_chunk_short": 1}
     # The next turn resumes at its own end, the tree is sane and nothing leaked.

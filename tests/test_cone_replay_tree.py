@@ -8,22 +8,16 @@ by the switch's copy, and checkpointed by the real ``checkpoint_kv_cache`` / ``r
 from __future__ import annotations
 
 import re
+from array import array
 
 import pytest
-
-# The switch's target modules, imported before boot.install so that it installs at once.
-import sglang.srt.managers.schedule_batch
-import sglang.srt.managers.schedule_policy
-import sglang.srt.mem_cache.common
-import sglang.srt.mem_cache.unified_cache.components.swa
-import sglang.srt.mem_cache.unified_radix_cache  # noqa: F401
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from adapter import boot, cone_replay
 from adapter.testkit import radix_cache as rc
-from adapter.testkit.cone import cone_turn, model_kit
+from adapter.testkit.cone import cone_turn, install, model_kit
 from adapter.testkit.tiny_hybrid import TinyHybrid
 
 N = 64  # 4 pages of the SMALL geometry (page 16, window 8)
@@ -31,9 +25,8 @@ BACKENDS = ["python", "rust"]
 
 
 def _install(tokens: int = N) -> boot.State:
-    state = boot.install({"DSV41_SWA_CONE_REPLAY": "1", "DSV41_SWA_CONE_FORWARD_STANDIN": "1", "DSV41_SWA_CONE_TOKENS": str(tokens)})
+    state = install(tokens)
     assert state.outcomes["cone_replay"].status == "installed", state.outcomes["cone_replay"]
-    cone_replay.reset_counters()
     return state
 
 
@@ -78,6 +71,13 @@ def test_lost_resume_point_is_replayed_from_s_and_the_next_turn_matches_fully(ba
     assert turn.checks["row_is_tree_pages"]
     assert turn.checks["window_holes"] == []
     assert turn.checks["leak_after_first_checkpoint"] == {"full": 0}
+    # The checkpoint re-publishes the replay's SWA KV of the last align_up(W, page) + page rows
+    # before F (what the bound's last page pays for), and none below it (inexact near s).
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    key = RadixKey(array("q", turn.history[: plan.F]))
+    below = plan.F - cone_replay.align_up(kit.geometry.window, page) - page
+    assert kit.core.swa_tombstone_ranges(key, plan.s, below) == [(plan.s, below)]
     _sane(kit)
     nxt = cone_turn(kit, turn.history + toks.fresh(32), out_len=16)
     assert nxt.plan is None and nxt.F is None
@@ -115,16 +115,16 @@ def test_switch_off_leaves_the_stock_reprefill():
     _sane(kit)
 
 
-@pytest.mark.parametrize("tokens,why", [(16, "< bound=32"), (40, "not a multiple of the page size 16")])
+@pytest.mark.parametrize("tokens,why", [(16, "< bound=48"), (40, "not a multiple of the page size 16")])
 def test_replay_depth_below_the_bound_or_off_page_refuses_at_cache_build(tokens, why, capfd):
     state = _install(tokens)
-    model = TinyHybrid("SSSF", window=8)  # bound = align_up(16 + 2 * 8, 16) = 32
+    model = TinyHybrid("SSSF", window=8)  # bound = align_up(16 + 2 * 8, 16) + 16 = 48
     kit = model_kit(model, rc.SMALL.with_pools(full_tokens=4096, swa_tokens=1024), backend="python")
     cfg = cone_replay.cache_config(kit.cache)
     assert cfg is not None and not cfg.enabled and why in cfg.reason
     assert state.outcomes["cone_replay"].status == "refused"
     err = capfd.readouterr().err
-    assert f"cone_replay bound N={tokens} bound=32 window=8 page=16 swa_layers=3" in err
+    assert f"cone_replay bound N={tokens} bound=48 window=8 page=16 swa_layers=3" in err
     assert re.search(rf"cone_replay refused: DSV41_SWA_CONE_TOKENS={tokens} ", err)
     toks = rc.Tokens()
     history = kit.run_turn(toks.fresh(256), out_len=16).history
@@ -133,14 +133,13 @@ def test_replay_depth_below_the_bound_or_off_page_refuses_at_cache_build(tokens,
     assert turn.plan is None  # refused: the stock match stands
 
 
-def test_without_a_forward_that_applies_mask_and_floor_the_switch_refuses_and_stays_stock(capfd):
-    """SGLang's attention backends do not apply the cone's write mask and window floor yet, so a
-    real engine must not replay: the switch refuses when its cache is built."""
-    state = boot.install({"DSV41_SWA_CONE_REPLAY": "1"})
-    assert state.outcomes["cone_replay"].status == "installed"
-    kit = rc.build(rc.SMALL, backend="python")
+def test_a_quantized_full_kv_cache_refuses_at_cache_build_and_stays_stock(capfd):
+    """The forward side reads the replay rows' K/V back from the Full pool: fp8 cannot give the
+    bytes the forward computed, so such an engine must not replay."""
+    state = _install()
+    kit = rc.build(rc.SMALL, backend="python", kv_dtype=torch.float8_e4m3fn)
     assert state.outcomes["cone_replay"].status == "refused"
-    assert "write mask and window floor are not wired" in capfd.readouterr().err
+    assert "the Full KV cache is quantized (torch.float8_e4m3fn)" in capfd.readouterr().err
     toks = rc.Tokens()
     history = _lose_resume_point(kit, toks)
     turn = cone_turn(kit, history + toks.fresh(64), out_len=16)
@@ -149,8 +148,8 @@ def test_without_a_forward_that_applies_mask_and_floor_the_switch_refuses_and_st
 
 
 def test_strict_refusal_at_cache_build_is_a_boot_error():
-    boot.install({"DSV41_SWA_CONE_REPLAY": "1", "DSV41_SWA_CONE_FORWARD_STANDIN": "1", "DSV41_SWA_CONE_TOKENS": "16", "DSV41_STRICT": "1"})
-    with pytest.raises(boot.BootError, match="DSV41_SWA_CONE_TOKENS=16 < bound=32"):
+    install(16, DSV41_STRICT="1")
+    with pytest.raises(boot.BootError, match="DSV41_SWA_CONE_TOKENS=16 < bound=48"):
         model_kit(TinyHybrid("SSSF", window=8), rc.SMALL.with_pools(full_tokens=4096, swa_tokens=1024))
 
 
@@ -159,7 +158,7 @@ def test_cone_turn_on_the_cache_is_bit_identical_to_a_prefix_hit_end_to_end(back
     """The tiny model runs on the cache's own SWAKVPool: kit A keeps the window (prefix hit at F),
     kit B loses it to traffic whose slots overwrite the freed SWA pages (cone). Rows >= F agree."""
     _install()
-    model = TinyHybrid("SFSS", window=8, d=16)  # bound = align_up(16 + 2 * 8, 16) = 32 <= N
+    model = TinyHybrid("SFSS", window=8, d=16)  # bound = align_up(16 + 2 * 8, 16) + 16 = 48 <= N
     g = rc.SMALL.with_pools(full_tokens=16384, swa_tokens=1024)
     outs: dict[str, dict[int, torch.Tensor]] = {"hit": {}, "cone": {}}
 
@@ -241,10 +240,8 @@ def test_trace_of_replays_mixed_with_other_traffic_keeps_the_tree_sane(backend, 
 def test_cone_replay_beside_swa_thin_replays_and_keeps_the_tree_sane():
     """Both SWA switches on (the python core, as SWA thin needs): the cone still plans, copies and
     re-publishes F's window; the next turn matches fully."""
-    state = boot.install({"DSV41_SWA_CONE_REPLAY": "1", "DSV41_SWA_CONE_FORWARD_STANDIN": "1",
-                          "DSV41_SWA_CONE_TOKENS": str(N), "DSV41_SWA_THIN": "1"})
+    state = install(N, DSV41_SWA_THIN="1")
     assert {state.outcomes[n].status for n in ("cone_replay", "swa_thin")} == {"installed"}
-    cone_replay.reset_counters()
     kit = rc.build(rc.SMALL, backend="python")
     toks = rc.Tokens()
     history = _lose_resume_point(kit, toks)

@@ -19,10 +19,11 @@ def test_decode_steps_between_chunks_counts_the_steps_logged_between_chunks_besi
     assert gate.decode_steps_between_chunks([CHUNK.format(r=4, p=64), CHUNK.format(r=4, p=0)]) == [0]
 
 
-def _boot(label, resume=1.0, cone=0, share=0.5, outputs=None):
+def _boot(label, resume=1.0, cone=0, share=0.5, outputs=None, logprobs=(-0.5, -1.25)):
     boot = gate.Boot(label, {}, None)
     boot.cache = {"resume_cached_frac": resume, "resume_cached_tokens": int(resume * 100), "cone_cached_tokens": 700 - cone,
-                  "cone_recomputed_tokens": cone, "outputs": outputs or {"a": [1, 2]}}
+                  "cone_recomputed_tokens": cone, "outputs": outputs or {"a": [1, 2]},
+                  "cone_branch_logprobs": list(logprobs)}
     boot.yield_ = {"decode_share": share, "outputs": {}}
     return boot
 
@@ -85,6 +86,19 @@ def test_cone_row_needs_the_switchs_own_plan_lines_not_only_fewer_recomputed_tok
     assert gate._effect_row("cone_replay", a1, b, a2, True)["status"].startswith("FAIL")
     b.log_lines = ["[dsv41] cone_replay DSV41_SWA_CONE plan rid=x F=700 s=636 N=64 P=0 rank=tp0"]
     assert gate._effect_row("cone_replay", a1, b, a2, True)["status"] == "pass"
+
+
+def test_cone_row_fails_when_the_branchs_logprobs_drift_beyond_float_noise_even_with_equal_tokens():
+    a1, a2 = _boot("A1", cone=700), _boot("A2", cone=700)
+    b = _boot("B", cone=60, logprobs=(-0.5 + 2e-7, -1.25 - 1e-6))
+    b.log_lines = ["[dsv41] cone_replay DSV41_SWA_CONE plan rid=x F=700 s=636 N=64 P=0 rank=tp0"]
+    assert gate._effect_row("cone_replay", a1, b, a2, True)["status"] == "pass"
+    assert gate.cone_logprob_diff(a1, b, a2) == pytest.approx(1e-6, rel=1e-3)
+    b.cache["cone_branch_logprobs"] = [-0.5, -1.25 + 4e-3]  # the replay changed what the row saw
+    assert gate._effect_row("cone_replay", a1, b, a2, True)["status"].startswith("FAIL")
+    b.cache["cone_branch_logprobs"] = [-0.5]  # a boot without the figure never passes
+    assert gate.cone_logprob_diff(a1, b, a2) is None
+    assert gate._effect_row("cone_replay", a1, b, a2, True)["status"].startswith("FAIL")
 
 
 def test_gate_is_a_subcommand_of_the_cli():

@@ -9,7 +9,7 @@ from adapter.engine_kit import launcher, model, workload
 pytestmark = pytest.mark.slow
 
 # Shorter than the gate's quick workload: enough chunks and churn to show each effect.
-WORK = workload.Workload(session_tokens=768, cone_tokens=768, cone_branch_at=500, churn_requests=8,
+WORK = workload.Workload(session_tokens=768, cone_tokens=512, cone_branch_at=400, churn_requests=8,
                          churn_tokens=448, long_prompt_tokens=1536, before_s=1.5)
 
 
@@ -56,13 +56,19 @@ def test_chunked_long_prompt_beside_streams_shows_the_yields_decode_steps_in_the
     assert profile.yield_["outputs"]["long"] == stock.yield_["outputs"]["long"]
 
 
-def test_cone_replay_returns_the_same_greedy_tokens_as_a_prefix_hit(boots):
+def test_cone_replay_recomputes_n_tokens_and_returns_what_a_reprefill_returns(boots):
+    """The branch's window at F was never cached (decode freed it): stock prefills again from the
+    last checkpoint, the cone replays N tokens with the resident Full KV substituted in the replay
+    rows, and the branch's greedy tokens and their logprobs match the re-prefill."""
     if not gate.available("cone_replay")[0]:
         pytest.skip("cone_replay is not in this build's registry")
-    stock, profile, _ = boots
-    refused = [line for line in profile.log_lines if "[dsv41] cone_replay refused" in line]
-    plans = [line for line in profile.log_lines if "[dsv41] cone_replay DSV41_SWA_CONE plan" in line]
-    if not plans:  # an equal output without a replay would prove nothing
-        pytest.skip("cone_replay planned no replay on this engine: " + (refused[0].strip() if refused else "no plan line"))
-    assert profile.cache["cone_recomputed_tokens"] < stock.cache["cone_recomputed_tokens"]
+    stock, profile, keys = boots
+    n = int(keys["DSV41_SWA_CONE_TOKENS"])
+    assert not [line for line in profile.log_lines if "[dsv41] cone_replay refused" in line]
+    assert any("[dsv41] cone_replay DSV41_SWA_CONE plan" in line for line in profile.log_lines)
+    assert any("[dsv41] cone_replay DSV41_SWA_CONE copy rid=" in line for line in profile.log_lines)
+    assert any(f"[dsv41] cone_replay DSV41_SWA_CONE forward rows={n} " in line for line in profile.log_lines)
+    assert profile.cache["cone_recomputed_tokens"] == n < stock.cache["cone_recomputed_tokens"]
     assert profile.cache["outputs"]["cone_branch"] == stock.cache["outputs"]["cone_branch"]
+    diff = gate.cone_logprob_diff(stock, profile, stock)
+    assert diff is not None and diff <= gate.LOGPROB_TOLERANCE

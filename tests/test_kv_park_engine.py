@@ -193,3 +193,44 @@ def test_per_view_restore_is_the_inverse_of_per_view_save():
     entry = per_view_save(layout, [4, 2], torch.empty((2, layout.page_bytes), dtype=torch.uint8))
     per_view_restore(layout, entry, [7, 8])
     assert torch.equal(CopyEngine(layout).save([7, 8]), entry)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_the_entry_bytes_do_not_depend_on_the_copy_thread_count_and_no_thread_outlives_a_call(threads, monkeypatch):
+    """Unstaged CPU copies split the regions over threads (one index op per region still); the
+    entry equals the one-thread entry, restore writes the same bytes, and the threads are joined."""
+    import threading
+
+    from adapter.kv_park import engine as engine_mod
+
+    monkeypatch.setattr(engine_mod, "PARALLEL_MIN_BYTES", 0)  # the small test pool takes the threaded path
+    layout = _mixed_layout(seed=7)
+    one, many = CopyEngine(layout, threads=1), CopyEngine(layout, threads=threads)
+    assert len(many._groups_for(1)) == min(threads, len(layout.regions))
+    assert sorted(c[1] for g in many._groups for c in g) == sorted(c[1] for c in one._cols)  # each region once
+    src, dst = _shuffled(9, seed=1), _shuffled(9, seed=2)
+    entry = many.save(src)
+    assert torch.equal(entry, one.save(src))
+    assert torch.equal(entry, per_view_save(layout, src.tolist(), torch.empty_like(entry)))
+    many.restore(entry, dst)
+    assert torch.equal(one.save(dst), entry)
+    assert not [t for t in threading.enumerate() if t.name == "dsv41-kv-copy"]
+
+
+def test_a_failure_on_a_copy_thread_is_raised_on_the_calling_thread_after_every_thread_joined():
+    import threading
+
+    from adapter.kv_park.engine import _run_groups
+
+    ran: list[str] = []
+
+    def work(group: str) -> None:
+        ran.append(group)
+        if group == "second":
+            assert threading.current_thread().name == "dsv41-kv-copy"
+            raise RuntimeError("copy failed on a worker thread")
+
+    with pytest.raises(RuntimeError, match="copy failed on a worker thread"):
+        _run_groups(["first", "second", "third"], work)
+    assert sorted(ran) == ["first", "second", "third"]
+    assert not [t for t in threading.enumerate() if t.name == "dsv41-kv-copy"]

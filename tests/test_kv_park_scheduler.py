@@ -255,6 +255,27 @@ def test_a_failed_copy_disables_parking_with_one_line_and_the_request_recomputes
     h.run_until(lambda: a.finished() and b.finished(), max_passes=500)
 
 
+def test_under_speculative_decoding_a_retracted_request_is_not_parked_and_recomputes(harness, records):
+    """A draft model keeps KV of its own that parking does not save: resuming the target from RAM
+    would run the draft on stale pages, so the request recomputes as stock does."""
+    from sglang.srt.runtime_context import get_spec
+
+    _install()
+    h = harness
+    a, b = _run_two_rows(h)
+    context = int(a.kv.kv_committed_len) + 1
+    with get_spec().override(speculative_algorithm="EAGLE"):
+        h.retract_all()
+    store = _switch().STATE.store
+    assert a.rid not in store and b.rid not in store and not store.disabled
+    lines = [r.getMessage() for r in records if "kv_park unsupported" in r.getMessage()]
+    assert len(lines) == 1 and "reason=speculative_decoding_draft_kv_not_parked" in lines[0]
+    _evict_tree_and_zero_free_pages(h)
+    step = h.step()
+    assert step.prefix_lens[step.rids.index(a.rid)] == 0 and step.extend_lens[step.rids.index(a.rid)] == context
+    h.run_until(lambda: a.finished() and b.finished(), max_passes=500)
+
+
 def test_an_entry_over_the_budget_is_refused_and_the_request_recomputes(harness):
     _install({"DSV41_KV_PARK": "ram", "DSV41_KV_PARK_GIB": "1"})
     store = _switch().STATE.store
@@ -363,8 +384,8 @@ def test_every_buffer_of_a_real_deepseek_v4_pool_round_trips_byte_for_byte():
         dst = torch.randperm(layout.num_pages, generator=g)[:n]
         eng.restore(entry, dst)
         assert torch.equal(eng.save(dst), entry), space
-    with pytest.raises(regions.Unsupported, match="DeepSeek-V4 pools are not parked"):
-        regions.layouts_for(pool)
+    full, _ = regions.layouts_for(pool)  # the retraction hook's two page-id spaces
+    assert {r.rows.data_ptr() for r in full.regions} == {r.rows.data_ptr() for s in ("c4", "c128", "c4_indexer") for r in layouts[s].regions}
 
 
 @pytest.mark.parametrize("pool", ["full", "swa"])

@@ -30,7 +30,7 @@ LENGTHS_QUICK = (131072, 524288, 1048576)
 LENGTHS_FULL = (131072, 196608, 262144, 393216, 524288, 786432, 1048576)
 
 
-def _ttft_ps(prefix: int, end: int, chunk: int) -> int:
+def _ttft_fs(prefix: int, end: int, chunk: int) -> int:
     from adapter import cost_model
 
     total, pos = 0, prefix
@@ -57,21 +57,15 @@ def _session(kit: Any, toks: Any, length: int, chunk: int) -> dict[str, Any]:
         # history tokens (computed once already) prefilled again; the new tokens are not counted
         "recomputed": len(history) - turn.prefix_len,
         "replayed": (turn.plan.F - turn.plan.s) if turn.plan is not None else 0,
-        "ttft_ps": _ttft_ps(turn.prefix_len, prompt, chunk), "traffic_turns": traffic,
+        "ttft_fs": _ttft_fs(turn.prefix_len, prompt, chunk), "traffic_turns": traffic,
         "cone": turn.plan is not None, "leak": leak["full"] + leak["swa"],
     }
 
 
 def run(quick: bool = False, backend: str = "rust") -> dict[str, Any]:
-    # The switch's target modules, imported first so that boot.install installs it at once.
-    import sglang.srt.managers.schedule_batch
-    import sglang.srt.managers.schedule_policy
-    import sglang.srt.mem_cache.common
-    import sglang.srt.mem_cache.unified_cache.components.swa
-    import sglang.srt.mem_cache.unified_radix_cache  # noqa: F401
-
     from adapter import boot, cone_replay
     from adapter.testkit import radix_cache as rc
+    from adapter.testkit.cone import install
 
     geometry = rc.Geometry(page=PAGE, window=WINDOW, chunk=CHUNK, full_tokens=4 * 1024 * 1024,
                            swa_tokens=64 * PAGE, max_reqs=8, max_ctx=(1 << 20) + 4 * CHUNK)
@@ -84,7 +78,7 @@ def run(quick: bool = False, backend: str = "rust") -> dict[str, Any]:
             chunk = CHUNK if len(rows) < len(lengths) else CHUNK // 2
             boot.uninstall()
             stock_kit = rc.build(geometry, backend=backend)  # built before the switch: stock
-            state = boot.install({"DSV41_SWA_CONE_REPLAY": "1", "DSV41_SWA_CONE_FORWARD_STANDIN": "1", "DSV41_SWA_CONE_TOKENS": str(N)})
+            state = install(N)
             assert state.outcomes["cone_replay"].status == "installed", state.outcomes["cone_replay"]
             cone_kit = rc.build(geometry, backend=backend)
             cone_replay.reset_counters()
@@ -109,8 +103,8 @@ def run(quick: bool = False, backend: str = "rust") -> dict[str, Any]:
     for r in rows:
         s, c = r["stock"], r["cone"]
         print(f"{r['length']:>9} {r['chunk']:>5} {c['F'] or 0:>8} {s['prefix']:>8} {c['prefix']:>8} "
-              f"{s['recomputed']:>12} {c['recomputed']:>11} {c['replayed']:>8} {s['ttft_ps'] / 1e12:>9.2f}s "
-              f"{c['ttft_ps'] / 1e12:>8.2f}s {s['ttft_ps'] / c['ttft_ps']:>6.1f}  {r['fallbacks'] or '-'}")
+              f"{s['recomputed']:>12} {c['recomputed']:>11} {c['replayed']:>8} {s['ttft_fs'] / 1e15:>9.2f}s "
+              f"{c['ttft_fs'] / 1e15:>8.2f}s {s['ttft_fs'] / c['ttft_fs']:>6.1f}  {r['fallbacks'] or '-'}")
     main = [r for r in rows if r["chunk"] == CHUNK]
     fig = {
         "backend": backend,
@@ -124,8 +118,8 @@ def run(quick: bool = False, backend: str = "rust") -> dict[str, Any]:
         "cone_recompute_tokens_total": sum(r["cone"]["recomputed"] for r in main),
         "fallbacks": sum(sum(r["fallbacks"].values()) for r in main),
         "fallbacks_at_chunk_4096": rows[-1]["fallbacks"],
-        "ttft_stock_s_max": round(max(r["stock"]["ttft_ps"] for r in main) / 1e12, 2),
-        "ttft_cone_s_max": round(max(r["cone"]["ttft_ps"] for r in main) / 1e12, 2),
+        "ttft_stock_s_max": round(max(r["stock"]["ttft_fs"] for r in main) / 1e15, 2),
+        "ttft_cone_s_max": round(max(r["cone"]["ttft_fs"] for r in main) / 1e15, 2),
         "leaked_slots": sum(r["stock"]["leak"] + r["cone"]["leak"] for r in rows),
         "target_max_recompute_tokens": N + PAGE,
         "meets_targets": all(r["cone"]["recomputed"] <= N + PAGE for r in main)

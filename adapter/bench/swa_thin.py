@@ -26,6 +26,7 @@ import math
 import random
 import statistics
 import time
+from array import array
 from types import SimpleNamespace
 from typing import Any
 
@@ -130,16 +131,23 @@ class _Traffic:
 
     def new_session(self) -> dict[str, Any]:
         target = int(math.exp(self.rng.uniform(math.log(16384), math.log(self.max_session))))
-        session = {"history": list(self.rng.choice(self.system)), "target": target}
+        session = {"history": array("q", self.rng.choice(self.system)), "target": target}
         self.sessions.append(session)
         return session
 
-    def turn(self, session: dict[str, Any], lo: int, hi: int) -> tuple[list[int], int]:
-        return session["history"] + self.tok.fresh(self.rng.randint(lo, hi) * PAGE), self.rng.randint(1, 4) * PAGE
+    def turn(self, session: dict[str, Any], lo: int, hi: int) -> tuple[array, int]:
+        fresh = array("q", self.tok.fresh(self.rng.randint(lo, hi) * PAGE))
+        return session["history"] + fresh, self.rng.randint(1, 4) * PAGE
 
 
-def _run_all(kits: list[rc.CacheKit], prompt: list[int], out: int, order: list[int]) -> list[int]:
-    results = {i: kits[i].run_turn(prompt, out) for i in order}
+def _run_all(kits: list[rc.CacheKit], prompt: array, out: int, order: list[int]) -> array:
+    results = {}
+    for i in order:
+        result = results[i] = kits[i].run_turn(prompt, out)
+        # Token ids live in arrays, as the engine's Req keeps them: a list of up to 300K ints is
+        # traversed by every garbage collection that finds it alive, and that pause would land in
+        # whichever cache's op allocates next.
+        result.history = array("q", result.history)
     # The three stock-order caches hold identical trees; the thin cache (3) evicts differently.
     assert len({results[i].prefix_len for i in order if i < 3}) == 1, "the cores disagree on the match"
     return results[0].history

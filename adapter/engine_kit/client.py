@@ -17,11 +17,15 @@ def greedy(max_new_tokens: int, **extra: Any) -> dict[str, Any]:
     return {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True, **extra}
 
 
-def generate(base_url: str, input_ids: list[int], max_new_tokens: int, timeout_s: float = TIMEOUT_S) -> dict[str, Any]:
-    """One greedy ``/generate`` call; returns ``{"output_ids", "meta_info", "e2e_s"}``."""
+def generate(base_url: str, input_ids: list[int], max_new_tokens: int, timeout_s: float = TIMEOUT_S,
+             logprobs: bool = False) -> dict[str, Any]:
+    """One greedy ``/generate`` call; returns ``{"output_ids", "meta_info", "e2e_s"}`` (with
+    ``logprobs``: ``meta_info["output_token_logprobs"]`` holds each output token's logprob)."""
     t0 = time.monotonic()
-    response = requests.post(base_url + "/generate", timeout=timeout_s,
-                             json={"input_ids": input_ids, "sampling_params": greedy(max_new_tokens)})
+    body = {"input_ids": input_ids, "sampling_params": greedy(max_new_tokens)}
+    if logprobs:
+        body["return_logprob"] = True
+    response = requests.post(base_url + "/generate", timeout=timeout_s, json=body)
     response.raise_for_status()
     body = response.json()
     return {"output_ids": list(body["output_ids"]), "meta_info": body["meta_info"], "e2e_s": time.monotonic() - t0}

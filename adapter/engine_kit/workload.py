@@ -5,9 +5,13 @@ Three phases, each starting from an empty radix cache (``/flush_cache``):
 1. ``resume``: a long session prefills and decodes a turn, goes idle while other traffic (churn)
    fills the SWA pool, then resumes with its context plus a new user message. SGLang's own
    ``cached_tokens`` (``--enable-cache-report``) says how much of the context was still usable.
-2. ``cone``: in the same phase a second session is branched mid-context after the churn: its Full
-   KV is still resident but the SWA window at the branch point was evicted. The recomputed tokens
-   (``prompt_tokens - cached_tokens``) show what the engine re-prefilled to get that window back.
+2. ``cone``: in the same phase a second session (a short prompt and a long answer) is branched
+   inside its answer after the churn, as an agent edits or retries from the middle of a reply:
+   the Full KV of the branch point F is resident, but no SWA window at F is (decode frees the
+   window behind it, and the answer leaves no checkpoint before its end), so stock resumes at the
+   last checkpoint below F (the prompt's, if the churn left it) or at 0. The branch sits more than
+   a chunk from that checkpoint, so a cone replay of N tokens recomputes less. The recomputed
+   tokens (``cone_branch_at - cached_tokens``) show what the engine prefilled again.
 3. ``yield``: streams decode while a long prompt arrives and prefills in small chunks; the streams'
    decode rate during the prefill over their rate before it is the decode share.
 
@@ -31,8 +35,9 @@ class Workload:
     seed: int = 1
     vocab: int = 1024
     session_tokens: int = 1024  # the idle session's context
-    cone_tokens: int = 1024  # the branched session's context
-    cone_branch_at: int = 700  # the branch keeps this many of its tokens
+    cone_prompt_tokens: int = 64  # the branched session's first prompt (one chunk)
+    cone_tokens: int = 640  # its context after turn 1: the prompt and the answer it decodes
+    cone_branch_at: int = 480  # the branch keeps this many of its tokens (inside the answer)
     churn_requests: int = 10
     churn_tokens: int = 512
     turn_tokens: int = 8  # generated per turn
@@ -52,16 +57,16 @@ class Workload:
 
     @classmethod
     def full(cls) -> Workload:
-        return cls(session_tokens=2048, cone_tokens=2048, cone_branch_at=1400, churn_requests=16,
+        return cls(session_tokens=2048, cone_tokens=1280, cone_branch_at=1000, churn_requests=16,
                    churn_tokens=768, long_prompt_tokens=6000, before_s=3.0)
 
     def validate(self) -> None:
         for name, value in asdict(self).items():
             if isinstance(value, (int, float)) and value < 0:
                 raise ValueError(f"Workload.{name}={value!r} is invalid: expected a value >= 0")
-        if not 0 < self.cone_branch_at < self.cone_tokens:
-            raise ValueError(f"Workload.cone_branch_at={self.cone_branch_at} is invalid: expected 0 < it < "
-                             f"cone_tokens={self.cone_tokens}")
+        if not 0 < self.cone_prompt_tokens < self.cone_branch_at < self.cone_tokens:
+            raise ValueError(f"Workload.cone_branch_at={self.cone_branch_at} is invalid: expected cone_prompt_tokens="
+                             f"{self.cone_prompt_tokens} < it < cone_tokens={self.cone_tokens}")
 
     def ids(self, tag: str, n: int) -> list[int]:
         rng = random.Random(f"{self.seed}:{tag}")
@@ -73,17 +78,19 @@ def run_cache_phases(base_url: str, w: Workload) -> dict[str, Any]:
     client.flush_cache(base_url)
     outputs: dict[str, list[int]] = {}
     session = w.ids("session", w.session_tokens)
-    cone = w.ids("cone", w.cone_tokens)
+    cone_prompt = w.ids("cone", w.cone_prompt_tokens)
     first = client.generate(base_url, session, w.turn_tokens, w.timeout_s)
     outputs["session_turn1"] = first["output_ids"]
-    outputs["cone_turn1"] = client.generate(base_url, cone, w.turn_tokens, w.timeout_s)["output_ids"]
+    answer = client.generate(base_url, cone_prompt, w.cone_tokens - w.cone_prompt_tokens, w.timeout_s)["output_ids"]
+    outputs["cone_turn1"] = answer
+    cone = cone_prompt + answer
     for i in range(w.churn_requests):
         outputs[f"churn{i}"] = client.generate(base_url, w.ids(f"churn{i}", w.churn_tokens), 4, w.timeout_s)["output_ids"]
     context = session + first["output_ids"]
     resume = client.generate(base_url, context + w.ids("session_user2", w.new_user_tokens), w.turn_tokens, w.timeout_s)
     outputs["session_turn2"] = resume["output_ids"]
     branch_prompt = cone[: w.cone_branch_at] + w.ids("cone_user2", w.new_user_tokens)
-    branch = client.generate(base_url, branch_prompt, w.turn_tokens, w.timeout_s)
+    branch = client.generate(base_url, branch_prompt, w.turn_tokens, w.timeout_s, logprobs=True)
     outputs["cone_branch"] = branch["output_ids"]
     resume_cached = int(resume["meta_info"].get("cached_tokens") or 0)
     branch_cached = int(branch["meta_info"].get("cached_tokens") or 0)
@@ -96,6 +103,8 @@ def run_cache_phases(base_url: str, w: Workload) -> dict[str, Any]:
         "cone_cached_tokens": branch_cached,
         # Tokens of the branch's shared context the engine prefilled again (its new message excluded).
         "cone_recomputed_tokens": max(0, w.cone_branch_at - branch_cached),
+        # The branch's greedy tokens' logprobs: a cone replay must match a re-prefill to float noise.
+        "cone_branch_logprobs": [float(x[0]) for x in branch["meta_info"].get("output_token_logprobs") or []],
     }
 
 

@@ -14,25 +14,41 @@ What it changes
     request's own tokens, so the stock admission finds them as a cached prefix and prefills only
     the tokens past it (usually the one token whose KV was never computed).
 
-Copies in flight
-    The save runs on a background worker: retraction returns before the copy. The freed pages
-    stay readable until the copy lands because nothing writes KV except a forward (and a
-    restore): the returned batch waits for every copy in flight that reads a page its forward
-    writes (``out_cache_loc``), and a restore waits for all copies first. Holding the pages in
-    the allocator instead would make ``retract_decode`` (which loops until the freed memory
-    shows) retract far more rows than needed. A full queue saves synchronously.
+Copies in flight (pages are write-fenced, not held in the allocator)
+    The save runs on a background worker: retraction returns before the copy. The issue asks
+    that the pages stay held until the copy has landed; they are freed at once instead and
+    *write-fenced*, which gives the same guarantee (no byte of a page changes while a copy reads
+    it) without starving ``retract_decode``. Why not hold them: ``retract_decode`` loops
+    ``while not check_decode_mem(...)`` and releases one more row per iteration, and
+    ``check_decode_mem`` asks the allocator (``check_decode_capacity``, tree eviction included)
+    for free capacity. Pages still held by a copy are neither free nor evictable, so the loop
+    would retract further rows until the copies landed (or retract every row), and waiting for
+    the copy inside the loop would make the retraction synchronous again. Why the fence is
+    enough: in the scheduler process only two things write KV bytes into a freed page: a
+    forward (into its batch's ``out_cache_loc``; DSV4 writes its compressed C4/C128/indexer
+    slots at ``loc // ratio``, i.e. in the same full page, and its compressor state rows at the
+    SWA page of ``loc``) and a restore. So the batch that ``get_next_batch_to_run`` returns
+    waits, before it is launched, for every copy in flight that reads a full page or (through
+    the full-to-SWA mapping) a SWA page that batch writes, and a restore waits for all copies.
+    A HiCache load-back writes pages while the pass admits requests, before the batch is
+    known: with hierarchical cache on, every copy lands at the start of the pass. Allocation,
+    freeing and tree eviction write no bytes. A full queue saves synchronously.
 
 Nothing is ever lost
     A refused offer (over ``DSV41_KV_PARK_GIB``), an entry evicted by LRU, a restore that finds no
     free pages, or a failed copy (which disables parking for the process, one log line) all mean
-    the stock re-prefill. Pools without a page layout here (DeepSeek-V4 in this version: its
-    compressed caches and states live in other page-id spaces) are logged once as unsupported and
-    stay stock; so are mamba trees, multimodal requests, speculative (EAGLE bigram) trees, and
-    PD-decode retraction (it has its own backup path).
+    the stock re-prefill. Pools without a page layout here (see :mod:`adapter.kv_park.regions`:
+    the unified, request-window, SWA-ring and HiSparse DeepSeek-V4 layouts) are logged once as
+    unsupported with the reason and stay stock; so are mamba trees, multimodal requests,
+    speculative decoding (the draft model's KV is not parked), and PD-decode retraction (it
+    has its own backup path).
 
-Hybrid SWA (``SWAKVPool``)
+Hybrid SWA (``SWAKVPool``) and DeepSeek-V4 (``DeepSeekV4TokenToKVPool``)
     The full side parks every whole page; the SWA side parks the pages of the window that still
-    has SWA slots (a second store entry). The restore allocates with the allocator's own
+    has SWA slots (a second store entry). For DeepSeek-V4 the full side is the C4/C128
+    compressed latents and the C4 indexer keys (addressed by full page id), the SWA side is the
+    main cache and the C4 compressor states (addressed by SWA page id); the request-scoped C128
+    state needs nothing at a page boundary (:mod:`adapter.kv_park.regions`). The restore allocates with the allocator's own
     ``alloc_extend_swa_tail`` (full KV for the span, SWA slots for the window only) and inserts
     with the SWA component evicted below the window, as a checkpoint of that request would be.
 
@@ -125,7 +141,7 @@ def _release_req(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
 
 
 def _parkable(state: _State, req: Any, tree_cache: Any, allocator: Any) -> bool:
-    from sglang.srt.runtime_context import get_disagg
+    from sglang.srt.runtime_context import get_disagg, get_spec
 
     if state.store.disabled or req.finished() or not req.kv.holds_kv:
         return False
@@ -133,6 +149,11 @@ def _parkable(state: _State, req: Any, tree_cache: Any, allocator: Any) -> bool:
         return False  # PD decode keeps its own retraction backup
     if req.multimodal_inputs is not None:
         return False  # the tree key would need the multimodal hashes
+    if get_spec().speculative_algorithm is not None:
+        # A draft model keeps its own KV (and DSV4 MTP its own pool): parking only the target's
+        # would resume the draft on stale pages. Recompute, as stock does.
+        state.once("unsupported", reason="speculative_decoding_draft_kv_not_parked")
+        return False
     if getattr(tree_cache, "disable", True) or not tree_cache.supports_prefix_sharing():
         state.once("unsupported", tree=type(tree_cache).__name__, reason="no_prefix_sharing")
         return False
@@ -204,6 +225,8 @@ def _get_next_batch_to_run(wrapped: Any, instance: Any, args: tuple, kwargs: dic
     if state is None:
         return wrapped(*args, **kwargs)
     state.store.poll()
+    if state.store.pending() and getattr(instance, "enable_hierarchical_cache", False):
+        state.store.fence()  # a HiCache load-back may write freed pages before the batch is known
     try:
         _restore_waiting(state, instance)
     except Exception as exc:  # a failed restore disables parking; the request recomputes

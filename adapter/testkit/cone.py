@@ -36,6 +36,21 @@ class ConeTurn:
     history: list[int] = field(default_factory=list)
 
 
+def install(tokens: int, **keys: str) -> Any:
+    """Install cone replay with ``DSV41_SWA_CONE_TOKENS=tokens`` (and ``keys``) at once: the
+    switch waits until every module it wraps has executed, which an engine has and a cache-only
+    test or bench does not, so they are imported first."""
+    import importlib
+
+    from adapter import boot, registry
+
+    for module in next(s for s in registry.SWITCHES if s.name == cone_replay.SWITCH).modules:
+        importlib.import_module(module)
+    state = boot.install({"DSV41_SWA_CONE_REPLAY": "1", "DSV41_SWA_CONE_TOKENS": str(tokens), **keys})
+    cone_replay.reset_counters()
+    return state
+
+
 def model_kit(model: Any, geometry: Geometry, backend: str = "python") -> CacheKit:
     """A real ``UnifiedRadixCache`` (FULL + SWA) whose allocator owns ``model``'s ``SWAKVPool``."""
     import torch

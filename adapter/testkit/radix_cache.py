@@ -22,6 +22,7 @@ API::
     kit.leak_check()                              # free + evictable + protected == pool size (Full and SWA)
     snapshot(kit, lru_order=False)                # whole tree state, comparable across two caches (python core)
     swa_lru(kit)                                  # SWA LRU order (MRU first) as DFS indices (python core)
+    misfiled_children(kit)                        # children not filed under child_key of their key (python core)
 
 Allocation uses the upstream kit's page-aligned trick (Full pages + SWA pages + the full->swa
 mapping); when a pool runs short it evicts first, like ``alloc_for_extend``. Token ids should be
@@ -241,11 +242,12 @@ class CacheKit:
 
 
 def build(geometry: Geometry = SMALL, backend: str = "python", session: bool = False,
-          eviction_policy: str = "lru") -> CacheKit:
+          eviction_policy: str = "lru", kv_dtype: Any = None) -> CacheKit:
     """A real ``UnifiedRadixCache`` with FULL + SWA components on CPU (the construction of the
     upstream kit's ``build_fixture``, without its inspector). ``backend`` is ``"python"``,
     ``"rust"`` or ``None`` (None: the env var / default, as the engine does); ``session`` turns on
-    the session radix cache (its LRU ``mid`` partition)."""
+    the session radix cache (its LRU ``mid`` partition); ``kv_dtype``: the KV pools' dtype
+    (bfloat16 when None)."""
     import torch
     from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
@@ -260,11 +262,12 @@ def build(geometry: Geometry = SMALL, backend: str = "python", session: bool = F
         set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=g.page))
         _SERVER_ARGS_PAGE[:] = [g.page]
     pool = ReqToTokenPool(size=g.max_reqs, max_context_len=g.max_ctx, device="cpu", enable_memory_saver=False)
-    kv = SWAKVPool(size=g.full_tokens, size_swa=g.swa_tokens, page_size=g.page, dtype=torch.bfloat16,
+    dtype = torch.bfloat16 if kv_dtype is None else kv_dtype
+    kv = SWAKVPool(size=g.full_tokens, size_swa=g.swa_tokens, page_size=g.page, dtype=dtype,
                    head_num=1, head_dim=1, swa_attention_layer_ids=[0], full_attention_layer_ids=[1],
                    device="cpu")
     allocator = SWATokenToKVPoolAllocator(size=g.full_tokens, size_swa=g.swa_tokens, page_size=g.page,
-                                          dtype=torch.bfloat16, device="cpu", kvcache=kv, need_sort=False)
+                                          dtype=dtype, device="cpu", kvcache=kv, need_sort=False)
     params = CacheInitParams(
         disable=False, req_to_token_pool=pool, token_to_kv_pool_allocator=allocator, page_size=g.page,
         sliding_window_size=g.window, tree_components=(ComponentType.FULL, ComponentType.SWA),
@@ -343,6 +346,18 @@ def swa_lru(kit: CacheKit) -> list[int]:
             out.append(index[x.id])
         x = x.lru_next[pt]
     return out
+
+
+def misfiled_children(kit: CacheKit) -> list[int]:
+    """Ids of nodes not filed in their parent's ``children`` under ``child_key`` of their own key, or
+    filed under a parent that is not their ``parent`` (empty when the tree keeps upstream's filing rule,
+    which a child lookup by scanning relies on)."""
+    page, bad = kit.geometry.page, []
+    for node in _dfs(kit.core):
+        for filed_key, child in node.children.items():
+            if child.parent is not node or child.key.child_key(page) != filed_key:
+                bad.append(child.id)
+    return bad
 
 
 # -- multi-session traces, run in lockstep on several caches ---------------------------------------

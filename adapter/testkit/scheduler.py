@@ -35,7 +35,9 @@ share prefixes); decode retraction on a full pool goes through the real ``update
 ``prefill_decode_interval_min_bs``, ``mixed_chunk`` (``--enable-mixed-chunk``), ``overlap``
 (step in the overlap loop's order), ``hybrid_swa`` (``SWAKVPool`` + ``SWATokenToKVPoolAllocator``
 and a ``FULL``+``SWA`` cache; ``swa_pool_tokens`` and ``sliding_window`` size it),
-``max_prefill_tokens`` and ``vocab_size``.
+``max_prefill_tokens`` and ``vocab_size``; ``dsv4`` (a real ``DeepSeekV4TokenToKVPool``, layers
+C0/C4/C128/C4, with its ``SWATokenToKVPoolAllocator`` and a ``FULL``+``SWA`` cache; needs
+``page_size=256``; ``pool_tokens``, ``swa_pool_tokens`` and ``sliding_window`` size it).
 
 Import cost: SGLang itself (~8 s, once per process). Building a 1M-token pool takes ~1 s.
 """
@@ -282,6 +284,7 @@ def _build_pools(
     hybrid_swa: bool,
     swa_pool_tokens: int,
     sliding_window: int,
+    dsv4: bool = False,
 ) -> tuple[Any, Any, Any]:
     import torch
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
@@ -290,7 +293,15 @@ def _build_pools(
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
     r2t = ReqToTokenPool(size=max_reqs, max_context_len=max_context_len, device="cpu", enable_memory_saver=False)
-    if hybrid_swa:
+    if dsv4:
+        from adapter.testkit.dsv4_pool import build_dsv4_kv
+
+        kv, allocator = build_dsv4_kv(
+            full_tokens=pool_tokens, swa_tokens=swa_pool_tokens, req_slots=r2t.req_to_token.shape[0],
+            max_reqs=max_reqs, page_size=page_size, sliding_window=sliding_window,
+        )
+        components = (ComponentType.FULL, ComponentType.SWA)
+    elif hybrid_swa:
         from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
         from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 
@@ -330,7 +341,7 @@ def _build_pools(
         token_to_kv_pool_allocator=allocator,
         page_size=page_size,
         tree_components=components,
-        sliding_window_size=sliding_window if hybrid_swa else None,
+        sliding_window_size=sliding_window if hybrid_swa or dsv4 else None,
         chunked_prefill_size=chunked_prefill_size,
     )
     return UnifiedRadixCache(params=params), allocator, r2t
@@ -352,6 +363,7 @@ def build_scheduler(
     sliding_window: int = 128,
     max_prefill_tokens: int | None = None,
     vocab_size: int = 32000,
+    dsv4: bool = False,
 ) -> SchedulerHarness:
     """A real ``Scheduler`` (``object.__new__``) on real CPU pools; see the module docstring."""
     warnings.filterwarnings("ignore", module="sglang")
@@ -386,7 +398,7 @@ def build_scheduler(
     cache, allocator, r2t = _build_pools(
         server_args, page_size=page_size, pool_tokens=pool_tokens, max_reqs=max_reqs,
         max_context_len=max_context_len, chunked_prefill_size=chunked_prefill_size,
-        hybrid_swa=hybrid_swa, swa_pool_tokens=swa_pool_tokens, sliding_window=sliding_window,
+        hybrid_swa=hybrid_swa, swa_pool_tokens=swa_pool_tokens, sliding_window=sliding_window, dsv4=dsv4,
     )
 
     s = object.__new__(Scheduler)
@@ -436,7 +448,7 @@ def build_scheduler(
     s.enable_unified_memory = False
     s.enable_lora = False
     s.lora_drainer = None
-    s.is_hybrid_swa = hybrid_swa
+    s.is_hybrid_swa = hybrid_swa or dsv4
     s.min_free_slots_delayer = None
     s.disaggregation_mode = DisaggregationMode.NULL
     s.decode_offload_manager = None
