@@ -16,7 +16,7 @@ one at a time; all share the model, the seed, the server arguments and the workl
 It reads SGLang's own reports: ``cached_tokens`` (``--enable-cache-report``), the scheduler log
 (``Prefill batch`` / ``Decode batch`` lines, ``--decode-log-interval 1``) and client-side stream
 timings. One row per switch: its effect against both controls, or "not available in this build:
-<reason>" / "not applicable here: <reason>" (never a pass). The two controls must agree (same
+<reason>" / "not applicable here: <reason>" / "not in the profile: <reason>" (never a pass). The two controls must agree (same
 greedy tokens on the sequential requests, same cache figures, decode shares within
 :data:`SHARE_TOLERANCE`); if they do not, the run is INVALID. Greedy outputs of B must equal the
 controls' on every prompt where the controls agree.
@@ -75,8 +75,12 @@ NOT_APPLICABLE: dict[str, str] = {
     "autotune_keep": "FlashInfer autotuning runs only on CUDA; the CPU engine never autotunes",
     "swa_native_decode": "DSV4 decode kernel for SM120/SM121 GPUs; DeepSeek-V4 has no CPU attention path",
     "page_rounded_admission": "page size 1 on the CPU engine: whole-page charges equal token charges",
-    "kv_park": "acts on retraction under KV pressure; this workload is sized not to retract (tests/test_kv_park_server.py "
-               "runs it on this engine with retractions forced)",
+}
+# Switches the production profile does not adopt (so neither does the gate's), with where they are
+# exercised instead.
+NOT_IN_PROFILE: dict[str, str] = {
+    "kv_park": "not adopted by the production profile (never run on a GPU yet); tests/test_kv_park_server.py runs it "
+               "on this engine with retractions forced",
 }
 
 
@@ -268,8 +272,9 @@ def rows(a1: Boot, b: Boot, a2: Boot, receipts_gaps: list[str], outputs_equal: b
         acting = next((a for a in ACTING if a.name == name), None)
         ok, reason = available(name)
         if acting is None:
-            why = NOT_APPLICABLE.get(name, "the CPU gate has no workload that exercises it")
-            table.append({"switch": name, "stock": "-", "profile": "-", "status": f"not applicable here: {why}"})
+            status = (f"not in the profile: {NOT_IN_PROFILE[name]}" if name in NOT_IN_PROFILE else
+                      f"not applicable here: {NOT_APPLICABLE.get(name, 'the CPU gate has no workload that exercises it')}")
+            table.append({"switch": name, "stock": "-", "profile": "-", "status": status})
             continue
         if not ok:
             table.append({"switch": name, "stock": "-", "profile": "-", "status": f"not available in this build: {reason}"})

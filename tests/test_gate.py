@@ -58,6 +58,7 @@ def test_a_switch_this_build_lacks_shows_not_available_and_cpu_impossible_ones_n
     assert table["autotune_keep"].startswith("not applicable here: FlashInfer autotuning runs only on CUDA")
     assert "DSV41_NO_SUCH" not in gate.build_profile()
     assert not any(s.startswith("pass") for name, s in table.items() if name in gate.NOT_APPLICABLE)
+    assert all(table[name].startswith("not in the profile: ") for name in gate.NOT_IN_PROFILE)
 
 
 def test_thin_row_passes_only_when_the_profile_resumes_cached_and_both_controls_do_not():
