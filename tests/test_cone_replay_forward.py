@@ -115,18 +115,14 @@ def test_model_forward_publishes_the_replay_rows_only_for_its_own_duration():
 
 
 def test_the_switch_wraps_the_forward_side_when_installed_and_unwraps_on_uninstall():
-    import importlib
-
     from sglang.srt.layers.radix_attention import RadixAttention
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
     from sglang.srt.model_executor.model_runner import ModelRunner
 
-    from adapter import registry
+    from adapter.testkit.cone import install
 
-    for module in next(s for s in registry.SWITCHES if s.name == "cone_replay").modules:
-        importlib.import_module(module)  # the engine has them all; the switch waits for the last
     stock = (RadixAttention.forward, ModelRunner.forward, vars(ForwardBatch)["init_new"])
-    state = boot.install({"DSV41_SWA_CONE_REPLAY": "1", "DSV41_SWA_CONE_TOKENS": "64"})
+    state = install(64)
     try:
         assert state.outcomes["cone_replay"].status == "installed"
         assert RadixAttention.forward is not stock[0] and ModelRunner.forward is not stock[1]

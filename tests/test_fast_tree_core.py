@@ -40,6 +40,17 @@ def twins() -> tuple[rc.CacheKit, rc.CacheKit]:
     return stock, rc.build(GEOMETRY, backend="python")
 
 
+def _deep_session() -> tuple[rc.CacheKit, rc.CacheKit, list[int]]:
+    """Twins after a session of 12 turns (a deep path of nodes), and the history to send next."""
+    stock, quick = twins()
+    tok = rc.Tokens()
+    history = tok.fresh(8 * P)
+    for _ in range(12):
+        results = [k.run_turn(history, P) for k in (stock, quick)]
+        history = results[0].history + tok.fresh(8 * P)
+    return stock, quick, history
+
+
 TURNS = st.builds(rc.Op, kind=st.just("turn"), session=st.integers(-1, 4), new_pages=st.integers(1, 8),
                   out_pages=st.integers(0, 3), chunked=st.booleans(), fork=st.booleans(),
                   trim_pages=st.sampled_from([0, 0, 1, 3, 9]))
@@ -136,12 +147,7 @@ def test_a_deep_insert_copies_the_key_once(fast, monkeypatch):
         slices.append(len(self))
         return original(self, idx)
 
-    stock, quick = twins()
-    tok = rc.Tokens()
-    history = tok.fresh(8 * P)
-    for _ in range(12):  # a session of 12 turns: a deep path of nodes
-        results = [k.run_turn(history, P) for k in (stock, quick)]
-        history = results[0].history + tok.fresh(8 * P)
+    stock, quick, history = _deep_session()
     counts = []
     monkeypatch.setattr(RadixKey, "__getitem__", counting)
     for kit in (stock, quick):
@@ -181,12 +187,7 @@ def test_a_deep_walk_and_match_build_no_child_tuple_keys_on_single_child_paths(f
         built.append(offset)
         return original(self, offset, page_size)
 
-    stock, quick = twins()
-    tok = rc.Tokens()
-    history = tok.fresh(8 * P)
-    for _ in range(12):  # a session of 12 turns: a deep path of nodes
-        results = [k.run_turn(history, P) for k in (stock, quick)]
-        history = results[0].history + tok.fresh(8 * P)
+    stock, quick, history = _deep_session()
     counts = []
     monkeypatch.setattr(RadixKey, "child_key_at", counting)
     for kit in (stock, quick):
