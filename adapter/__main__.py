@@ -1,5 +1,5 @@
 import sys
 
-from adapter.cli import main
+from adapter.ops.cli import main
 
 sys.exit(main())

@@ -18,7 +18,7 @@ Output (``--out``, default ``build/native_decode``, or ``DSV41_NATIVE_DECODE_DIR
 folder the switch loads from): ``dsv4_native_p256_sm120a.so``, ``dsv4_native_p256_sm121a.so`` and ``manifest.json``
 (FlashInfer version, sha256 of every input file nvcc read, nvcc version and flags, sha256 of each
 ``.so``, and a digest over all of it). The build ends by loading each ``.so`` through the switch's
-own loader (``adapter/native_decode_module.py``: manifest digest, FlashInfer sources, sha256, then
+own loader (``adapter/switches/native_decode/loader.py``: manifest digest, FlashInfer sources, sha256, then
 ``tvm_ffi.load_module``, which needs no GPU) and checking that DSV4 pages are a runtime argument.
 
 Usage: ``runtime/build_native_decode.sh [--out DIR] [--arch 120a] [--jobs N]`` (what the
@@ -48,7 +48,7 @@ REPO_ROOT = RUNTIME_DIR.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from adapter.native_decode_module import (  # noqa: E402  (the manifest format is the loader's)
+from adapter.switches.native_decode.loader import (  # noqa: E402  (the manifest format is the loader's)
     DEFAULT_DIR,
     FLASHINFER_DIST,
     MANIFEST_FORMAT,
@@ -362,7 +362,7 @@ def build(out: Path, arches: tuple[str, ...] = ARCHES, jobs: int | None = None, 
 
 def verify(out: Path, arches: tuple[str, ...]) -> None:
     """Load each built module the way the switch does (manifest, sha256, then tvm-ffi; no GPU needed)."""
-    from adapter.native_decode_module import LoadRefused, load
+    from adapter.switches.native_decode.loader import LoadRefused, load
 
     for arch in arches:
         try:

@@ -15,7 +15,7 @@ import pytest  # noqa: E402
 @pytest.fixture(autouse=True)
 def _no_overlay_state_leaks():
     """Each test starts with no finder installed and no switch wrapped."""
-    from adapter import boot
+    from adapter.core import boot
 
     boot.uninstall()
     yield

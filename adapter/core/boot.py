@@ -1,0 +1,199 @@
+"""The import hook: after a target upstream module is imported, install the switches that wait on it.
+
+``install_from_environment`` (called by ``sitecustomize.py`` only when a ``DSV41_*`` key is set)
+parses the configuration and puts one meta-path finder in front of ``sys.meta_path``. The finder
+claims nothing but the target modules named in the registry; for those it wraps the real loader so
+that, once the module has executed, each switch whose target modules are all imported is installed
+in registry order. Modules imported before the finder existed are handled at once.
+
+Failure rules:
+* A bad value is a boot failure. An exception inside ``sitecustomize`` does not stop Python, so
+  the error is printed at once and the finder makes the engine's first ``sglang`` import raise
+  :class:`BootError`: the engine cannot start on a configuration it cannot honour.
+* A switch that cannot install (pin drift, unsupported mode) is refused with one line and the
+  engine keeps its stock functions; with ``DSV41_STRICT=1`` the refusal raises :class:`BootError`
+  from the import that triggered it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from adapter.core import receipts, registry
+
+if TYPE_CHECKING:  # imported lazily: a process that installs nothing never loads wrapt or inspect
+    from adapter.core import patching, pins
+
+ENGINE_PACKAGE = "sglang"
+
+
+class BootError(RuntimeError):
+    """The engine must not start: bad configuration, or a refusal under ``DSV41_STRICT=1``."""
+
+
+class Refusal(Exception):
+    """Raised by a switch's install function: the switch cannot act here (one-line reason)."""
+
+
+class NotApplicable(Refusal):
+    """A refusal because this machine or model cannot use the switch (e.g. no CUDA device).
+
+    A boot logs it as a refusal like any other; ``check`` on a build machine reports it as ``n/a``
+    instead of a failure, since the profile itself is fine.
+    """
+
+
+@dataclass
+class Outcome:
+    switch: str
+    status: str = "pending"  # pending | installed | refused | n/a (refused: not applicable here)
+    reason: str = ""
+    params: dict[str, Any] = field(default_factory=dict)
+    pins: list[pins.PinCheck] = field(default_factory=list)
+
+
+@dataclass
+class State:
+    config: registry.Config
+    outcomes: dict[str, Outcome] = field(default_factory=dict)
+    patches: dict[str, patching.Patch] = field(default_factory=dict)
+
+
+STATE: State | None = None
+
+
+class _LoaderProxy:
+    """Delegates to the real loader; runs the hook after the module has executed."""
+
+    def __init__(self, loader: Any, finder: SwitchFinder):
+        self._loader = loader
+        self._finder = finder
+
+    def create_module(self, spec: Any) -> ModuleType | None:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._loader.exec_module(module)
+        self._finder.on_imported(module.__name__)
+
+    def __getattr__(self, name: str) -> Any:  # get_source, get_resource_reader, is_package, ...
+        return getattr(self._loader, name)
+
+
+class SwitchFinder:
+    def __init__(self, state: State, targets: set[str], fail_with: str | None = None):
+        self.state = state
+        self.targets = targets
+        self.fail_with = fail_with
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if self.fail_with is not None and fullname.partition(".")[0] == ENGINE_PACKAGE:
+            raise BootError(self.fail_with)
+        if fullname not in self.targets:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _LoaderProxy(spec.loader, self)
+                return spec
+        return None
+
+    def on_imported(self, module_name: str) -> None:
+        for switch in self.state.config.requested:
+            outcome = self.state.outcomes[switch.name]
+            if outcome.status == "pending" and all(_executed(m, module_name) for m in switch.modules):
+                install_switch(self.state, switch)
+
+
+def _executed(name: str, just_executed: str) -> bool:
+    """``name`` is imported and its body has run. A module mid-import is already in ``sys.modules``
+    (``__spec__._initializing``) when it imports another target: installing then would find its
+    classes missing. ``just_executed`` is the module whose body just finished (still flagged)."""
+    module = sys.modules.get(name)
+    if module is None:
+        return False
+    return name == just_executed or not getattr(getattr(module, "__spec__", None), "_initializing", False)
+
+
+def install_switch(state: State, switch: registry.Switch) -> Outcome:
+    """Check pins, then install; on any failure revert and refuse (raise under strict)."""
+    from adapter.core import patching, pins
+
+    outcome = state.outcomes.setdefault(switch.name, Outcome(switch.name))
+    outcome.pins = [pins.check(target) for target in switch.wraps]
+    drift = [p for p in outcome.pins if not p.ok]
+    patch = patching.Patch(switch.name)
+    try:
+        if drift:
+            raise Refusal("; ".join(p.describe() for p in drift))
+        module_name, _, function = switch.install.partition(":")
+        install = getattr(importlib.import_module(module_name), function)
+        outcome.params = dict(install(state.config, patch) or {})
+    except Exception as exc:  # a refusal, or a bug in an install: never half-installed
+        patch.revert()
+        outcome.status = "n/a" if isinstance(exc, NotApplicable) else "refused"
+        outcome.reason = str(exc) if isinstance(exc, Refusal) else f"install failed: {type(exc).__name__}: {exc}"
+        if isinstance(exc, NotApplicable):
+            outcome.reason = f"not applicable here: {outcome.reason}"
+        receipts.refused(switch.name, outcome.reason)
+        if state.config.strict:
+            raise BootError(f"{switch.name} refused under DSV41_STRICT=1: {outcome.reason}") from exc
+        return outcome
+    state.patches[switch.name] = patch
+    outcome.status = "installed"
+    receipts.installed(switch.name, **outcome.params)
+    return outcome
+
+
+def install(environ: Mapping[str, str] | None = None) -> State:
+    """Parse ``environ`` (default ``os.environ``) and install the finder. Idempotent per process."""
+    global STATE
+    if STATE is not None:
+        return STATE
+    config = registry.resolve(os.environ if environ is None else environ)
+    STATE = state = State(config)
+    for warning in config.warnings:
+        receipts.warn(warning)
+    if config.errors:
+        message = "configuration error: " + "; ".join(config.errors)
+        receipts.logger().error("%s %s", receipts.TAG, message)
+        sys.meta_path.insert(0, SwitchFinder(state, set(), fail_with=message))
+        return state
+    for switch in config.requested:
+        state.outcomes[switch.name] = Outcome(switch.name)
+    targets = {m for s in config.requested for m in s.modules}
+    finder = SwitchFinder(state, targets)
+    sys.meta_path.insert(0, finder)
+    if any(m in sys.modules for m in targets):  # imported before us (rare): handle now
+        finder.on_imported("")
+    return state
+
+
+def install_from_environment() -> None:
+    """The ``sitecustomize`` entry: never lets an overlay bug stop a process that is not the engine."""
+    try:
+        install()
+    except BootError:
+        raise
+    except Exception as exc:  # pragma: no cover - defensive: report, stay stock
+        receipts.warn(f"overlay boot failed, engine stays stock: {type(exc).__name__}: {exc}")
+
+
+def uninstall() -> None:
+    """Remove the finder and revert every installed switch (tests and ``check``)."""
+    global STATE
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, SwitchFinder)]
+    if STATE is not None:
+        for patch in reversed(list(STATE.patches.values())):  # last installed is outermost
+            patch.revert()
+    STATE = None
+    receipts.reset_for_tests()

@@ -1,0 +1,213 @@
+"""The pin table for SGLang 0.5.23 (with flashinfer-python 0.7.2 and torch 2.14.1): data only.
+
+``"module:qualname" -> sha256(inspect.getsource(inspect.unwrap(fn)))`` for every upstream function
+a switch wraps or relies on. A new pin is added by hand after reading the function, never generated
+blindly; ``python -m adapter pins`` prints the installed hashes.
+"""
+
+UPSTREAM = {"sglang": "0.5.23", "flashinfer-python": "0.7.2", "torch": "2.14.1"}
+
+PINS: dict[str, str] = {
+    # autotune_keep
+    "sglang.srt.model_executor.runner.flashinfer_autotune:_autotune_cache_digest": (
+        "a45e23d0dd3c93eaf7895cb5051091c2ffffff7c1b1233bdef5168282b7c6c6b"
+    ),
+    "sglang.srt.model_executor.runner.flashinfer_autotune:flashinfer_autotune_context": (
+        "0a4d2304bc899b5e8afec773d7333cd145b0171b30430a0c2b1e7dd7de93ea51"
+    ),
+    # page_rounded_admission (wrapped)
+    "sglang.srt.managers.schedule_policy:PrefillAdder._get_running_request_total_token_offset": (
+        "64fd33f1c3fee43bd659c89c36274155636d11725fa896aac1fc58c3483c5275"
+    ),
+    "sglang.srt.managers.schedule_policy:PrefillAdder.__init__": (
+        "311684cd26be5b49ecc864a1f5adabf6263513b986c4d8d5738703b8d58615aa"
+    ),
+    "sglang.srt.managers.schedule_policy:PrefillAdder._check_prefill_budget": (
+        "090134788039bbb48c6f510e1a876e17204fbea4e1afb21e94161783ffe9b17f"
+    ),
+    "sglang.srt.managers.schedule_policy:PrefillAdder._update_prefill_budget": (
+        "63965ae1945bd25ffa773e73e0c1976d13bc914d542863ec2a5c6fd6b6b3c150"
+    ),
+    "sglang.srt.managers.scheduler:Scheduler.init_req_max_new_tokens": (
+        "ea5d8cf1e6bf45ac74c991156882153117a19c9ddb2e97466eed48ec91cfe6a8"
+    ),
+    # page_rounded_admission (pinned, not wrapped: the arithmetic its wrappers replace)
+    "sglang.srt.mem_cache.prefill_budget:PrefillBudget.reserve": (
+        "81106a62693358040771b92b9fbce3d6322363ea3b5ae2036cde6111a3fd0c6d"
+    ),
+    "sglang.srt.mem_cache.prefill_budget:PrefillBudget.check_prefill": (
+        "3496f9d9e0e8c0ed05b461f88be871c63d337a709960a1eea73eb258ce82ecb5"
+    ),
+    "sglang.srt.managers.schedule_policy:PrefillAdder.add_one_req": (
+        "11ea292b16f33cb686bf72862fee68949b2586dac1b4c42a45525c6b43c17f7f"
+    ),
+    "sglang.srt.managers.schedule_policy:PrefillAdder._select_prefill_admission": (
+        "c17c45f9e1e609c65f2ddf85e1e8e97ace80f259e0b44113de81545f14b45662"
+    ),
+    "sglang.srt.mem_cache.allocator.base:BaseTokenToKVPoolAllocator.max_new_tokens_for_memory": (
+        "69701e5fec1eb452aee8cc95f4cb6d01a3e39d1407d66adb80f0d3ae92432187"
+    ),
+    # fast_tree_core
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._insert_walk_step": (
+        "e05a13b0ebcb98f584587bd42842aa4fe7337c9b13715eda4681da8f5227f5c2"
+    ),
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._finish_insert_walk_node": (
+        "952475c4b33f48283b0d5b568195b9e55bdf8fabfda3341a27e654d3b3b8af17"
+    ),
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._insert_commit_step": (
+        "0b4f537155f635bd8d45886e1a9292fffd8d3c8e64209d6aebf7f9d38d6cafeb"
+    ),
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._insert_overlap_step": (
+        "6674cf49e0b8d7f6038bceb075bd79d83559afd5c4f3772d3c7abdcfe0adb4fe"
+    ),
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._touch_node": (
+        "2903de6a567b669f76dc557a7f0b2d9b997faaf6d9fd98b42988b38dc4eae31a"
+    ),
+    "sglang.srt.mem_cache.unified_cache.components.swa:SWAComponent.update_component_on_insert_overlap": (
+        "03feead801e19dbcffe977f84608b6987d4496356ccb9470f469688420ddb1eb"
+    ),
+    "sglang.srt.mem_cache.unified_cache.components.swa:SWAComponent.refresh_lru": (
+        "cb4932a420de8a80d296ea8a1c6b6a6a7eb55982b74ace1d66ffd69e41573f0f"
+    ),
+    "sglang.srt.mem_cache.unified_cache.components.base:TreeComponent.update_component_on_insert_overlap": (
+        "34a714325de3a56b07ec40e7be7a5a788b73a3cdec234296cb9888c7b13640f7"
+    ),
+    # fast_tree_core (wrapped: the match walk and the Full lock walks)
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._match_prefix_helper": (
+        "0f2b6aef0c37c86f024a586159b083400be9f0d445fcb0a6254b99f38c7c75fb"
+    ),
+    "sglang.srt.mem_cache.unified_cache.components.full:FullComponent.acquire_component_lock": (
+        "73fc2807a3f10349d477334c25a88da157ddd76eaea3883008c7a5d38105fb34"
+    ),
+    "sglang.srt.mem_cache.unified_cache.components.full:FullComponent.release_component_lock": (
+        "a50962eb41cb9dfc01828a412a985c0752845ecba62340b872cb2ffc21069d20"
+    ),
+    # fast_tree_core (pinned, not wrapped: the barrier rule the multi-node walk step keeps, the hit count,
+    # leaf-set and value-length methods it inlines, the child-key filing its child scan relies on, and
+    # the key methods whose answers it reproduces)
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._advance_insert": (
+        "b59e53571f56e5b874a16b0e8e575cc62c9bcddaaaa30efde13ce497759a3303"
+    ),
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._inc_hit_count_and_check": (
+        "ee042b6f6227e9233275eb0987a5f4ca9a7962e652bcf2f9dae97d9f6529c3b7"
+    ),
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._update_evictable_leaf_sets": (
+        "c37800284e06624ea4363db108e69071e09fab57bd558bce265806fd8da61e9c"
+    ),
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._is_device_leaf": (
+        "e05419d912e821742ca05bb55d7bbc285fe283e2c3893c2db3bec6c82d834933"
+    ),
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._is_host_leaf": (
+        "818e9936b02213a16a21db687031187f1eaa3cfdae375b316495ef26f4c6d298"
+    ),
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._split_node": (
+        "069693552db78cef4cd9a03367c2e2a5599680b502f89be958b2eb90c4069016"
+    ),
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._add_new_node": (
+        "5c287b8918f6024691af0be2229dfd6d829679ad4d30e19fd198522dfc449c12"
+    ),
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore.insert_host": (
+        "a5ea822ca4930af43dd882ea8f9ac3b8aca3588c537f090030e87a95c1914c72"
+    ),
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeNode.evicted.fget": (
+        "f6763ea35837b3ca14531040e968d19ce173c58b0749f44699cd7a8fe532d1f2"
+    ),
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeNode.backuped.fget": (
+        "5d48e2f82d7a240a0bfa51fd1af74063a385c0274249e6a615e1582212849e0f"
+    ),
+    "sglang.srt.mem_cache.unified_cache.components.base:TreeComponent.value_len": (
+        "dcc878a98161953b5a1f1a911459c4d84c2014a576daf68623af31859c69a282"
+    ),
+    "sglang.srt.mem_cache.unified_cache.components.base:TreeComponent.reclaimable_value_len": (
+        "8b604db4a2d8daa5c543a946ef9776e239aa4bef7575713c7abc925187b9de34"
+    ),
+    "sglang.srt.mem_cache.radix_cache:RadixKey.child_key_at": (
+        "78d8fdf7fe5339649c6652a6135745c45b4afe641676abadc70ba1fb5501de01"
+    ),
+    "sglang.srt.mem_cache.radix_cache:RadixKey.match_at": (
+        "3af84653132e239dadc2b3b86c211adc66dc11a9974b6af700ac005fedf3b83e"
+    ),
+    # swa_thin
+    "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.checkpoint_into_tree": (
+        "3a20fa5c0617352cc19485b47d5fc54b429288fe6deb62747ed95f4fd7ffd098"
+    ),
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedLRUList._remove_node": (
+        "e0101fd38b9dc80111fa9fd6b043faf7e442da4586105f912bea4fc097e0d8fb"
+    ),
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedLRUList._add_node_after": (
+        "7b84b69969bc04730bec910f80927121f6de0a96499d8801b4a21f24b7abcae1"
+    ),
+    # decode_yield
+    "sglang.srt.managers.scheduler:Scheduler.get_next_batch_to_run": (
+        "34f30fd4dfb13d741ef8aae209ca7de67fa00846ee58ffa7706fc3b12890fae0"
+    ),
+    "sglang.srt.managers.scheduler:Scheduler._should_defer_prefill": (
+        "fbdbb2ae5a7e7086d980af305f19f5a25791c5db92f450dc22f349e4c28e12b3"
+    ),
+    "sglang.srt.managers.scheduler:Scheduler._arm_prefill_decode_interval": (
+        "54db911b31a3cfcb1f4e2463d9d9e39b9e31cc3579c9df487cf48265b2be6933"
+    ),
+    "sglang.srt.managers.scheduler:Scheduler._reqs_finishing_inflight": (
+        "0a23fa4468031e1d72d71106ef992f899155249b6d59d2afb1ae0cc27960729e"
+    ),
+    # swa_native_decode
+    "sglang.kernels.ops.attention.flash_mla_sm120:_flash_mla_flashinfer": (
+        "dc287221ffafd0d4311863acfc34ba8183c8230f03508e191db96b3bc97a4acb"
+    ),
+    # kv_park (also wraps Scheduler.get_next_batch_to_run, pinned above under decode_yield)
+    "sglang.srt.managers.schedule_batch:release_req": (
+        "e9a690b5c7084bb5f69496e1b8e200a75a05db87a7232dc66bdbb5feba112c43"
+    ),
+    # kv_park (pinned, not wrapped: the DSV4 regions and order parked per page-id space, the C4
+    # state addressing that makes state rows follow SWA pages, and the retract loop that rules
+    # out holding pages in the allocator while a copy is in flight)
+    "sglang.srt.mem_cache.deepseek_v4_memory_pool:DeepSeekV4TokenToKVPool.get_contiguous_buf_infos": (
+        "5f30ae1eaa234041062e5d871427c37a7245a01086ec3a7154cd251241613e3d"
+    ),
+    "sglang.srt.mem_cache.deepseek_v4_memory_pool:DeepSeekV4TokenToKVPool.get_state_buf_infos": (
+        "ff7684b4d9673071d077ad44b451514e1f15b3a03006adb190e699daf99d6a4a"
+    ),
+    "sglang.srt.mem_cache.deepseek_v4_compress_state:CompressStatePool.translate_from_swa_loc_to_state_loc": (
+        "fadcb223853e5cd0b78a3183ccf352610179071697b6f3ecf5726703b551ea04"
+    ),
+    "sglang.srt.managers.schedule_batch:ScheduleBatch.retract_decode": (
+        "aa8b1c7e5e790ab79f4d8933b0ff811ab450bd5ced042306dbfe98f0a6237a06"
+    ),
+    # cone_replay (wrapped; PrefillAdder._select_prefill_admission is pinned above, same hash)
+    "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.__init__": (
+        "cc144f4312cfcd7108e7d52717622db6c42f7d62a8cc9ccbf38fd623411906a5"
+    ),
+    "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.match_prefix": (
+        "8cd7f2cc3958b7250fe8218cbeaa206d9939c6c05c08a318cf03f832a7b1a74b"
+    ),
+    "sglang.srt.managers.schedule_batch:ScheduleBatch.prepare_for_extend": (
+        "e7ca2d0e335a570e2c731f3dc2869899f16f223dbc13d1ce688fbdd3040eef62"
+    ),
+    # cone_replay (wrapped, forward side: the replay rows of a batch, their Full K/V, no prefill graph)
+    "sglang.srt.model_executor.forward_batch_info:ForwardBatch.init_new": (
+        "1f92fa245fced357d681c76ce8b7874c4b1fab10380a8eb3f88243c6ab7aa35f"
+    ),
+    "sglang.srt.layers.radix_attention:RadixAttention.forward": (
+        "4ca2cac7fefcd32bc21a3e137201b292bb933a1c95f697cfad56e346e4a98dcb"
+    ),
+    "sglang.srt.model_executor.runner.prefill_cuda_graph_runner:PrefillCudaGraphRunner.can_run_graph": (
+        "2c4349416d987ef50243f2449277d985ce65aa304384e0a40d1a3d370f9db49e"
+    ),
+    "sglang.srt.model_executor.model_runner:ModelRunner.forward": (
+        "19034759e5d5ec511c71cfd535d168a4b7d48040e0b895321f12d7233e27b88f"
+    ),
+    # cone_replay (pinned, not wrapped: F's definition, the fields a fallback restores, the anchor lock)
+    "sglang.srt.mem_cache.unified_cache.components.swa:SWAComponent.finalize_match_result_in_tree_core": (
+        "e680eab5d5c255cae6ef9a6dcbb14b32ca172ca371c3d6f1b7c63f36462531bf"
+    ),
+    "sglang.srt.mem_cache.common:match_kv_cache": (
+        "1f3b0e2c895cf0ad687d3f98329b74d0aab90e85babc2d105806fe176b7de009"
+    ),
+    "sglang.srt.managers.schedule_policy:PrefillAdder._commit_prefill_admission": (
+        "6151e6da5dfb0b6f7a8a8a8ecd50a3c85b1abc5a6dc4de858523750327bf006e"
+    ),
+    "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.path_device_indices": (
+        "c32a8f4f29a0983a7a0550a31dbdaad8aed809d6a0d62c7e0853d3120c6ecf25"
+    ),
+    # -- end of pins (add new pins above this line, grouped under a comment naming the switch) --
+}

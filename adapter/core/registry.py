@@ -1,0 +1,358 @@
+"""The switch registry: the one table that says which switch wraps which upstream function.
+
+Each :class:`Switch` names its gate key (and option keys) with their parsers, the upstream
+modules that must be imported before it installs, the pinned ``module:qualname`` functions it
+wraps, its install function, whether its keys are volatile for the autotune fingerprint, and what
+it requires or conflicts with. Nothing else in the overlay hard-codes a module name for a switch:
+the import hook, ``check``, ``receipts`` and the docs all read this table.
+
+Every switch is off unless its gate key is set. Rollback is config only: unset the gate key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from adapter.core import env
+
+
+@dataclass(frozen=True)
+class Key:
+    name: str
+    parser: env.Parser[Any]
+    doc: str
+    default: str | None = None  # raw default, parsed like a set value; None = no default
+    test_only: bool = False  # never in a production profile
+
+
+@dataclass(frozen=True)
+class Switch:
+    name: str  # as it appears in receipts: "[dsv41] <name> installed ..."
+    gate: Key  # the switch is on when this key is set to a truthy value
+    summary: str
+    modules: tuple[str, ...]  # install runs once all of these are imported
+    wraps: tuple[str, ...]  # pinned "module:qualname" functions it wraps
+    install: str  # "adapter.<module>:<function>"
+    volatile: bool  # True: changes no tuned shape or kernel (left out of the autotune fingerprint)
+    options: tuple[Key, ...] = ()
+    requires: tuple[str, ...] = ()  # switches turned on with this one
+    conflicts: tuple[str, ...] = ()  # switches that cannot run beside this one
+    module_file: str = ""  # the overlay file, for docs
+
+    @property
+    def keys(self) -> tuple[Key, ...]:
+        return (self.gate, *self.options)
+
+
+# Keys that belong to no switch.
+STRICT = Key("DSV41_STRICT", env.flag(), "turn any refusal of a requested switch into a boot failure")
+DEBUG_LOG = Key("DSV41_DEBUG_LOG", env.flag(), "log the overlay's DEBUG lines (per-window detail)")
+GLOBAL_KEYS: tuple[Key, ...] = (STRICT, DEBUG_LOG)
+# Environment keys outside DSV41_* that change nothing tuned (left out of the autotune fingerprint).
+VOLATILE_EXTERNAL_KEYS = ("SGLANG_RUN_ID",)
+
+_AUTOTUNE = "sglang.srt.model_executor.runner.flashinfer_autotune"
+
+SWITCHES: tuple[Switch, ...] = (
+    Switch(
+        name="autotune_keep",
+        gate=Key("DSV41_AUTOTUNE_KEEP", env.flag(), "keep the FlashInfer autotune cache across boots of the same launch"),
+        summary="keep the FlashInfer autotune cache when this rank saved it under the same launch (sglang#40320)",
+        modules=(_AUTOTUNE,),
+        wraps=(f"{_AUTOTUNE}:_autotune_cache_digest", f"{_AUTOTUNE}:flashinfer_autotune_context"),
+        install="adapter.switches.autotune_keep:install",
+        volatile=True,
+        module_file="adapter/switches/autotune_keep.py",
+    ),
+    Switch(
+        name="swa_native_decode",
+        gate=Key("DSV41_SWA_NATIVE_DECODE", env.flag(), "DSV4 decode reads 256-token SWA pages in place (SM120/SM121)"),
+        summary="decode-sized DSV4 calls on SM120/SM121 go to a sha-checked decode-only FlashInfer module with "
+        "the 256-token SWA pool view instead of copying each touched page into four 64-token pages (issue 6)",
+        modules=("sglang.kernels.ops.attention.flash_mla_sm120",),
+        wraps=("sglang.kernels.ops.attention.flash_mla_sm120:_flash_mla_flashinfer",),
+        install="adapter.switches.native_decode.switch:install",
+        # Same kernel instance and the tactic FlashInfer's planner picks for the copy path; autotune
+        # passes take the stock path, so no tuned shape or kernel depends on this key.
+        volatile=True,
+        options=(
+            Key(
+                "DSV41_NATIVE_DECODE_DIR",
+                env.absolute_path(),
+                "folder of the built module and its manifest (default: <overlay>/build/native_decode)",
+            ),
+        ),
+        module_file="adapter/switches/native_decode/switch.py",
+    ),
+    Switch(
+        name="decode_yield",
+        gate=Key("DSV41_DECODE_YIELD", env.percent(), "share (percent) of time running streams keep while a long prompt prefills in chunks"),
+        summary="after each non-final chunk, defer the next prefill for N decode steps (integer cost model, "
+        "floor --prefill-decode-interval, cap 128) so running streams keep their share (issue 3)",
+        modules=("sglang.srt.managers.scheduler",),
+        wraps=(
+            "sglang.srt.managers.scheduler:Scheduler.get_next_batch_to_run",
+            "sglang.srt.managers.scheduler:Scheduler._should_defer_prefill",
+            # Pinned, not wrapped: the interval arming (its counter is the floor) and the overlap
+            # loop's in-flight finishers, both relied on.
+            "sglang.srt.managers.scheduler:Scheduler._arm_prefill_decode_interval",
+            "sglang.srt.managers.scheduler:Scheduler._reqs_finishing_inflight",
+        ),
+        install="adapter.switches.decode_yield.switch:install",
+        volatile=True,
+        options=tuple(
+            Key(f"DSV41_DECODE_YIELD_{name}", env.integer(0, 10**12, unit=unit), f"decode-yield cost model: {unit}")
+            for name, unit in (  # defaults and their provenance: adapter/switches/decode_yield/cost_model.py DEFAULTS
+                ("CHUNK_US", "µs per prefill forward"),
+                ("TOKEN_NS", "ns per prefill token"),
+                ("PAIR_FS", "fs per causal attention pair"),
+                ("TOPK_PAIR_PS", "ps per top-k attention pair"),
+                ("STEP_US", "µs per decode step"),
+                ("ROW_NS", "ns per decode row"),
+                ("KV_PS", "ps per KV token read in decode"),
+                ("TOPK_KV_PS", "ps per top-k KV token read in decode"),
+                ("TOPK", "keys per query of the sparse attention; 0 = dense"),
+            )
+        ),
+        module_file="adapter/switches/decode_yield/switch.py",
+    ),
+    Switch(
+        name="fast_tree_core",
+        gate=Key("DSV41_SWA_FAST_CORE", env.flag(),
+                 "insert walk, prefix match and Full lock walks of the Python tree core without key copies"),
+        summary="the Python UnifiedTreeCore insert walk advances a key offset instead of copying the key's rest "
+        "at every node, finds children by scanning instead of hashing page-long tuple keys, and the match and "
+        "Full lock walks run inlined (results identical to stock; turned on by SWA thin)",
+        # The cache module, not the tree-core module: the cache imports the tree core mid-import, and a
+        # switch must not install while the cache module is still partially initialized.
+        modules=("sglang.srt.mem_cache.unified_radix_cache",),
+        wraps=(
+            *(
+                f"sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore.{fn}"
+                for fn in ("_insert_walk_step", "_finish_insert_walk_node", "_insert_commit_step",
+                           "_match_prefix_helper",
+                           # pinned, not wrapped: the walk calls the first and inlines the second
+                           "_insert_overlap_step", "_touch_node",
+                           # pinned, not wrapped: the barrier rule the multi-node walk step keeps, the
+                           # hit count and leaf-set tests it inlines, and every writer of a node's
+                           # children (a child is filed under child_key of its own key: the scan's rule)
+                           "_advance_insert", "_inc_hit_count_and_check", "_update_evictable_leaf_sets",
+                           "_is_device_leaf", "_is_host_leaf", "_split_node", "_add_new_node", "insert_host")
+            ),
+            "sglang.srt.mem_cache.unified_cache.components.full:FullComponent.acquire_component_lock",
+            "sglang.srt.mem_cache.unified_cache.components.full:FullComponent.release_component_lock",
+            # Pinned, not wrapped: the component hooks the walk knows to be no-ops where it skips them.
+            "sglang.srt.mem_cache.unified_cache.components.swa:SWAComponent.update_component_on_insert_overlap",
+            "sglang.srt.mem_cache.unified_cache.components.swa:SWAComponent.refresh_lru",
+            "sglang.srt.mem_cache.unified_cache.components.base:TreeComponent.update_component_on_insert_overlap",
+            # Pinned, not wrapped: what the walks inline (node state, value lengths) or reproduce (the
+            # child key a scan stands for, a whole-node match).
+            "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeNode.evicted.fget",
+            "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeNode.backuped.fget",
+            "sglang.srt.mem_cache.unified_cache.components.base:TreeComponent.value_len",
+            "sglang.srt.mem_cache.unified_cache.components.base:TreeComponent.reclaimable_value_len",
+            "sglang.srt.mem_cache.radix_cache:RadixKey.child_key_at",
+            "sglang.srt.mem_cache.radix_cache:RadixKey.match_at",
+        ),
+        install="adapter.switches.fast_tree_core:install",
+        volatile=True,
+        module_file="adapter/switches/fast_tree_core.py",
+    ),
+    Switch(
+        name="swa_thin",
+        gate=Key("DSV41_SWA_THIN", env.flag(), "evict passed SWA checkpoints first so idle sessions keep their resume point"),
+        summary="checkpoints a request has moved past go to the evict-first end of the SWA LRU (Python tree core)",
+        modules=("sglang.srt.mem_cache.unified_radix_cache",),
+        wraps=(
+            "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.checkpoint_into_tree",
+            # Pinned, not wrapped: the two LRU primitives the demotion calls.
+            "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedLRUList._remove_node",
+            "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedLRUList._add_node_after",
+        ),
+        install="adapter.switches.swa_thin:install",
+        volatile=True,
+        requires=("fast_tree_core",),
+        module_file="adapter/switches/swa_thin.py",
+    ),
+    Switch(
+        name="cone_replay",
+        gate=Key("DSV41_SWA_CONE_REPLAY", env.flag(), "replay only the last N tokens before a resume point whose SWA window was evicted"),
+        summary="a match stopped only by an evicted SWA window at F resumes on Full KV at page_floor(F - N) and "
+        "replays N tokens instead of re-prefilling from the stock match (issue 5)",
+        modules=(
+            "sglang.srt.mem_cache.unified_radix_cache",
+            "sglang.srt.mem_cache.unified_cache.components.swa",
+            "sglang.srt.mem_cache.common",
+            "sglang.srt.managers.schedule_policy",
+            "sglang.srt.managers.schedule_batch",
+            "sglang.srt.model_executor.forward_batch_info",
+            "sglang.srt.layers.radix_attention",
+            "sglang.srt.model_executor.runner.prefill_cuda_graph_runner",
+            "sglang.srt.model_executor.model_runner",
+        ),
+        wraps=(
+            "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.__init__",
+            "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.match_prefix",
+            "sglang.srt.managers.schedule_policy:PrefillAdder._select_prefill_admission",
+            "sglang.srt.managers.schedule_batch:ScheduleBatch.prepare_for_extend",
+            "sglang.srt.model_executor.forward_batch_info:ForwardBatch.init_new",
+            "sglang.srt.layers.radix_attention:RadixAttention.forward",
+            "sglang.srt.model_executor.runner.prefill_cuda_graph_runner:PrefillCudaGraphRunner.can_run_graph",
+            "sglang.srt.model_executor.model_runner:ModelRunner.forward",
+            # Pinned, not wrapped: F's definition, the fields a fallback restores, the anchor lock, the copy source.
+            "sglang.srt.mem_cache.unified_cache.components.swa:SWAComponent.finalize_match_result_in_tree_core",
+            "sglang.srt.mem_cache.common:match_kv_cache",
+            "sglang.srt.managers.schedule_policy:PrefillAdder._commit_prefill_admission",
+            "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.path_device_indices",
+        ),
+        install="adapter.switches.cone_replay.switch:install",
+        volatile=True,
+        options=(
+            Key("DSV41_SWA_CONE_TOKENS", env.integer(1, unit="tokens; a multiple of the page size, at least the bound"),
+                "replay depth N (checked against the bound when the cache is built)", default="8192"),
+            Key("DSV41_SWA_CONE_FORWARD_STANDIN", env.flag(),
+                "tests and bench only: on DeepSeek-V4 pools, whose forward seams are GPU-unverified and not "
+                "wired, the caller's forward applies the write mask and window floor itself (without it the "
+                "switch refuses there at cache build)",
+                default="0", test_only=True),
+        ),
+        module_file="adapter/switches/cone_replay/switch.py",
+    ),
+    Switch(
+        name="page_rounded_admission",
+        gate=Key("DSV41_PAGE_ROUNDED_ADMISSION", env.flag(), "charge KV in whole pages everywhere PrefillAdder admits"),
+        summary="one page-rounded KV cost for running rows, mixed decode rows, the admission check, the "
+        "reserve and the never-fits gate, so admission never overcommits the pool (issue 8)",
+        # The scheduler alone: it imports schedule_policy, and while it executes it is already in
+        # sys.modules, so listing both would install before Scheduler is defined.
+        modules=("sglang.srt.managers.scheduler",),
+        wraps=(
+            "sglang.srt.managers.schedule_policy:PrefillAdder._get_running_request_total_token_offset",
+            "sglang.srt.managers.schedule_policy:PrefillAdder.__init__",
+            "sglang.srt.managers.schedule_policy:PrefillAdder._check_prefill_budget",
+            "sglang.srt.managers.schedule_policy:PrefillAdder._update_prefill_budget",
+            "sglang.srt.managers.scheduler:Scheduler.init_req_max_new_tokens",
+            # Pinned, not wrapped: the arithmetic the wrappers replace exactly (stock reserve and
+            # check, the caller that builds total_tokens, the stock never-fits bound).
+            "sglang.srt.mem_cache.prefill_budget:PrefillBudget.reserve",
+            "sglang.srt.mem_cache.prefill_budget:PrefillBudget.check_prefill",
+            "sglang.srt.managers.schedule_policy:PrefillAdder.add_one_req",
+            "sglang.srt.managers.schedule_policy:PrefillAdder._select_prefill_admission",
+            "sglang.srt.mem_cache.allocator.base:BaseTokenToKVPoolAllocator.max_new_tokens_for_memory",
+        ),
+        install="adapter.switches.page_rounded_admission:install",
+        volatile=True,
+        module_file="adapter/switches/page_rounded_admission.py",
+    ),
+    Switch(
+        name="kv_park",
+        gate=Key("DSV41_KV_PARK", env.choice("ram"), "park a retracted request's KV pages in host RAM and restore them on re-admission"),
+        summary="retraction saves the row's pages with a page-major copy engine (background worker) into a "
+        "budgeted LRU host store; re-admission restores them as a cached prefix instead of a re-prefill (issue 9)",
+        modules=(
+            "sglang.srt.managers.schedule_batch",
+            "sglang.srt.managers.scheduler",
+            "sglang.srt.mem_cache.deepseek_v4_memory_pool",
+            "sglang.srt.mem_cache.deepseek_v4_compress_state",
+        ),
+        wraps=(
+            "sglang.srt.managers.schedule_batch:release_req",
+            "sglang.srt.managers.scheduler:Scheduler.get_next_batch_to_run",
+            # Pinned, not wrapped: the DSV4 regions per page-id space, C4 state rows following SWA
+            # pages, and the retract loop that rules out holding pages during a copy.
+            "sglang.srt.mem_cache.deepseek_v4_memory_pool:DeepSeekV4TokenToKVPool.get_contiguous_buf_infos",
+            "sglang.srt.mem_cache.deepseek_v4_memory_pool:DeepSeekV4TokenToKVPool.get_state_buf_infos",
+            "sglang.srt.mem_cache.deepseek_v4_compress_state:CompressStatePool.translate_from_swa_loc_to_state_loc",
+            "sglang.srt.managers.schedule_batch:ScheduleBatch.retract_decode",
+        ),
+        install="adapter.switches.kv_park.switch:install",
+        volatile=True,  # host copies only: no tuned shape or kernel
+        options=(
+            Key("DSV41_KV_PARK_GIB", env.integer(1, 4096, unit="GiB of host RAM for parked KV"),
+                "host RAM budget of parked entries; least recently used entries are evicted beyond it",
+                default="8"),
+        ),
+        module_file="adapter/switches/kv_park/switch.py",
+    ),
+    # -- end of switches (in install order; the production profile lists its keys in this order) --
+)
+
+
+def by_name(name: str) -> Switch:
+    for switch in SWITCHES:
+        if switch.name == name:
+            return switch
+    raise KeyError(name)
+
+
+def all_keys() -> dict[str, Key]:
+    keys = {key.name: key for key in GLOBAL_KEYS}
+    for switch in SWITCHES:
+        keys.update({key.name: key for key in switch.keys})
+    return keys
+
+
+def volatile_keys() -> frozenset[str]:
+    keys = {key.name for key in GLOBAL_KEYS} | set(VOLATILE_EXTERNAL_KEYS)
+    for switch in SWITCHES:
+        if switch.volatile:
+            keys.update(key.name for key in switch.keys)
+    return frozenset(keys)
+
+
+@dataclass
+class Config:
+    """The parsed ``DSV41_*`` configuration of one process."""
+
+    values: dict[str, Any] = field(default_factory=dict)  # key -> parsed value (set keys and defaults)
+    requested: list[Switch] = field(default_factory=list)  # in registry order, requirements included
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def strict(self) -> bool:
+        return bool(self.values.get(STRICT.name))
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key]
+
+
+def _is_on(value: Any) -> bool:
+    return value is not False and value is not None
+
+
+def resolve(environ: Mapping[str, str]) -> Config:
+    """Parse every ``DSV41_*`` key of ``environ`` and decide which switches are requested."""
+    config = Config()
+    known = all_keys()
+    for name, raw in sorted(env.dsv41_items(environ).items()):
+        key = known.get(name)
+        if key is None:
+            hint = env.closest_key(name, sorted(known))
+            config.warnings.append(
+                f"unknown key {name} ignored" + (f"; did you mean {hint}?" if hint else "")
+            )
+            continue
+        try:
+            config.values[name] = key.parser(name, raw)
+        except env.ConfigError as exc:
+            config.errors.append(str(exc))
+
+    wanted = {s.name for s in SWITCHES if _is_on(config.values.get(s.gate.name))}
+    pending = list(wanted)
+    while pending:  # requirements turn their switches on too
+        for required in by_name(pending.pop()).requires:
+            if required not in wanted:
+                wanted.add(required)
+                pending.append(required)
+    config.requested = [s for s in SWITCHES if s.name in wanted]
+    for switch in config.requested:
+        for other in switch.conflicts:
+            if other in wanted:
+                config.errors.append(f"{switch.gate.name} and {by_name(other).gate.name} cannot both be set")
+        for key in switch.options:
+            if key.name not in config.values and key.default is not None:
+                config.values[key.name] = key.parser(key.name, key.default)
+    return config

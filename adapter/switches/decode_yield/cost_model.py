@@ -1,0 +1,185 @@
+"""The decode-yield cost model: one integer formula, its coefficients in one place, no clock.
+
+Every input is replicated scheduler state (chunk tokens, prefix lengths, decode rows and their
+context lengths), and every term is a Python ``int``, so every TP rank computes the same cost and
+the same yield window. This module reads no clock and no environment: coefficients come from the
+parsed ``DSV41_DECODE_YIELD_*`` keys (:func:`from_config`) or from :data:`DEFAULTS`.
+
+The formula (costs in femtoseconds, so every coefficient keeps three or more significant digits
+as an integer; one forward of the model)::
+
+    pairs(c, p)      = c*p + c*(c+1)//2                  # causal (query, key) pairs of a c-token extend on prefix p
+    topk_pairs(c, p) = sum_{j=p+1}^{p+c} min(j, K)       # the same with each query capped at K keys (sparse top-k)
+    chunk_fs = CHUNK_US*10**9 + sum over extend rows (c, p) of
+               ( TOKEN_NS*10**6*c + PAIR_FS*pairs(c, p) + TOPK_PAIR_PS*1000*topk_pairs(c, p) )
+    step_fs  = STEP_US*10**9 + ROW_NS*10**6*B + KV_PS*1000*sum(L_i) + TOPK_KV_PS*1000*sum(min(L_i, K))
+    N        = max(floor, min(128, ceil((pct*chunk_fs - carry) / ((100-pct)*step_fs))))
+    carry    = the rounding surplus the previous windows of the same prompt gave (0 for the first;
+               see :func:`yield_window`), so the prompt's total decode time tracks its share
+
+``TOKEN_NS`` covers the dense and MoE GEMMs (linear in tokens); ``PAIR_FS`` attention or the
+DSA-style indexer over the whole prefix; ``TOPK_PAIR_PS`` the sparse top-k attention (``K`` =
+``TOPK`` keys per query; 0 turns the sparse terms off). ``STEP_US`` is the weight stream and graph
+launch of a decode step, ``ROW_NS`` per-row work, ``KV_PS`` the per-KV-token read (indexer or dense
+attention), ``TOPK_KV_PS`` the sparse top-k read. ``N`` decode steps then give running streams
+``pct`` percent of the modelled time around one chunk.
+
+Defaults (:data:`DEFAULTS`) are placeholders shaped to the one fleet figure we have (issue 3:
+with one decode step per chunk, streams kept 8 % of their decode rate while a cold 500K-token
+prompt prefilled in 8192-token chunks, i.e. a chunk costs about 11.5 decode steps of 16 streams,
+DSV4-style attention with top-k 2048). They are not a measurement: fit your own with
+``python -m adapter fit-cost-model LOG`` and put the printed line in the profile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from adapter.core import env
+
+MAX_YIELD_STEPS = 128  # the issue's cap: a window never holds the prompt back longer than this
+KEY_PREFIX = "DSV41_DECODE_YIELD_"
+
+
+@dataclass(frozen=True)
+class Coefficients:
+    chunk_us: int  # fixed cost of a prefill forward [µs]
+    token_ns: int  # per prefill token (dense + MoE GEMMs) [ns]
+    pair_fs: int  # per causal (query, key) pair over the prefix (attention / indexer) [fs]
+    topk_pair_ps: int  # per (query, top-k key) pair (sparse attention) [ps]
+    step_us: int  # fixed cost of a decode step (weights, launch) [µs]
+    row_ns: int  # per decode row [ns]
+    kv_ps: int  # per KV token read by a decode row [ps]
+    topk_kv_ps: int  # per top-k KV token read by a decode row [ps]
+    topk: int  # K of the sparse attention (0: no sparse terms)
+    source: str = "default"  # "default", or "env:<keys set>"
+
+    def items(self) -> list[tuple[str, int]]:
+        return [(f.name, getattr(self, f.name)) for f in fields(self) if f.name != "source"]
+
+
+# Placeholders (see the module docstring for their provenance); fit-cost-model replaces them.
+DEFAULTS = Coefficients(
+    chunk_us=40_000,
+    token_ns=48_000,
+    pair_fs=50_000,
+    topk_pair_ps=2_000,
+    step_us=40_000,
+    row_ns=500_000,
+    kv_ps=2_000,
+    topk_kv_ps=20_000,
+    topk=2048,
+)
+
+_UNITS = {
+    "chunk_us": "µs per prefill forward",
+    "token_ns": "ns per prefill token",
+    "pair_fs": "fs per causal attention pair",
+    "topk_pair_ps": "ps per top-k attention pair",
+    "step_us": "µs per decode step",
+    "row_ns": "ns per decode row",
+    "kv_ps": "ps per KV token read in decode",
+    "topk_kv_ps": "ps per top-k KV token read in decode",
+    "topk": "keys per query of the sparse attention; 0 = dense",
+}
+
+
+def key_name(field_name: str) -> str:
+    return KEY_PREFIX + field_name.upper()
+
+
+def parser() -> env.Parser[int]:
+    return env.integer(0, 10**12)
+
+
+def keys_doc() -> list[tuple[str, str]]:
+    """``(key, doc)`` for every coefficient key, in formula order (the registry lists them)."""
+    return [
+        (key_name(name), f"decode-yield cost model: {_UNITS[name]} (default {value})")
+        for name, value in DEFAULTS.items()
+    ]
+
+
+def from_config(values: Mapping[str, Any]) -> Coefficients:
+    """Coefficients from parsed config values (keys not set keep their default)."""
+    chosen = {name: values.get(key_name(name), default) for name, default in DEFAULTS.items()}
+    set_keys = [name for name, _ in DEFAULTS.items() if values.get(key_name(name)) is not None]
+    source = "default" if not set_keys else "env:" + ",".join(set_keys)
+    coef = Coefficients(**{k: int(v) for k, v in chosen.items()}, source=source)
+    if coef.step_us == 0 and coef.row_ns == 0:
+        raise env.ConfigError(
+            key_name("step_us"), "0", "a decode step with a cost: STEP_US or ROW_NS must be > 0"
+        )
+    return coef
+
+
+def pairs(c: int, p: int) -> int:
+    """Causal (query, key) pairs of a ``c``-token extend on a ``p``-token prefix."""
+    return c * p + c * (c + 1) // 2
+
+
+def topk_pairs(c: int, p: int, k: int) -> int:
+    """``sum_{j=p+1}^{p+c} min(j, k)``: the same pairs with each query capped at ``k`` keys."""
+    if k <= 0 or c <= 0:
+        return 0
+    end = p + c
+    below = max(0, min(end, k) - p)  # queries j in (p, min(end, k)]: j keys each
+    lo = p + 1
+    tri = (lo + lo + below - 1) * below // 2 if below else 0
+    return tri + (c - below) * k
+
+
+def chunk_cost(rows: Iterable[tuple[int, int]], coef: Coefficients = DEFAULTS) -> int:
+    """Cost in fs of one prefill forward; ``rows`` are its ``(extend_len, prefix_len)`` pairs."""
+    total = coef.chunk_us * 10**9
+    for c, p in rows:
+        total += coef.token_ns * 10**6 * c + coef.pair_fs * pairs(c, p)
+        if coef.topk:
+            total += coef.topk_pair_ps * 1000 * topk_pairs(c, p, coef.topk)
+    return total
+
+
+def step_cost(context_lens: Iterable[int], coef: Coefficients = DEFAULTS) -> int:
+    """Cost in fs of one decode step over rows with these context lengths."""
+    lens = list(context_lens)
+    return decode_cost(len(lens), sum(lens), sum(min(n, coef.topk) for n in lens) if coef.topk else 0, coef)
+
+
+def decode_cost(rows: int, kv_tokens: int, topk_kv_tokens: int, coef: Coefficients = DEFAULTS) -> int:
+    """Cost in fs of one decode step from its sums (what forward-pass metrics carry)."""
+    total = coef.step_us * 10**9 + coef.row_ns * 10**6 * rows + coef.kv_ps * 1000 * kv_tokens
+    if coef.topk:
+        total += coef.topk_kv_ps * 1000 * topk_kv_tokens
+    return total
+
+
+def yield_steps(pct: int, chunk: int, step: int, floor: int = 0, cap: int = MAX_YIELD_STEPS) -> int:
+    """``N = max(floor, min(cap, ceil(pct*chunk / ((100-pct)*step))))``, integers only."""
+    return yield_window(pct, chunk, step, floor, 0, cap)[0]
+
+
+def yield_window(
+    pct: int, chunk: int, step: int, floor: int = 0, carry: int = 0, cap: int = MAX_YIELD_STEPS
+) -> tuple[int, int]:
+    """``(N, carry)`` for one window, with the previous window's rounding surplus ``carry``.
+
+    ``N = max(floor, min(cap, ceil((pct*chunk - carry) / ((100-pct)*step))))``: the ceil of the
+    issue's formula less the decode time earlier windows of the same prompt gave beyond their
+    share (``carry``, in fs scaled by ``100-pct``). Rounding each window up on its own overshoots
+    by up to one decode step per chunk (with 64 streams a step is ~1/7 of a chunk: +0.03..0.05 of
+    share); carrying the surplus keeps the prompt's total at its share, never below it. The
+    returned carry is clamped to ``[0, one step)``: it carries rounding only, never a debt from the
+    floor or the cap. The first window of a prompt (``carry == 0``) is the plain formula.
+    """
+    den = (100 - pct) * max(step, 1)
+    need = max(0, -(-(pct * chunk - carry) // den))
+    n = max(floor, min(cap, need))
+    left = carry + den * n - pct * chunk
+    return n, min(max(left, 0), den - 1)
+
+
+def profile_line(coef: Coefficients) -> str:
+    """The ``KEY=VALUE`` words that select these coefficients (one profile line)."""
+    return " ".join(f"{key_name(name)}={value}" for name, value in coef.items())

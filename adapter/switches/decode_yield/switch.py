@@ -1,0 +1,212 @@
+"""Decode yield (``DSV41_DECODE_YIELD=<pct>``): running streams keep ``pct`` % of the time while a
+long prompt prefills in chunks.
+
+What it changes: after each *non-final* chunk of a chunked prompt, while decode rows are running,
+the next prefill is deferred for ``N`` decode steps through the engine's own
+``Scheduler._should_defer_prefill`` counter (``_prefill_decode_interval_remaining``), where
+``N = ceil(pct*chunk_cost / ((100-pct)*step_cost))`` from :mod:`adapter.switches.decode_yield.cost_model` (less the
+rounding surplus earlier windows of the same prompt gave, so the prompt's total tracks the share),
+never shorter than ``--prefill-decode-interval``, never longer than 128 steps. Only *when* the
+next chunk runs changes: chunk boundaries, batch contents and outputs stay the engine's own.
+
+Why: in SGLang 0.5.23 a chunked prompt is rescheduled on every pass, so running streams get no
+decode step between chunks unless ``--prefill-decode-interval`` is set, and then a fixed number of
+steps whatever the chunk costs (sglang#32549: a 5 min decode hole behind a long prompt; issue 3:
+streams fell to 8 % of their decode rate during a cold 500K-token prefill).
+
+Invariants (tests/test_decode_yield.py checks each):
+* Off, or with no running decode rows (a lone prompt), the scheduler trace is the stock one.
+* The final chunk arms nothing beyond the engine's own interval.
+* A window ends at once when the streams are gone (finished, retracted) or the chunked prompt is
+  gone (finished, aborted, retracted by a pause): no idle pass, and never shorter than the
+  configured interval. The engine's ``--prefill-decode-interval-min-bs`` rule still applies.
+* Every input of ``N`` is replicated scheduler state (no clock), so every TP rank decides the same.
+* DP attention, pipeline parallelism, PD disaggregation and dLLM are refused (stock path stays).
+
+Hooks: ``Scheduler.get_next_batch_to_run`` (after the call: arm the window when the batch about to
+run holds a non-final chunk) and ``Scheduler._should_defer_prefill`` (before the call: end the
+window early). ``_arm_prefill_decode_interval`` (whose counter is the floor) and
+``_reqs_finishing_inflight`` (rows the overlap loop's in-flight result finishes) are read or called,
+not wrapped; they are pinned beside the wrapped two (registry ``wraps``), so drift refuses the switch.
+
+Rollback: unset ``DSV41_DECODE_YIELD`` (the ``DSV41_DECODE_YIELD_*`` cost keys then do nothing).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from adapter.core import boot, env, receipts, registry
+from adapter.switches.decode_yield import cost_model
+
+NAME = "decode_yield"
+SCHEDULER = "sglang.srt.managers.scheduler"
+_ATTR = "_dsv41_decode_yield"  # per-Scheduler state, on the instance
+DLLM = "dLLM: diffusion decoding does not use the chunked-prefill deferral path"
+
+
+class _Window:
+    """One open yield window: the chunked prompt it waits for and what it was armed with."""
+
+    __slots__ = ("chunk", "floor", "n", "prefix", "req", "rows")
+
+    def __init__(self, req: Any, n: int, floor: int, chunk: int, prefix: int, rows: int):
+        self.req, self.n, self.floor = req, n, floor
+        self.chunk, self.prefix, self.rows = chunk, prefix, rows
+
+
+class _State:
+    __slots__ = ("carry", "carry_req", "window")
+
+    def __init__(self) -> None:
+        self.window: _Window | None = None
+        self.carry = 0  # rounding surplus of the previous windows of carry_req (cost_model.yield_window)
+        self.carry_req: Any = None
+
+
+def unsupported_mode(server_args: Any) -> str | None:
+    """Why the yield cannot run under these server args (None: it can)."""
+    if getattr(server_args, "enable_dp_attention", False):
+        return "DP attention: every rank would need the same N (ranks decide on local batches)"
+    if (getattr(server_args, "pp_size", 1) or 1) > 1:
+        return "pipeline parallelism: the microbatched PP loop keeps several batches in flight"
+    mode = str(getattr(server_args, "disaggregation_mode", "null") or "null")
+    if mode != "null":
+        return f"PD disaggregation (mode {mode}): a prefill server has no decode rows, a decode server no chunks"
+    if getattr(server_args, "dllm_algorithm", None) is not None:
+        return DLLM
+    return None
+
+
+def _published_server_args() -> Any:
+    """The process's ServerArgs when the runtime context has them (engine: later, in the scheduler)."""
+    try:
+        from sglang.srt.runtime_context import get_server_args
+
+        return get_server_args()
+    except (ImportError, ValueError, AttributeError):
+        return None
+
+
+def _refuse_late(reason: str) -> None:
+    """A scheduler built in an unsupported mode after install: revert to stock and say so."""
+    state = boot.STATE
+    if state is not None and NAME in state.patches:
+        state.patches.pop(NAME).revert()
+        outcome = state.outcomes.get(NAME)
+        if outcome is not None:
+            outcome.status, outcome.reason = "refused", reason
+    receipts.refused(NAME, reason)
+    if state is not None and state.config.strict:
+        raise boot.BootError(f"{NAME} refused under DSV41_STRICT=1: {reason}")
+
+
+def install(config: registry.Config, patch: Any) -> dict[str, Any]:
+    pct: int = config["DSV41_DECODE_YIELD"]
+    try:
+        coef = cost_model.from_config(config.values)
+    except env.ConfigError as exc:  # a cross-key rule the per-key parsers cannot see
+        raise boot.Refusal(str(exc)) from None
+    debug_log = receipts.logger()
+    topk = coef.topk
+    published = _published_server_args()
+    if published is not None and (reason := unsupported_mode(published)):
+        raise boot.Refusal(reason)
+
+    def state_of(scheduler: Any) -> _State | None:
+        """The instance's state; None (and a late refusal) when its mode is unsupported."""
+        state = scheduler.__dict__.get(_ATTR)
+        if state is None:
+            reason = unsupported_mode(getattr(scheduler, "server_args", None))
+            if reason is None and getattr(scheduler, "dllm_config", None) is not None:
+                reason = DLLM
+            if reason is not None:
+                _refuse_late(reason)
+                return None
+            state = scheduler.__dict__[_ATTR] = _State()
+        return state
+
+    def get_next_batch_to_run(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        plan = wrapped(*args, **kwargs)
+        chunked = instance.chunked_req
+        if chunked is None:  # the common pass: nothing to arm
+            return plan
+        batch = plan.batch_to_run
+        if batch is None or not batch.forward_mode.is_extend():
+            return plan
+        state = state_of(instance)
+        if state is None:
+            return plan
+        # A non-final chunk is in this batch: add_chunked_req / new_chunked_req keep chunked_req
+        # set only when the prompt was truncated to a chunk.
+        index = next((i for i, r in enumerate(batch.reqs) if r is chunked), -1)
+        if index < 0:
+            return plan
+        decoding = batch.decoding_reqs  # --enable-mixed-chunk: the rows rode along in this chunk
+        # overlap loop: rows whose in-flight result finishes them will not decode again
+        finishing = () if decoding else instance._reqs_finishing_inflight(plan.running_batch)
+        rows = kv = kv_topk = 0  # one pass over the rows: this runs once per chunk, on up to 100s of rows
+        for r in decoding or plan.running_batch.reqs:
+            if r.finished() or (finishing and r in finishing):
+                continue
+            context = len(r.origin_input_ids) + len(r.output_ids)
+            rows += 1
+            kv += context
+            kv_topk += context if context < topk else topk
+        if not rows:  # a lone prompt prefills exactly as stock
+            return plan
+        chunk_fs = cost_model.chunk_cost(zip(batch.extend_lens, batch.prefix_lens), coef)
+        step_fs = cost_model.decode_cost(rows, kv, kv_topk, coef)
+        floor = instance._prefill_decode_interval_remaining  # what the engine's own arm wrote
+        carry = state.carry if state.carry_req is chunked else 0
+        n, state.carry = cost_model.yield_window(pct, chunk_fs, step_fs, floor, carry)
+        state.carry_req = chunked
+        instance._prefill_decode_interval_remaining = n
+        state.window = _Window(chunked, n, floor, batch.extend_lens[index], batch.prefix_lens[index], rows)
+        return plan
+
+    def _should_defer_prefill(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        state = instance.__dict__.get(_ATTR)
+        window = state.window if state is not None else None
+        if window is None:
+            return wrapped(*args, **kwargs)
+        running_batch = args[0] if args else kwargs["running_batch"]
+        ended = None
+        if instance.chunked_req is not window.req:
+            ended = "prompt_gone"  # finished, aborted, or retracted by a pause
+        elif (
+            running_batch.is_empty()
+            or running_batch.is_prefill_only
+            # overlap loop: every row finishes with the result still in flight, so the decode
+            # this deferral asks for would be empty (an idle pass)
+            or len(instance._reqs_finishing_inflight(running_batch)) == running_batch.batch_size()
+        ):
+            ended = "streams_gone"
+        remaining = instance._prefill_decode_interval_remaining
+        if ended is not None:  # end now, but never shorter than the configured interval
+            given = window.n - remaining
+            instance._prefill_decode_interval_remaining = min(remaining, max(0, window.floor - given))
+        defer = wrapped(*args, **kwargs)
+        if ended is None and not defer:
+            ended = "served" if remaining == 0 else "min_bs"
+        if ended is not None:
+            given = window.n - remaining
+            state.window = None
+            if ended != "served":  # the window did not give what it planned: carry nothing over
+                state.carry, state.carry_req = 0, None
+            if debug_log.isEnabledFor(logging.DEBUG):  # skip formatting the line when it is not logged
+                receipts.event(
+                    NAME, "window", level=logging.DEBUG, chunk=window.chunk, prefix=window.prefix,
+                    rows=window.rows, n=window.n, floor=window.floor, given=given, ended=ended,
+                )
+        return defer
+
+    patch.wrap(f"{SCHEDULER}:Scheduler.get_next_batch_to_run", get_next_batch_to_run)
+    patch.wrap(f"{SCHEDULER}:Scheduler._should_defer_prefill", _should_defer_prefill)
+    return {
+        "share": pct,
+        "cap": cost_model.MAX_YIELD_STEPS,
+        "cost": coef.source,
+        "mode_check": "install" if published is not None else "first_pass",
+    }

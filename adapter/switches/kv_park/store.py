@@ -1,0 +1,318 @@
+"""The host store of parked entries: a byte budget, LRU eviction and a background save worker.
+
+Invariants (tests check each one):
+
+* Every byte the store holds or has promised to an in-flight copy counts against the budget
+  (``used + reserved <= budget``). An offer that cannot fit is refused and the request is
+  recomputed; an offer that fits after evicting the least recently used ready entries evicts them.
+  Nothing is lost: an evicted or refused entry only means a re-prefill.
+* An offer with a worker returns before the copy ran ("queued"); the caller's ``on_landed``
+  callback (which releases what the copy reads) runs on the caller's thread, from :meth:`poll`,
+  :meth:`fence` or :meth:`take`, only after the copy has landed. A full queue, or a store without
+  a worker, copies synchronously ("saved") and runs ``on_landed`` before returning.
+* A failed copy (worker or synchronous) disables parking for the process with one log line, drops
+  every parked entry and still runs ``on_landed``: the requests recompute. Later offers are refused.
+* Entries live in ordinary pageable host memory; eviction drops the reference (nothing to free).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import queue
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from adapter.core import receipts
+from adapter.switches.kv_park.engine import CopyEngine, check_page_ids
+
+SWITCH = "kv_park"
+_LIVE_STORES: weakref.WeakSet[ParkStore] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_workers_at_exit() -> None:
+    # A daemon thread still inside torch when the interpreter finalizes can abort the process
+    # ("terminate called without an active exception"): land the copies and stop the workers first.
+    for store in list(_LIVE_STORES):
+        store.stop_worker()
+
+
+def _label(key: Hashable) -> str:
+    """A key as one receipt word: ``r1`` or ``r1/swa``."""
+    text = "/".join(map(str, key)) if isinstance(key, tuple) else str(key)
+    return "_".join(text.split())
+
+
+@dataclass
+class Entry:
+    """One parked request: ``data`` is ``[pages, page_bytes]`` in the engine's byte format."""
+
+    key: Hashable
+    data: torch.Tensor
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+    @property
+    def pages(self) -> int:
+        return int(self.data.shape[0])
+
+
+@dataclass
+class _Job:
+    entry: Entry
+    engine: CopyEngine
+    page_ids: torch.Tensor
+    after: object
+    on_landed: Callable[[], None] | None
+    done: threading.Event = field(default_factory=threading.Event)
+    error: Exception | None = None
+
+
+@dataclass
+class Stats:
+    saved: int = 0  # entries that landed
+    queued: int = 0  # offers handed to the worker
+    sync_saves: int = 0  # offers copied on the caller's thread (no worker or full queue)
+    refused: int = 0
+    evicted: int = 0
+    restored: int = 0
+    missed: int = 0  # take() found nothing (never parked, evicted, failed)
+    failed: int = 0
+
+
+class ParkStore:
+    def __init__(self, budget_bytes: int, *, worker: bool = True, queue_depth: int = 2, idle_exit_s: float = 0.5):
+        if budget_bytes <= 0:
+            raise ValueError(f"budget_bytes must be positive, got {budget_bytes}")
+        if queue_depth < 1:
+            raise ValueError(f"queue_depth must be >= 1, got {queue_depth}")
+        self.budget = int(budget_bytes)
+        self.stats = Stats()
+        self.disabled_reason: str | None = None
+        self._entries: OrderedDict[Hashable, Entry] = OrderedDict()  # least recently used first
+        self._pending: OrderedDict[Hashable, _Job] = OrderedDict()  # in submission order
+        self._lock = threading.Lock()
+        self.worker = bool(worker)
+        self.idle_exit_s = idle_exit_s
+        self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=queue_depth)
+        self._thread: threading.Thread | None = None
+        _LIVE_STORES.add(self)
+
+    # -- accounting ------------------------------------------------------------------------------
+    @property
+    def used_bytes(self) -> int:
+        return sum(e.nbytes for e in self._entries.values())
+
+    @property
+    def reserved_bytes(self) -> int:
+        return sum(j.entry.nbytes for j in self._pending.values())
+
+    @property
+    def disabled(self) -> bool:
+        return self.disabled_reason is not None
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._entries or key in self._pending
+
+    def ready_keys(self) -> list[Hashable]:
+        """Ready entries, least recently used first."""
+        return list(self._entries)
+
+    def pending(self) -> int:
+        return len(self._pending)
+
+    # -- saving ----------------------------------------------------------------------------------
+    def offer(
+        self,
+        key: Hashable,
+        engine: CopyEngine,
+        page_ids: torch.Tensor | Sequence[int],
+        *,
+        meta: dict[str, Any] | None = None,
+        after: object = None,
+        on_landed: Callable[[], None] | None = None,
+    ) -> str:
+        """Park pages ``page_ids`` under ``key``: "queued", "saved", or "refused: <why>".
+
+        On "refused" nothing was copied and ``on_landed`` has already run.
+        """
+        self.poll()
+        ids = check_page_ids(page_ids, engine.layout.num_pages)  # IndexError here, not in the worker
+        nbytes = ids.numel() * engine.page_bytes
+        why = self._make_room(key, nbytes)
+        if why:
+            self.stats.refused += 1
+            receipts.event(SWITCH, "refused", level=logging.DEBUG, key=_label(key), bytes=nbytes, why=why.replace(" ", "_"))
+            if on_landed is not None:
+                on_landed()
+            return f"refused: {why}"
+        job = _Job(Entry(key, engine.new_entry(ids.numel()), dict(meta or {})), engine, ids, after, on_landed)
+        with self._lock:
+            self._pending[key] = job
+        if self.worker:
+            try:
+                self._queue.put_nowait(job)
+            except queue.Full:
+                pass  # fall back to a synchronous save below
+            else:
+                self.stats.queued += 1
+                self._ensure_worker()
+                return "queued"
+        self.stats.sync_saves += 1
+        self._run(job)
+        self._land(job)
+        return "saved" if job.error is None else f"refused: copy failed ({type(job.error).__name__})"
+
+    def _make_room(self, key: Hashable, nbytes: int) -> str:
+        if self.disabled:
+            return "parking disabled"
+        if nbytes > self.budget:
+            return f"{nbytes} bytes exceed the budget of {self.budget}"
+        if key in self._pending:
+            return "a copy of this key is in flight"
+        self._entries.pop(key, None)  # a newer park of the same request replaces the old entry
+        while self.used_bytes + self.reserved_bytes + nbytes > self.budget and self._entries:
+            old_key, old = self._entries.popitem(last=False)
+            self.stats.evicted += 1
+            receipts.event(SWITCH, "evicted", level=logging.DEBUG, key=_label(old_key), bytes=old.nbytes)
+        if self.used_bytes + self.reserved_bytes + nbytes > self.budget:
+            return "the budget is held by copies in flight"
+        return ""
+
+    @staticmethod
+    def _run(job: _Job) -> None:
+        try:
+            job.engine.save(job.page_ids, out=job.entry.data, after=job.after)
+        except Exception as exc:  # any failure disables parking; it never reaches the engine
+            job.error = exc
+        finally:
+            job.done.set()
+
+    def _ensure_worker(self) -> None:
+        # Started on demand; it exits after idle_exit_s without work, so an unused or
+        # uninstalled store leaves no thread behind.
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._work, name="dsv41-kv-park", daemon=True)
+                self._thread.start()
+
+    def _work(self) -> None:
+        while True:
+            try:
+                job = self._queue.get(timeout=self.idle_exit_s)
+            except queue.Empty:
+                with self._lock:
+                    if self._queue.empty():
+                        self._thread = None
+                        return
+                continue
+            if job is None:  # stop_worker()
+                return
+            self._run(job)
+
+    def stop_worker(self, timeout: float = 10.0) -> None:
+        """Land what is in flight and stop the worker thread; later offers save synchronously."""
+        self.worker = False
+        self.fence(timeout=timeout)
+        thread = self._thread
+        if thread is not None and thread.is_alive():
+            try:
+                self._queue.put(None, timeout=timeout)
+            except queue.Full:
+                return
+            thread.join(timeout)
+
+    # -- landing (caller's thread) ---------------------------------------------------------------
+    def _land(self, job: _Job) -> None:
+        with self._lock:
+            self._pending.pop(job.entry.key, None)
+        if job.error is not None:
+            self.stats.failed += 1
+            self.disable(f"copy of {_label(job.entry.key)} failed: {type(job.error).__name__}: {job.error}")
+        elif self.disabled:
+            pass  # parked after the store was disabled: drop it, the request recomputes
+        else:
+            self._entries[job.entry.key] = job.entry
+            self.stats.saved += 1
+        if job.on_landed is not None:
+            job.on_landed()
+
+    def disable(self, reason: str) -> None:
+        """Stop parking for this process (one WARNING line); parked entries are dropped (recompute)."""
+        if self.disabled:
+            return
+        self.disabled_reason = reason
+        self._entries.clear()
+        receipts.event(SWITCH, "disabled", level=logging.WARNING, reason=" ".join(reason.split()).replace(" ", "_"))
+
+    def poll(self) -> int:
+        """Land every finished copy (store it, run its ``on_landed``); returns how many landed."""
+        landed = [job for job in list(self._pending.values()) if job.done.is_set()]
+        for job in landed:
+            self._land(job)
+        return len(landed)
+
+    def fence(self, key: Hashable | None = None, timeout: float | None = None) -> bool:
+        """Wait until the copy of ``key`` (or every copy in flight) has landed, then land it.
+
+        Returns False when ``timeout`` ran out first.
+        """
+        jobs = list(self._pending.values()) if key is None else [j for k, j in self._pending.items() if k == key]
+        for job in jobs:
+            if not job.done.wait(timeout):
+                return False
+        self.poll()
+        return True
+
+    def fence_pages(
+        self, pages: set[int], timeout: float | None = None, *, select: Callable[[Hashable], bool] | None = None
+    ) -> bool:
+        """Wait for the copies in flight that read any of ``pages`` (a writer is about to touch them).
+
+        ``select`` limits the check to the copies whose key it accepts (page ids of one index space).
+        """
+        for key, job in list(self._pending.items()):
+            if select is not None and not select(key):
+                continue
+            if job.done.is_set() or not pages.intersection(job.page_ids.tolist()):
+                continue
+            if not job.done.wait(timeout):
+                return False
+        self.poll()
+        return True
+
+    # -- restoring -------------------------------------------------------------------------------
+    def peek(self, key: Hashable) -> Entry | None:
+        """The entry of ``key`` (waiting for its copy), marked most recently used."""
+        self.fence(key)
+        if key in self._entries:
+            self._entries.move_to_end(key)
+        return self._entries.get(key)
+
+    def take(self, key: Hashable) -> Entry | None:
+        """Remove and return the entry of ``key`` (waiting for its copy); None: recompute."""
+        self.fence(key)
+        entry = self._entries.pop(key, None)
+        if entry is None:
+            self.stats.missed += 1
+        else:
+            self.stats.restored += 1
+        return entry
+
+    def discard(self, key: Hashable) -> None:
+        self.fence(key)
+        self._entries.pop(key, None)
+
+    def close(self) -> None:
+        """Land what is in flight and stop the worker (an alias of :meth:`stop_worker`)."""
+        self.stop_worker()

@@ -1,0 +1,369 @@
+"""``DSV41_KV_PARK=ram``: a retracted request's KV is parked in host RAM and restored on re-admission.
+
+What it changes
+    SGLang 0.5.23 frees a retracted decode row's KV and prefills the whole context again when
+    the request is re-admitted (for DeepSeek-V4 there is no copy at all; for other models only
+    the PD-decode ``cpu_tensor`` backend copies, per layer and per view into fresh pinned
+    tensors). With this switch, ``release_req`` (the retraction path of ``retract_decode`` and
+    ``pause_generation(mode="retract")``) first parks the row's whole pages with the page-major
+    copy engine (:mod:`adapter.switches.kv_park.engine`) into the host store
+    (:mod:`adapter.switches.kv_park.store`), then frees them as before. Priority preemption in
+    ``PrefillAdder`` goes through the same function and parks too. At the start of each scheduler
+    pass (``get_next_batch_to_run``), a parked request that waits for admission gets fresh pages,
+    its bytes are restored into them, and they are inserted into the radix tree under the
+    request's own tokens, so the stock admission finds them as a cached prefix and prefills only
+    the tokens past it (usually the one token whose KV was never computed).
+
+Copies in flight (pages are write-fenced, not held in the allocator)
+    The save runs on a background worker: retraction returns before the copy. The issue asks
+    that the pages stay held until the copy has landed; they are freed at once instead and
+    *write-fenced*, which gives the same guarantee (no byte of a page changes while a copy reads
+    it) without starving ``retract_decode``. Why not hold them: ``retract_decode`` loops
+    ``while not check_decode_mem(...)`` and releases one more row per iteration, and
+    ``check_decode_mem`` asks the allocator (``check_decode_capacity``, tree eviction included)
+    for free capacity. Pages still held by a copy are neither free nor evictable, so the loop
+    would retract further rows until the copies landed (or retract every row), and waiting for
+    the copy inside the loop would make the retraction synchronous again. Why the fence is
+    enough: in the scheduler process only two things write KV bytes into a freed page: a
+    forward (into its batch's ``out_cache_loc``; DSV4 writes its compressed C4/C128/indexer
+    slots at ``loc // ratio``, i.e. in the same full page, and its compressor state rows at the
+    SWA page of ``loc``) and a restore. So the batch that ``get_next_batch_to_run`` returns
+    waits, before it is launched, for every copy in flight that reads a full page or (through
+    the full-to-SWA mapping) a SWA page that batch writes, and a restore waits for all copies.
+    A HiCache load-back writes pages while the pass admits requests, before the batch is
+    known: with hierarchical cache on, every copy lands at the start of the pass. Allocation,
+    freeing and tree eviction write no bytes. A full queue saves synchronously.
+
+Nothing is ever lost
+    A refused offer (over ``DSV41_KV_PARK_GIB``), an entry evicted by LRU, a restore that finds no
+    free pages, or a failed copy (which disables parking for the process, one log line) all mean
+    the stock re-prefill. Pools without a page layout here (see :mod:`adapter.switches.kv_park.regions`:
+    the unified, request-window, SWA-ring and HiSparse DeepSeek-V4 layouts) are logged once as
+    unsupported with the reason and stay stock; so are mamba trees, multimodal requests,
+    speculative decoding (the draft model's KV is not parked), and PD-decode retraction (it
+    has its own backup path).
+
+Hybrid SWA (``SWAKVPool``) and DeepSeek-V4 (``DeepSeekV4TokenToKVPool``)
+    The full side parks every whole page; the SWA side parks the pages of the window that still
+    has SWA slots (a second store entry). For DeepSeek-V4 the full side is the C4/C128
+    compressed latents and the C4 indexer keys (addressed by full page id), the SWA side is the
+    main cache and the C4 compressor states (addressed by SWA page id); the request-scoped C128
+    state needs nothing at a page boundary (:mod:`adapter.switches.kv_park.regions`). The restore allocates with the allocator's own
+    ``alloc_extend_swa_tail`` (full KV for the span, SWA slots for the window only) and inserts
+    with the SWA component evicted below the window, as a checkpoint of that request would be.
+
+Tensor parallelism
+    Every rank parks its own shard of the same pages; entry sizes, the budget and the allocator
+    state are the same on every rank, so refusals, evictions and restores agree. A copy failure on
+    one rank only would not: that rank recomputes while the others restore (not seen, not tested
+    on several ranks here).
+
+Rollback: unset ``DSV41_KV_PARK``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from array import array
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from adapter.core import receipts
+from adapter.switches.kv_park import regions
+from adapter.switches.kv_park.engine import CopyEngine
+from adapter.switches.kv_park.store import SWITCH, ParkStore
+
+GIB = 1 << 30
+RELEASE_REQ = "sglang.srt.managers.schedule_batch:release_req"
+NEXT_BATCH = "sglang.srt.managers.scheduler:Scheduler.get_next_batch_to_run"
+
+
+@dataclass
+class _Engines:
+    full: CopyEngine  # full-attention pages, addressed by full page id (slot // page_size)
+    swa: CopyEngine | None  # SWAKVPool: the SWA side, addressed by SWA page id
+
+
+@dataclass
+class _State:
+    store: ParkStore
+    engines: dict[int, tuple[Any, _Engines | None]] = field(default_factory=dict)  # id(pool) -> (pool, engines)
+    said: set[str] = field(default_factory=set)  # one-time log lines already written
+
+    def once(self, what: str, **params: object) -> None:
+        line = what + repr(sorted(params.items()))
+        if line not in self.said:
+            self.said.add(line)
+            receipts.event(SWITCH, what, **params)
+
+    def engines_for(self, pool: Any) -> _Engines | None:
+        known = self.engines.get(id(pool))
+        if known is not None and known[0] is pool:
+            return known[1]
+        engines = None
+        try:
+            full, swa = regions.layouts_for(pool)
+            engines = _Engines(CopyEngine(full), CopyEngine(swa) if swa is not None else None)
+        except regions.Unsupported as exc:
+            self.once("unsupported", pool=type(pool).__name__, reason=str(exc).replace(" ", "_"))
+        self.engines[id(pool)] = (pool, engines)
+        return engines
+
+
+STATE: _State | None = None
+
+
+def install(config: Any, patch: Any) -> dict[str, object]:
+    budget_gib = int(config["DSV41_KV_PARK_GIB"])
+    state = _State(ParkStore(budget_gib * GIB, worker=True))
+    patch.wrap(RELEASE_REQ, _release_req)
+    patch.wrap(NEXT_BATCH, _get_next_batch_to_run)
+    patch.set_attr(sys.modules[__name__], "STATE", state)
+    return {"mode": config["DSV41_KV_PARK"], "budget_gib": budget_gib, "worker": "background"}
+
+
+# -- saving on retraction ----------------------------------------------------------------------
+
+
+def _release_req(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    state = STATE
+    # Outside PD decode, ``offload_kv`` only says whether the stock path would back up (it never
+    # does there): aborts are recognised by ``req.finished()`` (their FINISH_ABORT is set first).
+    if state is not None and not args:
+        try:
+            _park(state, kwargs["req"], kwargs["req_to_token_pool"], kwargs["token_to_kv_pool_allocator"], kwargs["tree_cache"])
+        except Exception as exc:  # parking is an optimisation: never fail a retraction over it
+            state.store.disable(f"park of a retracted request failed: {type(exc).__name__}: {exc}")
+    return wrapped(*args, **kwargs)
+
+
+def _parkable(state: _State, req: Any, tree_cache: Any, allocator: Any) -> bool:
+    from sglang.srt.runtime_context import get_disagg, get_spec
+
+    if state.store.disabled or req.finished() or not req.kv.holds_kv:
+        return False
+    if get_disagg().disaggregation_mode == "decode":
+        return False  # PD decode keeps its own retraction backup
+    if req.multimodal_inputs is not None:
+        return False  # the tree key would need the multimodal hashes
+    if get_spec().speculative_algorithm is not None:
+        # A draft model keeps its own KV (and DSV4 MTP its own pool): parking only the target's
+        # would resume the draft on stale pages. Recompute, as stock does.
+        state.once("unsupported", reason="speculative_decoding_draft_kv_not_parked")
+        return False
+    if getattr(tree_cache, "disable", True) or not tree_cache.supports_prefix_sharing():
+        state.once("unsupported", tree=type(tree_cache).__name__, reason="no_prefix_sharing")
+        return False
+    if tree_cache.supports_mamba() or tree_cache.tree_core.is_eagle:
+        state.once("unsupported", tree=type(tree_cache).__name__, reason="mamba_or_bigram_tree")
+        return False
+    if tree_cache.supports_swa() and (
+        getattr(allocator, "full_to_swa_index_mapping", None) is None or getattr(allocator, "swa_req_ring", False)
+    ):
+        state.once("unsupported", allocator=type(allocator).__name__, reason="swa_without_a_paged_swa_mapping")
+        return False
+    return True
+
+
+def _whole_pages(slots: torch.Tensor, page_size: int) -> torch.Tensor | None:
+    """Page ids of ``slots`` when they are whole pages in order, else None."""
+    pages = torch.div(slots[::page_size], page_size, rounding_mode="floor")
+    expected = pages.repeat_interleave(page_size) * page_size + torch.arange(slots.numel(), device=slots.device) % page_size
+    return pages if torch.equal(slots, expected) else None
+
+
+def _park(state: _State, req: Any, req_to_token_pool: Any, allocator: Any, tree_cache: Any) -> None:
+    if not _parkable(state, req, tree_cache, allocator):
+        return
+    pool = allocator.get_kvcache()
+    engines = state.engines_for(pool)
+    if engines is None or (engines.swa is None) != (not tree_cache.supports_swa()):
+        return
+    page_size = int(allocator.page_size)
+    tokens = (req.origin_input_ids + req.output_ids)[: int(req.kv.kv_committed_len)]
+    n = len(tokens) // page_size * page_size  # the tree takes whole pages only
+    if n == 0:
+        return
+    slots = req_to_token_pool.req_to_token[req.kv.req_pool_idx, :n].to(torch.int64)
+    pages = _whole_pages(slots, page_size)
+    if pages is None:
+        state.once("unsupported", reason="request_slots_are_not_whole_pages")
+        return
+    swa_from, swa_pages = None, None
+    if engines.swa is not None:
+        # Only the window still has SWA slots (0 = none): park the whole pages from the first
+        # page after the last dead slot.
+        swa_slots = allocator.full_to_swa_index_mapping[slots].to(torch.int64)
+        dead = (swa_slots == 0).nonzero()
+        swa_from = 0 if dead.numel() == 0 else (int(dead.max()) // page_size + 1) * page_size
+        if swa_from >= n:
+            return  # no whole window page: a restore could not serve any prefix
+        swa_pages = _whole_pages(swa_slots[swa_from:], page_size)
+        if swa_pages is None:
+            state.once("unsupported", reason="swa_slots_are_not_whole_pages")
+            return
+    if engines.full.device.type == "cuda":
+        torch.cuda.synchronize(engines.full.device)  # the forward that wrote these pages must be complete
+    meta = {"tokens": array("q", tokens[:n]), "page_size": page_size, "pool": id(pool), "swa_from": swa_from}
+    outcome = state.store.offer(req.rid, engines.full, pages.cpu(), meta=meta)
+    if swa_pages is not None and not outcome.startswith("refused"):
+        swa_outcome = state.store.offer((req.rid, "swa"), engines.swa, swa_pages.cpu(), meta={"swa_from": swa_from})
+        if swa_outcome.startswith("refused"):
+            state.store.discard(req.rid)  # the full pages alone cannot be restored
+            outcome = swa_outcome
+    receipts.event(SWITCH, "parked", level=logging.DEBUG, rid=req.rid, pages=pages.numel(), outcome=outcome.split(":")[0])
+
+
+# -- fencing and restoring around each scheduler pass -------------------------------------------
+
+
+def _get_next_batch_to_run(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    state = STATE
+    if state is None:
+        return wrapped(*args, **kwargs)
+    state.store.poll()
+    if state.store.pending() and getattr(instance, "enable_hierarchical_cache", False):
+        state.store.fence()  # a HiCache load-back may write freed pages before the batch is known
+    try:
+        _restore_waiting(state, instance)
+    except Exception as exc:  # a failed restore disables parking; the request recomputes
+        state.store.disable(f"restore failed: {type(exc).__name__}: {exc}")
+    plan = wrapped(*args, **kwargs)
+    batch = getattr(plan, "batch_to_run", None)
+    if batch is not None and state.store.pending():
+        _fence_writes(state, instance.token_to_kv_pool_allocator, getattr(batch, "out_cache_loc", None))
+    return plan
+
+
+def _fence_writes(state: _State, allocator: Any, loc: torch.Tensor | None) -> None:
+    """Before a forward writes slots ``loc``: wait for the copies in flight that read their pages."""
+    if loc is None or not loc.numel():
+        return
+    page_size = int(allocator.page_size)
+    loc = loc.to(torch.int64)
+    full_pages = torch.div(loc, page_size, rounding_mode="floor").unique().cpu()
+    state.store.fence_pages(set(full_pages.tolist()), select=lambda key: not isinstance(key, tuple))
+    mapping = getattr(allocator, "full_to_swa_index_mapping", None)
+    if mapping is not None and state.store.pending():  # SWA entries hold SWA page ids
+        swa_pages = torch.div(mapping[loc].to(torch.int64), page_size, rounding_mode="floor").unique().cpu()
+        state.store.fence_pages(set(swa_pages.tolist()), select=lambda key: isinstance(key, tuple))
+
+
+def _restore_waiting(state: _State, scheduler: Any) -> None:
+    store = state.store
+    if store.disabled or (not store.ready_keys() and not store.pending()):
+        return
+    waiting = [r for r in scheduler.waiting_queue if r.rid in store]
+    waiting_rids = {r.rid for r in waiting}
+    for key in store.ready_keys():
+        if (key[0] if isinstance(key, tuple) else key) not in waiting_rids:
+            store.discard(key)  # admitted another way, aborted or finished: the entry is stale
+    if not waiting:
+        return
+    store.fence()  # a restore writes pages: no copy may still read them
+    for i, req in enumerate(waiting):
+        if not _restore_one(state, scheduler, req, may_evict=(i == 0)):
+            break
+
+
+def _drop(store: ParkStore, rid: Any) -> bool:
+    store.discard(rid)
+    store.discard((rid, "swa"))
+    return True
+
+
+def _restore_one(state: _State, scheduler: Any, req: Any, *, may_evict: bool) -> bool:
+    """Restore one parked request into the tree; False when there is no room (try next pass)."""
+    from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams
+    from sglang.srt.mem_cache.common import evict_from_tree_cache
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+    from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+
+    store = state.store
+    entry = store.peek(req.rid)
+    if entry is None:
+        return _drop(store, req.rid)
+    tree, allocator = scheduler.tree_cache, scheduler.token_to_kv_pool_allocator
+    page_size = int(allocator.page_size)
+    pool = allocator.get_kvcache()
+    engines = state.engines_for(pool)
+    tokens: array = entry.meta["tokens"]
+    swa_from = entry.meta["swa_from"]
+    swa_entry = store.peek((req.rid, "swa")) if swa_from is not None else None
+    if (
+        engines is None
+        or entry.meta["page_size"] != page_size
+        or entry.meta["pool"] != id(pool)
+        or (swa_from is not None and (swa_entry is None or engines.swa is None))
+    ):
+        return _drop(store, req.rid)
+    fill = req.origin_input_ids + req.output_ids
+    n = min(len(tokens), req._compute_max_prefix_len(len(fill))) // page_size * page_size
+    if n == 0 or tokens[:n] != fill[:n] or (swa_from is not None and n <= swa_from):
+        return _drop(store, req.rid)  # nothing usable (or not this request's tokens): recompute
+    key = RadixKey(token_ids=tokens[:n], extra_key=req.extra_key, cache_salt=req.cache_salt)
+    match = tree.match_prefix(MatchPrefixParams(key=key))
+    have = int(match.device_prefix_len)
+    if have >= n:
+        return _drop(store, req.rid)  # the tree still holds all of it
+    need = n - have
+    lock = tree.lock(match.last_device_node)  # the matched prefix must survive our eviction
+    try:
+        if allocator.available_size() < need:
+            if not may_evict:
+                return False
+            evict_from_tree_cache(tree, need)
+        if allocator.available_size() < need:
+            return False
+        prefix = tree.path_device_indices(match.last_device_node).to(torch.int64)[:have]
+        if swa_from is None:
+            slots = allocator.alloc(need)
+        elif page_size == 1:
+            tail_from = max(swa_from, have)
+            slots = allocator.alloc(need)  # full and SWA slots for every token
+            if slots is not None and tail_from > have:
+                allocator.free_swa(slots[: tail_from - have])  # keep SWA for the window only
+        else:
+            # Full KV for the whole span, SWA slots only for the window part we parked.
+            tail_from = max(swa_from, have)
+            dev = prefix.device
+            slots = allocator.alloc_extend_swa_tail(
+                torch.tensor([have], device=dev),
+                torch.tensor([have]),
+                torch.tensor([n], device=dev),
+                torch.tensor([n]),
+                prefix[-1:] if have else torch.tensor([-1], device=dev),
+                need,
+                n - tail_from,
+            )
+        if slots is None:
+            return False
+        slots = slots.to(torch.int64)
+        if engines.full.device.type == "cuda":
+            # Under the overlap loop a forward may still be in flight on another stream and touch
+            # pages just handed out (a row that finished last step): let it drain first.
+            torch.cuda.synchronize(engines.full.device)
+        try:
+            entry = store.take(req.rid)
+            assert entry is not None
+            pages = torch.div(slots[::page_size], page_size, rounding_mode="floor")
+            engines.full.restore(entry.data, pages.cpu(), first=have // page_size)
+            params = InsertParams(key=key, value=torch.cat([prefix, slots]), prev_prefix_len=have)
+            if swa_from is not None:
+                swa_entry = store.take((req.rid, "swa"))
+                assert swa_entry is not None and engines.swa is not None
+                swa_slots = allocator.full_to_swa_index_mapping[slots[tail_from - have :]].to(torch.int64)
+                swa_pages = torch.div(swa_slots[::page_size], page_size, rounding_mode="floor")
+                engines.swa.restore(swa_entry.data, swa_pages.cpu(), first=(tail_from - swa_from) // page_size)
+                params.set_evicted_seqlen(ComponentType.SWA, tail_from)  # no SWA KV below the window we had
+        except BaseException:
+            allocator.free(slots)  # neither in the tree nor owned by a request: give them back
+            raise
+        tree.insert(params)
+    finally:
+        tree.unlock(lock)
+    receipts.event(SWITCH, "restored", level=logging.DEBUG, rid=req.rid, pages=pages.numel(), tokens=n, cached=have)
+    return True

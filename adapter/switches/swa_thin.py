@@ -1,0 +1,202 @@
+"""SWA thin (``DSV41_SWA_THIN=1``): checkpoints a request has moved past are evicted first, so idle
+agent sessions keep their resume point.
+
+What it changes: a cached prefix of a sliding-window model can be resumed only at a tree node whose
+last window still holds SWA slots. Every chunk checkpoint and every turn leaves such a node, all in
+one SWA LRU list, and in stock LRU order an idle session's only resume point dies after the SWA
+slots of a few other requests (8 requests, 163K slots at DSV4 geometry), so its next turn
+re-prefills the whole context although its Full KV is still resident (sglang#26907). With this
+switch, when a request's checkpoint lands (``UnifiedRadixCache.checkpoint_into_tree``, the one
+tree-insert point of 0.5.23), the checkpoint it has moved past goes to the evict-first end of the
+SWA LRU: the previous chunk's checkpoint of a chunked prefill, or the prefix-match node of a
+request that finished its prefill in one pass. Only the list order changes: membership, sizes,
+locks and ``last_access_time`` stay identical, so the Full heap, the match and every accounting
+ledger see exactly the stock tree.
+
+Left where they are:
+* the first chunk's prefix-match node of a chunked request (the session's resume point before the
+  turn; the turn may still be aborted);
+* every node of the new checkpoint's own window (W + page tokens up from it);
+* locked nodes (``lock_ref > 0``: a running request holds them);
+* shared nodes: more than one child (another request branched there, e.g. a system-prompt
+  boundary), or a hit count above the creator's plus this request's (``hit_count > 2``: a third
+  request inserted through it);
+* with ``--enable-session-radix-cache``, session-referenced nodes (``session_ref > 0``); the others
+  move to the evict-first end of the unreferenced partition, which is the tail (``mid`` stays the
+  partition boundary);
+* anything of a finished request's release (the finished turn's leaf is the resume point).
+
+The tree core: the default Rust core cannot reorder its LRU, so the switch sets
+``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python`` before the cache is built (the engine reads it
+when it constructs the cache) and turns on ``fast_tree_core`` (``DSV41_SWA_FAST_CORE``), which
+takes the key copies, tuple child keys and method layers out of the Python insert walk, prefix match
+and Full lock walks (identical results). If the operator set the variable to
+``rust`` the switch refuses. A cache built with an explicit Rust core is left stock (one warning).
+
+Receipts: ``installed tree_core=python backend_set_by=overlay|operator``; every 1024 hooked inserts
+``[dsv41] swa_thin demoted hooked=.. demoting_inserts=.. demoted_nodes=..``.
+
+Measured (``python -m adapter bench swa-thin``, DSV4 geometry, SWA pool of the real configurator at
+64 running requests and 256 tails): an idle 300K-token session's resume point survives 4.2x the
+other traffic (1.43M -> 5.99M SWA slots, where the simulated 6M-token Full pool becomes the limit);
+after 2M slots of traffic stock re-prefills both idle sessions whole (619K tokens), thin none.
+
+Rollback: unset ``DSV41_SWA_THIN``; the engine goes back to the stock LRU order and its default
+(Rust) tree core. If the profile raised ``--swa-prefix-tails`` alongside, set it back to 128.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+from adapter.core import receipts
+from adapter.core.boot import Refusal
+
+NAME = "swa_thin"
+MODULE = "sglang.srt.mem_cache.unified_radix_cache"
+TARGET = f"{MODULE}:UnifiedRadixCache.checkpoint_into_tree"
+BACKEND_ENV = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"
+RECEIPT_EVERY = 1024
+SHARED_HIT_COUNT = 2  # the node's creator plus the request passing it
+
+
+@dataclass
+class Stats:
+    hooked: int = 0  # checkpoint_into_tree calls seen on a python-core SWA cache
+    demoting_inserts: int = 0  # of which moved at least one node
+    demoted: int = 0  # nodes moved to the evict-first end
+    rust_caches: int = 0  # caches built with an explicit Rust core (left stock)
+
+
+STATS = Stats()
+
+# Caches left in stock LRU order while the switch is installed (side-by-side tests, benchmarks).
+_STOCK: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def keep_stock(cache: Any) -> None:
+    """Leave ``cache`` in stock LRU order (a twin to compare the thin order against)."""
+    _STOCK.add(cache)
+
+
+class _Environ:
+    """``os.environ`` as attributes, so ``patch.set_attr`` can set a variable and revert it."""
+
+    def __getattr__(self, name: str) -> str:
+        try:
+            return os.environ[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+    def __setattr__(self, name: str, value: str) -> None:
+        os.environ[name] = value
+
+    def __delattr__(self, name: str) -> None:
+        os.environ.pop(name, None)
+
+
+ENVIRON = _Environ()
+
+
+def install(config: Any, patch: Any) -> dict[str, object]:
+    chosen = os.environ.get(BACKEND_ENV)
+    if chosen is not None and chosen.strip().lower() != "python":
+        raise Refusal(
+            f"{BACKEND_ENV}={chosen!r} was set by the operator; SWA thin reorders the SWA LRU, which only "
+            f"the Python tree core allows (unset it or set it to python)"
+        )
+    patch.wrap(TARGET, _checkpoint_into_tree)
+    if chosen is None:
+        patch.set_attr(ENVIRON, BACKEND_ENV, "python")  # read when the cache is built, after this
+    global STATS
+    STATS = Stats()
+    return {"tree_core": "python", "backend_set_by": "operator" if chosen is not None else "overlay",
+            "receipt_every": RECEIPT_EVERY}
+
+
+def _checkpoint_into_tree(wrapped: Any, cache: Any, args: tuple, kwargs: dict) -> Any:
+    from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore
+
+    if cache.disable or not cache.is_swa_enabled or cache in _STOCK:
+        return wrapped(*args, **kwargs)
+    core = cache.tree_core
+    if not isinstance(core, UnifiedTreeCore):
+        if not getattr(cache, "_dsv41_thin_warned", False):
+            cache._dsv41_thin_warned = True
+            STATS.rust_caches += 1
+            receipts.event(NAME, "inactive", level=logging.WARNING, reason="cache_built_with_rust_tree_core")
+        return wrapped(*args, **kwargs)
+
+    req = args[0] if args else kwargs["req"]
+    up_to = kwargs["up_to"] if "up_to" in kwargs else args[1]
+    finished = req.finished()
+    old_id = req.last_node
+    first_insert = req.kv.cache_inserted_len == 0
+    result = wrapped(*args, **kwargs)
+
+    STATS.hooked += 1
+    new_id = req.last_node
+    moved = 0
+    # A finished turn's leaf is the session's resume point: nothing to demote on release.
+    if not finished and old_id is not None and new_id is not None and old_id != new_id and not core.is_root(old_id):
+        prefill_done = up_to >= len(req.origin_input_ids)
+        # The first chunk's prefix-match node stays; later chunks pass their previous checkpoint,
+        # and a one-pass prefill passes its prefix-match node.
+        if not (first_insert and not prefill_done):
+            swa = cache.components[_swa_type()]
+            moved = demote_passed(core, old_id, new_id, swa.sliding_window_size + cache.page_size)
+    if moved:
+        STATS.demoting_inserts += 1
+        STATS.demoted += moved
+    if STATS.hooked % RECEIPT_EVERY == 0:
+        receipts.event(NAME, "demoted", hooked=STATS.hooked, demoting_inserts=STATS.demoting_inserts,
+                       demoted_nodes=STATS.demoted)
+    return result
+
+
+def _swa_type() -> Any:
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+
+    return ComponentType.SWA
+
+
+def is_shared(node: Any) -> bool:
+    """Another request depends on this node: it branched there, or inserted through it."""
+    return len(node.children) > 1 or node.hit_count > SHARED_HIT_COUNT
+
+
+def demote_passed(core: Any, old_id: int, new_id: int, cover: int) -> int:
+    """Move the SWA-bearing nodes of ``old_id``'s last window (``cover`` tokens up from it) to the
+    evict-first end of the SWA LRU, except those of ``new_id``'s own window and locked, shared or
+    session-referenced nodes. Only the list order changes. Returns the number of nodes moved."""
+    ct = _swa_type()
+    lru = core.lru_lists[ct]
+    root = core.root_node
+    keep, node, covered = set(), core.node_by_id(new_id), 0
+    while node is not root and covered < cover:
+        keep.add(node.id)
+        covered += len(node.key)
+        node = node.parent
+    referenced = lru._is_referenced
+    pt = lru._pt
+    moved, node, covered = 0, core.node_by_id(old_id), 0
+    while node is not root and covered < cover:
+        data = node.component_data[ct]
+        if (
+            node.id not in keep
+            and data.value is not None
+            and data.lock_ref == 0
+            and node.id in lru.cache
+            and not is_shared(node)
+            and (referenced is None or not referenced(node))
+        ):
+            lru._remove_node(node)
+            lru._add_node_after(lru.tail.lru_prev[pt], node)
+            moved += 1
+        covered += len(node.key)
+        node = node.parent
+    return moved

@@ -1,0 +1,13 @@
+"""Benchmarks: ``python -m adapter bench NAME [--quick]``; each ``run(quick)`` prints a table and
+returns its figures, which the CLI prints as the last line (one JSON object)."""
+
+BENCHMARKS = {
+    "startup": "devkit.bench.startup:run",
+    "kv-park": "devkit.bench.kv_park:run",
+    "decode-yield": "devkit.bench.decode_yield:run",
+    "native-decode": "devkit.bench.native_decode:run",
+    "swa-thin": "devkit.bench.swa_thin:run",
+    "cone-replay": "devkit.bench.cone_replay:run",
+    "admission": "devkit.bench.admission:run",
+    # -- end of benchmarks --
+}

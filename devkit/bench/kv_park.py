@@ -1,0 +1,204 @@
+"""``python -m adapter bench kv-park [--quick] [--device cuda]``: page-major parking copies.
+
+A DSV4-like pool (one tensor per layer and region, like SGLang's ``kv_buffer`` lists: C4 KV
+pages of 64 x 584 B padded to 37440 B, C4 indexer 8448 B, C128 KV 1728 B, a 2048 B compressor
+state row, 20 layers each: 993,280 B and 80 views per 256-token page). The full run parks 782
+pages (740.7 MiB, a 200k-token request); ``--quick`` parks 96.
+
+Measured side by side, interleaved in each repetition (A/B), median of the repetitions:
+
+* ``per-view save``: the stock pattern, one copy per (page, layer, region) view (62,560 copies);
+* ``page-major save``: :class:`adapter.switches.kv_park.engine.CopyEngine` (one ``index_select`` per
+  region per <= 32 MiB chunk, one copy per chunk into pageable memory; on CPU straight into the
+  entry with the regions split over the engine's copy threads, ``copy_threads`` in the JSON);
+* ``memcpy``: one copy of the same number of contiguous bytes (the physical limit), split over
+  the same number of threads as the engine, so the ratios compare like with like;
+* on CPU also the 1-thread figures (engine and memcpy) and the per-view save split over the
+  same threads (it stays GIL-bound: tens of thousands of tiny copies), so the thread gain is
+  visible on its own;
+* the two restores (per-view copies back; page-major ``index_copy_``) into shuffled free pages;
+* on CPU also the staged schedule the CUDA path uses (for reference; the figures in the JSON are
+  the engine's default schedule: straight into the host entry on CPU, staged on CUDA).
+
+On ``--device cuda`` the pool and the staging buffers are on the GPU, the entries in pageable
+host memory, every timed step ends with ``torch.cuda.synchronize``, and the memcpy limit is a
+device-to-host copy (save) and a host-to-device copy (restore) of the entry's bytes.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+from collections.abc import Callable
+
+import torch
+
+from adapter.switches.kv_park.engine import CopyEngine, PageLayout, Region, per_view_restore, per_view_save
+
+MiB = 1 << 20
+# (region, layers, bytes per page per layer)
+DSV4_LIKE = (("c4_kv", 20, 37440), ("c4_index", 20, 8448), ("c128_kv", 20, 1728), ("c4_state", 20, 2048))
+TARGETS = {"save_speedup_vs_perview": 4.0, "save_vs_memcpy": 2.5, "restore_vs_memcpy": 3.0, "restore_vs_perview": 1.0}
+
+
+def dsv4_like_layout(pool_pages: int, device: torch.device, seed: int = 0) -> PageLayout:
+    """Random bytes in one ``[pool_pages, row_bytes]`` tensor per (region, layer)."""
+    g = torch.Generator().manual_seed(seed)
+    regions = []
+    for name, layers, row in DSV4_LIKE:
+        for layer in range(layers):
+            rows = torch.randint(0, 256, (pool_pages, row), dtype=torch.uint8, generator=g)
+            regions.append(Region(f"{name}.{layer}", rows.to(device)))
+    return PageLayout(tuple(regions))
+
+
+def _split(n: int, parts: int) -> list[tuple[int, int]]:
+    step = -(-n // parts)
+    return [(lo, min(n, lo + step)) for lo in range(0, n, step)]
+
+
+def _on_threads(jobs: list[Callable[[], object]]) -> None:
+    """Run ``jobs`` at once: the first on this thread, the others on threads joined here."""
+    threads = [threading.Thread(target=job, daemon=True) for job in jobs[1:]]
+    for t in threads:
+        t.start()
+    jobs[0]()
+    for t in threads:
+        t.join()
+
+
+def _memcpy(dst: torch.Tensor, src: torch.Tensor, parts: int) -> Callable[[], object]:
+    if parts <= 1:
+        return lambda: dst.copy_(src)
+    spans = _split(dst.numel(), parts)
+    return lambda: _on_threads([lambda lo=lo, hi=hi: dst[lo:hi].copy_(src[lo:hi]) for lo, hi in spans])
+
+
+def _per_view_threads(layout: PageLayout, ids: list[int], out: torch.Tensor, parts: int) -> Callable[[], object]:
+    spans = _split(len(ids), parts)
+    return lambda: _on_threads([lambda lo=lo, hi=hi: per_view_save(layout, ids[lo:hi], out[lo:hi]) for lo, hi in spans])
+
+
+def _timed(fn: Callable[[], object], sync: Callable[[], None]) -> float:
+    sync()
+    start = time.perf_counter()
+    fn()
+    sync()
+    return time.perf_counter() - start
+
+
+def run(quick: bool = False, device: str = "cpu") -> dict:
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1") or 1))
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("kv-park bench: --device cuda asked for, but torch sees no CUDA device")
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    pages, reps = (96, 5) if quick else (782, 5)
+    pool_pages = pages + 18
+    layout = dsv4_like_layout(pool_pages, dev)
+    engine = CopyEngine(layout)
+    g = torch.Generator().manual_seed(1)
+    src_ids = torch.randperm(pool_pages, generator=g)[:pages]
+    dst_ids = torch.randperm(pool_pages, generator=g)[:pages]
+    src_list, dst_list = src_ids.tolist(), dst_ids.tolist()
+    entry_bytes = pages * layout.page_bytes
+
+    pv_entry = engine.new_entry(pages)
+    pm_entry = engine.new_entry(pages)
+    flat_dev = torch.empty(entry_bytes, dtype=torch.uint8, device=dev)  # memcpy source/target
+    threads = engine.threads
+    cases: dict[str, Callable[[], object]] = {
+        "per-view save": lambda: per_view_save(layout, src_list, pv_entry),
+        "page-major save": lambda: engine.save(src_ids, out=pm_entry),
+        "memcpy (save direction)": _memcpy(pv_entry.view(-1), flat_dev, threads),
+        "per-view restore": lambda: per_view_restore(layout, pv_entry, dst_list),
+        "page-major restore": lambda: engine.restore(pm_entry, dst_ids),
+    }
+    if dev.type == "cuda":
+        cases["memcpy (restore direction)"] = lambda: flat_dev.copy_(pm_entry.view(-1))
+    else:  # the CUDA schedule (2 x 32 MiB staging, one copy per chunk) costed on CPU, for reference
+        staged = CopyEngine(layout, stage=True)
+        st_entry = staged.new_entry(pages)
+        cases["page-major save, staged"] = lambda: staged.save(src_ids, out=st_entry)
+        cases["page-major restore, staged"] = lambda: staged.restore(st_entry, dst_ids)
+        if threads > 1:  # the same schedules on one thread, and per-view on as many threads
+            single = CopyEngine(layout, threads=1)
+            cases["page-major save, 1 thread"] = lambda: single.save(src_ids, out=pm_entry)
+            cases["page-major restore, 1 thread"] = lambda: single.restore(pm_entry, dst_ids)
+            cases["memcpy, 1 thread"] = _memcpy(pv_entry.view(-1), flat_dev, 1)
+            cases[f"per-view save, {threads} threads"] = _per_view_threads(layout, src_list, pv_entry, threads)
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    names = list(cases)
+    for name in names:  # warm-up: first touch of every buffer, allocator, CUDA context
+        _timed(cases[name], sync)
+    for rep in range(reps):
+        order = names[rep % len(names) :] + names[: rep % len(names)]  # rotate to spread drift
+        for name in order:
+            times[name].append(_timed(cases[name], sync))
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+
+    # Byte identity: page-major entry == per-view entry of the same pages, and a round trip
+    # through the page-major restore puts the same bytes in the destination pages.
+    per_view_save(layout, src_list, pv_entry)
+    engine.save(src_ids, out=pm_entry)
+    identical = torch.equal(pv_entry, pm_entry)
+    engine.restore(pm_entry, dst_ids)
+    identical = identical and torch.equal(engine.save(dst_ids), pm_entry)
+
+    memcpy_save = med["memcpy (save direction)"]
+    memcpy_restore = med.get("memcpy (restore direction)", memcpy_save)
+    figures = {
+        "device": dev.type,
+        "pages": pages,
+        "entry_mib": round(entry_bytes / MiB, 1),
+        "views": pages * len(layout.regions),
+        "staged_chunk_pages": engine.chunk_pages,
+        "staged": engine.stage,
+        "reps": reps,
+        "per_view_save_ms": round(med["per-view save"] * 1e3, 1),
+        "save_ms": round(med["page-major save"] * 1e3, 1),
+        "memcpy_ms": round(memcpy_save * 1e3, 1),
+        "per_view_restore_ms": round(med["per-view restore"] * 1e3, 1),
+        "restore_ms": round(med["page-major restore"] * 1e3, 1),
+        "save_speedup_vs_perview": round(med["per-view save"] / med["page-major save"], 2),
+        "save_vs_memcpy": round(med["page-major save"] / memcpy_save, 2),
+        "restore_vs_memcpy": round(med["page-major restore"] / memcpy_restore, 2),
+        "restore_vs_perview": round(med["page-major restore"] / med["per-view restore"], 2),
+        "bytes_identical": bool(identical),
+        "copy_threads": threads,
+    }
+    if f"per-view save, {threads} threads" in med:
+        figures["per_view_save_threads_ms"] = round(med[f"per-view save, {threads} threads"] * 1e3, 1)
+        figures["save_1thread_ms"] = round(med["page-major save, 1 thread"] * 1e3, 1)
+        figures["restore_1thread_ms"] = round(med["page-major restore, 1 thread"] * 1e3, 1)
+        figures["memcpy_1thread_ms"] = round(med["memcpy, 1 thread"] * 1e3, 1)
+        figures["save_speedup_vs_perview_1thread"] = round(med["per-view save"] / med["page-major save, 1 thread"], 2)
+    figures["targets_met"] = bool(
+        identical
+        and figures["save_speedup_vs_perview"] >= TARGETS["save_speedup_vs_perview"]
+        and figures["save_vs_memcpy"] <= TARGETS["save_vs_memcpy"]
+        and figures["restore_vs_memcpy"] <= TARGETS["restore_vs_memcpy"]
+        and figures["restore_vs_perview"] <= TARGETS["restore_vs_perview"]
+    )
+
+    print(
+        f"kv-park: {pages} pages x {layout.page_bytes} B = {entry_bytes / MiB:.1f} MiB, "
+        f"{len(layout.regions)} region tensors, device {dev.type}, "
+        + (f"staged in {engine.chunk_pages}-page chunks" if engine.stage else "gathered straight into the host entry")
+        + f", {threads} copy thread(s), median of {reps} interleaved reps"
+    )
+    base = {name: memcpy_save for name in names if "save" in name}
+    if "memcpy, 1 thread" in med:  # 1-thread schedules against the 1-thread memcpy
+        base.update({name: med["memcpy, 1 thread"] for name in names if "1 thread" in name})
+    print(f"{'schedule':30s} {'median ms':>10s} {'GiB/s':>7s} {'x memcpy':>9s}")
+    for name in names:
+        ref = base.get(name, memcpy_restore)
+        print(f"{name:30s} {med[name] * 1e3:10.1f} {entry_bytes / med[name] / 2**30:7.2f} {med[name] / ref:9.2f}")
+    print(
+        f"save {figures['save_speedup_vs_perview']}x faster than per-view (target >= 4), "
+        f"{figures['save_vs_memcpy']}x memcpy (target <= 2.5); restore {figures['restore_vs_memcpy']}x memcpy "
+        f"(target <= 3), {figures['restore_vs_perview']}x per-view (target <= 1); bytes identical: {identical}"
+    )
+    return figures

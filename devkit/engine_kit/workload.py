@@ -1,0 +1,155 @@
+"""The agent-style workload the gate runs on every boot (same ids, same order on each).
+
+Three phases, each starting from an empty radix cache (``/flush_cache``):
+
+1. ``resume``: a long session prefills and decodes a turn, goes idle while other traffic (churn)
+   fills the SWA pool, then resumes with its context plus a new user message. SGLang's own
+   ``cached_tokens`` (``--enable-cache-report``) says how much of the context was still usable.
+2. ``cone``: in the same phase a second session (a short prompt and a long answer) is branched
+   inside its answer after the churn, as an agent edits or retries from the middle of a reply:
+   the Full KV of the branch point F is resident, but no SWA window at F is (decode frees the
+   window behind it, and the answer leaves no checkpoint before its end), so stock resumes at the
+   last checkpoint below F (the prompt's, if the churn left it) or at 0. The branch sits more than
+   a chunk from that checkpoint, so a cone replay of N tokens recomputes less. The recomputed
+   tokens (``cone_branch_at - cached_tokens``) show what the engine prefilled again.
+3. ``yield``: streams decode while a long prompt arrives and prefills in small chunks; the streams'
+   decode rate during the prefill over their rate before it is the decode share.
+
+Prompts are token ids from a seeded generator (no tokenizer round trip), all greedy.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from devkit.engine_kit import client
+
+FIRST_ID = 6  # ids below are the specials of the kit's tokenizer
+
+
+@dataclass(frozen=True)
+class Workload:
+    seed: int = 1
+    vocab: int = 1024
+    session_tokens: int = 1024  # the idle session's context
+    cone_prompt_tokens: int = 64  # the branched session's first prompt (one chunk)
+    cone_tokens: int = 640  # its context after turn 1: the prompt and the answer it decodes
+    cone_branch_at: int = 480  # the branch keeps this many of its tokens (inside the answer)
+    churn_requests: int = 10
+    churn_tokens: int = 512
+    turn_tokens: int = 8  # generated per turn
+    new_user_tokens: int = 24
+    streams: int = 4
+    stream_prompt_tokens: int = 32
+    # Small enough that the streams' reserved KV never keeps the long prompt out of admission
+    # (PrefillAdder reserves their remaining tokens); aborted once the long prompt is done.
+    stream_max_tokens: int = 600
+    long_prompt_tokens: int = 2048
+    before_s: float = 2.0  # how long the streams' rate is measured before the long prompt
+    timeout_s: float = 300.0
+
+    @classmethod
+    def quick(cls) -> Workload:
+        return cls()
+
+    @classmethod
+    def full(cls) -> Workload:
+        return cls(session_tokens=2048, cone_tokens=1280, cone_branch_at=1000, churn_requests=16,
+                   churn_tokens=768, long_prompt_tokens=6000, before_s=3.0)
+
+    def validate(self) -> None:
+        for name, value in asdict(self).items():
+            if isinstance(value, (int, float)) and value < 0:
+                raise ValueError(f"Workload.{name}={value!r} is invalid: expected a value >= 0")
+        if not 0 < self.cone_prompt_tokens < self.cone_branch_at < self.cone_tokens:
+            raise ValueError(f"Workload.cone_branch_at={self.cone_branch_at} is invalid: expected cone_prompt_tokens="
+                             f"{self.cone_prompt_tokens} < it < cone_tokens={self.cone_tokens}")
+
+    def ids(self, tag: str, n: int) -> list[int]:
+        rng = random.Random(f"{self.seed}:{tag}")
+        return [rng.randrange(FIRST_ID, self.vocab) for _ in range(n)]
+
+
+def run_cache_phases(base_url: str, w: Workload) -> dict[str, Any]:
+    """Phases 1 and 2: idle resume after churn, and the mid-context branch (cone)."""
+    client.flush_cache(base_url)
+    outputs: dict[str, list[int]] = {}
+    session = w.ids("session", w.session_tokens)
+    cone_prompt = w.ids("cone", w.cone_prompt_tokens)
+    first = client.generate(base_url, session, w.turn_tokens, w.timeout_s)
+    outputs["session_turn1"] = first["output_ids"]
+    answer = client.generate(base_url, cone_prompt, w.cone_tokens - w.cone_prompt_tokens, w.timeout_s)["output_ids"]
+    outputs["cone_turn1"] = answer
+    cone = cone_prompt + answer
+    for i in range(w.churn_requests):
+        outputs[f"churn{i}"] = client.generate(base_url, w.ids(f"churn{i}", w.churn_tokens), 4, w.timeout_s)["output_ids"]
+    context = session + first["output_ids"]
+    resume = client.generate(base_url, context + w.ids("session_user2", w.new_user_tokens), w.turn_tokens, w.timeout_s)
+    outputs["session_turn2"] = resume["output_ids"]
+    branch_prompt = cone[: w.cone_branch_at] + w.ids("cone_user2", w.new_user_tokens)
+    branch = client.generate(base_url, branch_prompt, w.turn_tokens, w.timeout_s, logprobs=True)
+    outputs["cone_branch"] = branch["output_ids"]
+    resume_cached = int(resume["meta_info"].get("cached_tokens") or 0)
+    branch_cached = int(branch["meta_info"].get("cached_tokens") or 0)
+    return {
+        "outputs": outputs,
+        "resume_context_tokens": len(session),
+        "resume_cached_tokens": resume_cached,
+        "resume_cached_frac": round(min(1.0, resume_cached / len(session)), 4),
+        "cone_prompt_tokens": len(branch_prompt),
+        "cone_cached_tokens": branch_cached,
+        # Tokens of the branch's shared context the engine prefilled again (its new message excluded).
+        "cone_recomputed_tokens": max(0, w.cone_branch_at - branch_cached),
+        # The branch's greedy tokens' logprobs: a cone replay must match a re-prefill to float noise.
+        "cone_branch_logprobs": [float(x[0]) for x in branch["meta_info"].get("output_token_logprobs") or []],
+    }
+
+
+def run_yield_phase(base_url: str, w: Workload, tag: str) -> dict[str, Any]:
+    """Phase 3: decode share of running streams while a long prompt prefills in chunks."""
+    client.flush_cache(base_url)
+    streams = [client.Stream(base_url, f"{tag}-s{i}", w.ids(f"stream{i}", w.stream_prompt_tokens),
+                             w.stream_max_tokens, w.timeout_s).start() for i in range(w.streams)]
+    try:
+        client.wait_until(lambda: all(s.tokens >= 8 or s.error for s in streams), w.timeout_s, "streams to decode")
+        failed = [s.error for s in streams if s.error]
+        if failed:
+            raise RuntimeError(f"stream failed: {failed[0]}")
+        t_before = time.monotonic()
+        time.sleep(w.before_s)
+        long = client.Stream(base_url, f"{tag}-long", w.ids("long", w.long_prompt_tokens), 8, w.timeout_s)
+        t_send = time.monotonic()
+        long.start()
+        client.wait_until(lambda: long.tokens >= 1 or long.error, w.timeout_s, "the long prompt's first token")
+        t_first = long.ticks[0][0] if long.ticks else time.monotonic()
+        long.join(w.timeout_s)
+    finally:
+        for s in streams:
+            try:
+                client.abort(base_url, s.rid)
+            except Exception:  # the stream may have finished already
+                pass
+        for s in streams:
+            s.join(60)
+    if long.error:
+        raise RuntimeError(f"long prompt failed: {long.error}")
+    # The prefill window ends at the long prompt's first token, or earlier if a stream ran out of tokens.
+    t_end = min([t_first] + [s.ticks[-1][0] for s in streams if s.tokens >= w.stream_max_tokens])
+    before = sum(s.tokens_at(t_send) - s.tokens_at(t_before) for s in streams) / max(t_send - t_before, 1e-9)
+    during = sum(s.tokens_at(t_end) - s.tokens_at(t_send) for s in streams) / max(t_end - t_send, 1e-9)
+    # Streams are aborted at different lengths on each boot: the gate compares their common prefix.
+    outputs = {f"stream{i}": s.output_ids for i, s in enumerate(streams)}
+    shortest = min(len(s.output_ids) for s in streams)
+    outputs["long"] = long.output_ids
+    return {
+        "outputs": outputs,
+        "decode_rate_before": round(before, 2),
+        "decode_rate_during": round(during, 2),
+        "decode_share": round(during / before, 4) if before > 0 else None,
+        "prefill_s": round(t_first - t_send, 3),
+        "measured_s": round(t_end - t_send, 3),
+        "stream_tokens_compared": shortest,
+    }

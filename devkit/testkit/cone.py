@@ -1,0 +1,171 @@
+"""Cone replay on the real cache kit (``devkit.testkit.radix_cache``): a turn whose admission,
+copy and checkpoints follow the scheduler's order, and a kit over a model's own ``SWAKVPool``.
+
+Used by ``tests/test_cone_replay*.py`` and ``devkit/bench/cone_replay.py``. The switch must be
+installed before a kit is built (its ``UnifiedRadixCache.__init__`` hook checks the bound).
+
+API::
+
+    kit = model_kit(model, geometry, backend)     # CacheKit over TinyHybrid.make_pool(...) (fp32)
+    turn = cone_turn(kit, tokens, out_len, chunk=None, forward=None)
+        # match (plan) -> admission rule on the first chunk -> lock -> prefix row -> per chunk:
+        # alloc + row write [+ copy on the cone pass] [+ forward(req, start, end, rows)] + checkpoint
+        # -> decode + release. Returns a ConeTurn.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from adapter.switches.cone_replay import switch as cone_replay
+from devkit.testkit.radix_cache import OUTPUT_TOKEN, CacheKit, Geometry
+
+
+@dataclass
+class ConeTurn:
+    rid: str
+    stock_prefix: int  # P: what the stock match gave
+    prefix_len: int  # the prefix the turn ran from (s on a cone, else P)
+    F: int | None  # swa_branching_seqlen of the match
+    plan: Any  # the ConePlan, or None
+    recomputed: int  # prompt tokens prefilled
+    checks: dict[str, Any] = field(default_factory=dict)
+    history: list[int] = field(default_factory=list)
+
+
+def install(tokens: int, **keys: str) -> Any:
+    """Install cone replay with ``DSV41_SWA_CONE_TOKENS=tokens`` (and ``keys``) at once: the
+    switch waits until every module it wraps has executed, which an engine has and a cache-only
+    test or bench does not, so they are imported first."""
+    import importlib
+
+    from adapter.core import boot, registry
+
+    for module in next(s for s in registry.SWITCHES if s.name == cone_replay.SWITCH).modules:
+        importlib.import_module(module)
+    state = boot.install({"DSV41_SWA_CONE_REPLAY": "1", "DSV41_SWA_CONE_TOKENS": str(tokens), **keys})
+    cone_replay.reset_counters()
+    return state
+
+
+def model_kit(model: Any, geometry: Geometry, backend: str = "python") -> CacheKit:
+    """A real ``UnifiedRadixCache`` (FULL + SWA) whose allocator owns ``model``'s ``SWAKVPool``."""
+    import torch
+    from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
+    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+    from devkit.testkit import radix_cache
+
+    g = geometry
+    if [g.page] != radix_cache._SERVER_ARGS_PAGE:
+        set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=g.page))
+        radix_cache._SERVER_ARGS_PAGE[:] = [g.page]
+    pool = ReqToTokenPool(size=g.max_reqs, max_context_len=g.max_ctx, device="cpu", enable_memory_saver=False)
+    kv = model.make_pool(size=g.full_tokens, size_swa=g.swa_tokens, page=g.page)
+    allocator = SWATokenToKVPoolAllocator(size=g.full_tokens, size_swa=g.swa_tokens, page_size=g.page,
+                                          dtype=torch.float32, device="cpu", kvcache=kv, need_sort=False)
+    params = CacheInitParams(
+        disable=False, req_to_token_pool=pool, token_to_kv_pool_allocator=allocator, page_size=g.page,
+        sliding_window_size=g.window, tree_components=(ComponentType.FULL, ComponentType.SWA),
+        chunked_prefill_size=g.chunk, eviction_policy="lru", tree_core_backend=backend,
+    )
+    cache = UnifiedRadixCache(params=params)
+    return CacheKit(g, cache, allocator, pool, cache._tree_core_backend)
+
+
+def cone_turn(kit: CacheKit, tokens: list[int], out_len: int, chunk: int | None = None,
+              forward: Callable[[Any, int, int, dict[str, Any] | None], None] | None = None,
+              rid: str | None = None) -> ConeTurn:
+    """One turn in the scheduler's order with the switch's plan, admission rule and copy."""
+    import torch
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.mem_cache.common import checkpoint_kv_cache
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    chunk = chunk or kit.geometry.chunk
+    req = Req(rid=rid or f"c{next(kit._rid)}", origin_input_text="", origin_input_ids=array("q", tokens),
+              sampling_params=SamplingParams(temperature=0, max_new_tokens=out_len + 1))
+    kit.pool.alloc([req])
+    req.init_next_round_input(kit.cache)  # match_kv_cache -> the switch's plan
+    plan = getattr(req, cone_replay.REQ_ATTR, None)
+    stock_prefix = plan.P if plan is not None else req.prefix_len
+    L = len(tokens)
+    # PrefillAdder: the first pass is [prefix, prefix + chunk); the switch's rule keeps or drops the cone.
+    if plan is not None and not cone_replay.admit(req, req.prefix_len, min(chunk, L - req.prefix_len)):
+        plan = None
+    turn = ConeTurn(req.rid, stock_prefix, req.prefix_len, req.swa_branching_seqlen, plan, L - req.prefix_len)
+    req.lock = kit.cache.lock(req.last_node)  # _commit_prefill_admission: the anchor lock on a cone
+    row = req.kv.req_pool_idx
+    if req.prefix_len:
+        kit.pool.write((row, slice(0, req.prefix_len)), kit.cache.prefix_device_indices(req))
+    if plan is not None:
+        turn.checks["anchor_locked"] = _full_lock_ref(kit, plan.anchor)
+    pos, first = req.prefix_len, True
+    while pos < L:
+        end = min(L, pos + chunk)
+        kit.pool.write((row, slice(pos, end)), kit.alloc_pages(end - pos))
+        rows = None
+        if first and plan is not None:  # ScheduleBatch.prepare_for_extend: the copy
+            pages, nbytes = cone_replay.copy_replay_rows(kit.cache, kit.pool.req_to_token, row, plan)
+            turn.checks.update(pages=pages, bytes=nbytes)
+            rows = cone_replay.forward_rows(plan.s, plan.F)
+        if forward is not None:
+            forward(req, pos, end, rows)
+        req.extend_end = end
+        req.kv.kv_committed_len = req.kv.kv_allocated_len = end
+        checkpoint_kv_cache(req, kit.cache)
+        if first and plan is not None:
+            tree = kit.cache.path_device_indices(plan.anchor)[plan.s : plan.F]
+            turn.checks.update(
+                cache_protected_len=req.kv.cache_protected_len,
+                swa_branching_seqlen=req.swa_branching_seqlen,
+                row_is_tree_pages=bool(torch.equal(kit.pool.req_to_token[row, plan.s : plan.F].to(torch.int64),
+                                                   tree.to(torch.int64))),
+                leak_after_first_checkpoint=_held_leak(kit, req),
+                window_holes=kit.resume_state(list(tokens[: plan.F]))["swa_window_holes"],
+            )
+        pos, first = end, False
+    total = L
+    if out_len:
+        kit.pool.write((row, slice(total, total + out_len)), kit.alloc_pages(out_len))
+        if forward is not None:
+            forward(req, total, total + out_len, None)
+        req.output_ids = array("q", [OUTPUT_TOKEN] * out_len)
+        req.kv.kv_committed_len = req.kv.kv_allocated_len = total + out_len
+    turn.history = _finish(kit, req)
+    return turn
+
+
+def _finish(kit: CacheKit, req: Any) -> list[int]:
+    from sglang.srt.managers.schedule_batch import FINISH_LENGTH
+    from sglang.srt.mem_cache.common import release_kv_cache
+
+    req.finished_reason = FINISH_LENGTH(length=len(req.output_ids))
+    release_kv_cache(req, kit.cache, checkpoint=True)
+    return list(req.origin_input_ids) + list(req.output_ids)
+
+
+def _full_lock_ref(kit: CacheKit, anchor: Any) -> int | None:
+    """The Full lock ref of F's node (python core; the Rust core hides its nodes)."""
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+
+    if not kit.is_python_core():
+        return None
+    node = anchor if hasattr(anchor, "component_data") else kit.core.node_by_id(anchor)
+    return int(node.component_data[ComponentType.FULL].lock_ref)
+
+
+def _held_leak(kit: CacheKit, req: Any) -> dict[str, int]:
+    """Slots in neither the free lists, the tree, nor the running request's own row."""
+    a, c = kit.allocator, kit.cache
+    inserted = req.kv.cache_protected_len
+    own = req.kv.kv_allocated_len - inserted  # the row's slots past its last checkpoint
+    full = a.full_available_size() + c.full_evictable_size() + c.full_protected_size() + own
+    return {"full": kit.baseline[0] - full}

@@ -1,0 +1,21 @@
+"""The decode-yield benchmark meets the issue's targets (slow: the quick grid on the real scheduler)."""
+
+from __future__ import annotations
+
+import pytest
+
+from devkit.bench import BENCHMARKS
+from devkit.bench import decode_yield as bench
+
+
+@pytest.mark.slow
+def test_the_quick_benchmark_meets_the_share_ttft_and_overhead_targets(capsys):
+    assert BENCHMARKS["decode-yield"] == "devkit.bench.decode_yield:run"
+    figures = bench.run(quick=True)
+    assert figures["targets_missed"] == []
+    assert abs(figures["share_33"] - 0.33) <= 0.03 and abs(figures["share_50"] - 0.50) <= 0.03
+    assert figures["ttft_factor_33"] <= 100 / 67 + 0.05
+    assert figures["stock_gap_mean"] == 0 and figures["gap_mean_33"] >= 3
+    assert 0 < figures["overhead_us"] <= 20
+    table = capsys.readouterr().out
+    assert "share" in table and "256K" in table and "wrapper overhead per scheduler pass" in table

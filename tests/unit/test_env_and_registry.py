@@ -1,0 +1,115 @@
+"""Env parsing and the registry table: errors name the key, the value and what is allowed."""
+
+from __future__ import annotations
+
+import pytest
+
+from adapter.core import env, registry
+
+
+@pytest.mark.parametrize("raw", ["abc", "0", "100", "150", "-3", "", "3.5", "33%"])
+def test_a_percent_outside_1_to_99_is_refused_naming_key_value_and_range(raw):
+    with pytest.raises(env.ConfigError) as err:
+        env.percent()("DSV41_DECODE_YIELD", raw)
+    message = str(err.value)
+    assert "DSV41_DECODE_YIELD" in message and repr(raw) in message and "1..99" in message
+
+
+@pytest.mark.parametrize("raw", ["1", "33", "99", " 50 "])
+def test_a_percent_inside_1_to_99_parses_to_an_int(raw):
+    assert env.percent()("K", raw) == int(raw)
+
+
+def test_a_token_count_must_be_a_positive_multiple_of_the_page():
+    tokens = env.integer(256, None, multiple_of=256, unit="tokens")
+    assert tokens("DSV41_SWA_CONE_TOKENS", "8192") == 8192
+    for bad in ("8000", "0", "-256", "eight"):
+        with pytest.raises(env.ConfigError, match=r"DSV41_SWA_CONE_TOKENS=.*multiple of 256"):
+            tokens("DSV41_SWA_CONE_TOKENS", bad)
+
+
+@pytest.mark.parametrize(("raw", "value"), [("1", True), ("TRUE", True), ("on", True), ("0", False), ("no", False)])
+def test_flags_accept_the_documented_spellings(raw, value):
+    assert env.flag()("DSV41_X", raw) is value
+
+
+@pytest.mark.parametrize("raw", ["maybe", "2", "enable", "y"])
+def test_flags_refuse_other_spellings(raw):
+    with pytest.raises(env.ConfigError, match=r"DSV41_X=.*expected 1/0, true/false"):
+        env.flag()("DSV41_X", raw)
+
+
+def test_resolve_reports_a_bad_value_as_an_error_and_requests_nothing_for_it():
+    config = registry.resolve({"DSV41_AUTOTUNE_KEEP": "maybe"})
+    assert config.errors == [
+        "DSV41_AUTOTUNE_KEEP='maybe' is not valid: expected 1/0, true/false, on/off, yes/no (any case)"
+    ]
+    assert config.requested == []
+
+
+def test_an_unknown_key_warns_with_the_closest_known_key():
+    config = registry.resolve({"DSV41_AUTOTUNE_KEPP": "1"})
+    assert config.errors == []
+    assert config.warnings == ["unknown key DSV41_AUTOTUNE_KEPP ignored; did you mean DSV41_AUTOTUNE_KEEP?"]
+
+
+def test_a_switch_is_off_unless_its_gate_is_set_truthy():
+    assert registry.resolve({}).requested == []
+    assert registry.resolve({"DSV41_AUTOTUNE_KEEP": "0"}).requested == []
+    assert [s.name for s in registry.resolve({"DSV41_AUTOTUNE_KEEP": "1"}).requested] == ["autotune_keep"]
+
+
+def test_every_registry_record_is_complete_and_consistent():
+    names = [s.name for s in registry.SWITCHES]
+    assert len(names) == len(set(names))
+    keys = [k.name for s in registry.SWITCHES for k in s.keys]
+    assert len(keys) == len(set(keys)), "a key belongs to one switch"
+    for switch in registry.SWITCHES:
+        assert all(k.startswith(env.PREFIX) for k in (key.name for key in switch.keys))
+        assert switch.modules and switch.wraps and ":" in switch.install
+        assert set(switch.requires) | set(switch.conflicts) <= set(names)
+        assert switch.gate.default is None, "every switch is off unless its key is set"
+
+
+def test_profile_files_are_read_as_shell_words_with_comments_and_launch_arguments(tmp_path):
+    profile = tmp_path / ".env"
+    profile.write_text(
+        "# production\n"
+        "export SGLANG_RUN_ID=abc\n"
+        "PROD_LINE='ignored' python -m sglang.launch_server --swa-prefix-tails 384 "
+        "DSV41_AUTOTUNE_KEEP=1 DSV41_DECODE_YIELD=33  # trailing comment\n"
+    )
+    assert env.read_env_file(str(profile)) == {
+        "SGLANG_RUN_ID": "abc",
+        "PROD_LINE": "ignored",
+        "DSV41_AUTOTUNE_KEEP": "1",
+        "DSV41_DECODE_YIELD": "33",
+    }
+
+
+def test_every_switch_installs_through_the_real_import_hook_in_a_fresh_engine_process():
+    """All gates set, the engine's modules imported in a fresh process: nothing refused for a
+    half-loaded module or an unreadable pin (only 'not applicable here' on this machine)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    gates = {"flag": "1", "percent": "33"}
+    environ = {}
+    for switch in registry.SWITCHES:
+        allowed = switch.gate.parser.allowed
+        environ[switch.gate.name] = "ram" if allowed.startswith("one of") else gates["percent" if "1..99" in allowed else "flag"]
+    script = (
+        "import importlib\n"
+        "from adapter.core import boot, registry\n"
+        f"state = boot.install({environ!r})\n"
+        "for s in registry.SWITCHES:\n"
+        "    for m in s.modules: importlib.import_module(m)\n"
+        "for name, o in state.outcomes.items(): print(name, o.status, o.reason)\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=root)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = dict(line.split(" ", 1) for line in out.stdout.strip().splitlines())
+    assert set(rows) == {s.name for s in registry.SWITCHES}
+    assert all(row.startswith(("installed", "n/a")) for row in rows.values()), rows

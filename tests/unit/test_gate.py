@@ -1,0 +1,110 @@
+"""The gate's judgement, on recorded figures (no server): log reading, output comparison, control
+agreement and the rows of switches that cannot act here. The boots are in test_gate_engine.py."""
+
+import pytest
+
+from adapter.ops import cli
+
+# Scheduler log lines in SGLang 0.5.23's format (``--decode-log-interval 1``), trimmed to the fields read.
+from devkit import gate
+
+CHUNK = "[t] Prefill batch, #new-seq: 1, #new-token: 64, #cached-token: 0, #running-req: {r}, #queue-req: 0, #pending-token: {p}, x"
+DECODE = "[t] Decode batch, #running-req: 4, #full token: 100, gen throughput (token/s): 10.0, #queue-req: 0"
+
+
+def test_decode_steps_between_chunks_counts_the_steps_logged_between_chunks_beside_streams():
+    lines = [CHUNK.format(r=0, p=128), DECODE,  # a lone prompt's chunk: nothing to count
+             CHUNK.format(r=4, p=128), DECODE, DECODE, DECODE,
+             CHUNK.format(r=4, p=64), DECODE,
+             CHUNK.format(r=4, p=0), DECODE, DECODE]  # final chunk: what follows is plain decoding
+    assert gate.decode_steps_between_chunks(lines) == [3, 1]
+    assert gate.decode_steps_between_chunks([CHUNK.format(r=4, p=64), CHUNK.format(r=4, p=0)]) == [0]
+
+
+def _boot(label, resume=1.0, cone=0, share=0.5, outputs=None, logprobs=(-0.5, -1.25)):
+    boot = gate.Boot(label, {}, None)
+    boot.cache = {"resume_cached_frac": resume, "resume_cached_tokens": int(resume * 100), "cone_cached_tokens": 700 - cone,
+                  "cone_recomputed_tokens": cone, "outputs": outputs or {"a": [1, 2]},
+                  "cone_branch_logprobs": list(logprobs)}
+    boot.yield_ = {"decode_share": share, "outputs": {}}
+    return boot
+
+
+def test_outputs_are_compared_only_where_the_controls_agree_and_streams_on_their_common_prefix():
+    a1 = {"a": [1, 2], "b": [3], "stream0": [5, 6, 7]}
+    a2 = {"a": [1, 2], "b": [4], "stream0": [5, 6]}
+    b = {"a": [1, 2], "b": [9], "stream0": [5, 6, 7, 8]}
+    result = gate.compare_outputs(a1, a2, b)
+    assert result["controls_differ"] == ["b"] and result["equal"] == 2 and result["outputs_equal"]
+    result = gate.compare_outputs(a1, a2, {**b, "a": [1, 3]})
+    assert result["differ"] == ["a"] and not result["outputs_equal"]
+
+
+def test_controls_that_disagree_make_the_run_invalid_and_say_why():
+    a1, a2 = _boot("A1", share=0.05), _boot("A2", share=0.05)
+    outputs = gate.compare_outputs(a1.outputs(), a2.outputs(), a1.outputs())
+    assert gate.controls_agree(a1, a2, outputs) == (True, [])
+    a2.yield_["decode_share"] = 0.5
+    ok, why = gate.controls_agree(a1, a2, outputs)
+    assert not ok and "decode_share: 0.05 vs 0.5" in why[0]
+    a2 = _boot("A2", share=0.05, outputs={"a": [9]})
+    outputs = gate.compare_outputs(a1.outputs(), a2.outputs(), a1.outputs())
+    ok, why = gate.controls_agree(a1, a2, outputs)
+    assert not ok and "different greedy tokens for a" in why[0]
+
+
+def test_a_switch_this_build_lacks_shows_not_available_and_cpu_impossible_ones_not_applicable(monkeypatch):
+    monkeypatch.setattr(gate, "ACTING", (*gate.ACTING, gate.Acting("no_such_switch", {"DSV41_NO_SUCH": "1"}, "x")))
+    table = {r["switch"]: r["status"] for r in gate.rows(_boot("A1"), _boot("B"), _boot("A2"), [], True)}
+    assert table["no_such_switch"] == "not available in this build: no_such_switch is not in adapter/core/registry.py"
+    assert table["autotune_keep"].startswith("not applicable here: FlashInfer autotuning runs only on CUDA")
+    assert "DSV41_NO_SUCH" not in gate.build_profile()
+    assert not any(s.startswith("pass") for name, s in table.items() if name in gate.NOT_APPLICABLE)
+    assert all(table[name].startswith("not in the profile: ") for name in gate.NOT_IN_PROFILE)
+
+
+def test_thin_row_passes_only_when_the_profile_resumes_cached_and_both_controls_do_not():
+    row = gate._effect_row("swa_thin", _boot("A1", resume=0.0), _boot("B", resume=1.0), _boot("A2", resume=0.0), True)
+    assert row["status"] == "pass"
+    row = gate._effect_row("swa_thin", _boot("A1", resume=1.0), _boot("B", resume=1.0), _boot("A2", resume=1.0), True)
+    assert row["status"].startswith("FAIL")
+
+
+def test_a_switch_refused_at_boot_is_not_available_naming_the_receipt_gap_and_never_a_pass():
+    gaps = ["swa_thin refused on tp0: engine drifted"]
+    table = {r["switch"]: r["status"] for r in gate.rows(_boot("A1"), _boot("B"), _boot("A2"), gaps, True)}
+    assert table["swa_thin"] == "not available in this build: refused at boot: swa_thin refused on tp0: engine drifted"
+
+
+def test_without_leaves_a_switch_out_of_the_profile_and_rejects_unknown_names():
+    assert "DSV41_SWA_THIN" not in gate.build_profile(without=("swa_thin",))
+    table = {r["switch"]: r["status"] for r in gate.rows(_boot("A1"), _boot("B"), _boot("A2"), [], True, ("swa_thin",))}
+    assert table["swa_thin"] == "not in this run: left out with --without"
+    with pytest.raises(ValueError, match=r"without=\['swa_thn'\] is invalid"):
+        gate.build_profile(without=("swa_thn",))
+
+
+def test_cone_row_needs_the_switchs_own_plan_lines_not_only_fewer_recomputed_tokens():
+    a1, b, a2 = _boot("A1", cone=700), _boot("B", cone=60), _boot("A2", cone=700)
+    assert gate._effect_row("cone_replay", a1, b, a2, True)["status"].startswith("FAIL")
+    b.log_lines = ["[dsv41] cone_replay DSV41_SWA_CONE plan rid=x F=700 s=636 N=64 P=0 rank=tp0"]
+    assert gate._effect_row("cone_replay", a1, b, a2, True)["status"] == "pass"
+
+
+def test_cone_row_fails_when_the_branchs_logprobs_drift_beyond_float_noise_even_with_equal_tokens():
+    a1, a2 = _boot("A1", cone=700), _boot("A2", cone=700)
+    b = _boot("B", cone=60, logprobs=(-0.5 + 2e-7, -1.25 - 1e-6))
+    b.log_lines = ["[dsv41] cone_replay DSV41_SWA_CONE plan rid=x F=700 s=636 N=64 P=0 rank=tp0"]
+    assert gate._effect_row("cone_replay", a1, b, a2, True)["status"] == "pass"
+    assert gate.cone_logprob_diff(a1, b, a2) == pytest.approx(1e-6, rel=1e-3)
+    b.cache["cone_branch_logprobs"] = [-0.5, -1.25 + 4e-3]  # the replay changed what the row saw
+    assert gate._effect_row("cone_replay", a1, b, a2, True)["status"].startswith("FAIL")
+    b.cache["cone_branch_logprobs"] = [-0.5]  # a boot without the figure never passes
+    assert gate.cone_logprob_diff(a1, b, a2) is None
+    assert gate._effect_row("cone_replay", a1, b, a2, True)["status"].startswith("FAIL")
+
+
+def test_gate_is_a_subcommand_of_the_cli():
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["gate", "--help"])
+    assert exit_info.value.code == 0

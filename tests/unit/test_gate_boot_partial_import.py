@@ -1,0 +1,38 @@
+"""Found by the gate: a switch whose target module is still executing (it imported another
+target) must wait until that module's body has run, or its pins read missing classes."""
+
+import sys
+
+from adapter.core import boot, registry
+
+INSTALLED: list[str] = []
+
+
+def install(config, patch):
+    import dsv41_gate_outer
+
+    INSTALLED.append(dsv41_gate_outer.Ready.__name__)  # AttributeError if installed mid-import
+    return {}
+
+
+def test_switch_waits_for_a_target_module_that_is_still_executing_when_another_target_finishes(tmp_path, monkeypatch):
+    # outer imports inner before it defines Ready: inner finishing must not install the switch.
+    (tmp_path / "dsv41_gate_inner.py").write_text("VALUE = 1\n")
+    (tmp_path / "dsv41_gate_outer.py").write_text("import dsv41_gate_inner\n\n\nclass Ready:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    switch = registry.Switch(name="partial_import_probe", gate=registry.STRICT, summary="probe",
+                             modules=("dsv41_gate_outer", "dsv41_gate_inner"), wraps=(),
+                             install=f"{__name__}:install", volatile=True)
+    state = boot.State(registry.Config(requested=[switch]))
+    state.outcomes[switch.name] = boot.Outcome(switch.name)
+    finder = boot.SwitchFinder(state, set(switch.modules))
+    sys.meta_path.insert(0, finder)
+    INSTALLED.clear()
+    try:
+        import dsv41_gate_outer  # noqa: F401
+    finally:
+        sys.meta_path.remove(finder)
+        for name in switch.modules:
+            sys.modules.pop(name, None)
+    assert state.outcomes[switch.name].status == "installed", state.outcomes[switch.name].reason
+    assert INSTALLED == ["Ready"]

@@ -1,0 +1,102 @@
+"""The production profile `.env.tp4.example` against the registry, and the generated adapters doc."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from adapter.core import env, registry
+from adapter.ops import docs
+from adapter.switches import autotune_keep
+
+ROOT = Path(__file__).resolve().parents[2]
+PROFILE = ROOT / ".env.tp4.example"
+
+
+def _setting_lines() -> list[str]:
+    return [line for line in PROFILE.read_text().splitlines() if line.strip() and not line.lstrip().startswith("#")]
+
+
+def _production_line() -> list[str]:
+    lines = [line for line in _setting_lines() if "DSV41_" in line]
+    assert len(lines) == 1, "exactly one line sets DSV41_* keys"
+    return shlex.split(lines[0])
+
+
+def _registry_keys() -> list[str]:
+    return [k.name for s in registry.SWITCHES for k in s.keys]
+
+
+def test_each_switch_key_is_set_once_on_the_production_line_and_nowhere_else():
+    words = _production_line()
+    keys = [w.split("=", 1)[0] for w in words if w.startswith("DSV41_")]
+    assert len(keys) == len(set(keys))
+    other_lines = [line for line in _setting_lines() if "DSV41_" not in line]
+    assert not any("DSV41_" in line for line in other_lines)
+
+
+def test_the_switches_end_the_production_line_in_the_registry_order():
+    words = _production_line()
+    first = next(i for i, w in enumerate(words) if w.startswith("DSV41_"))
+    tail = words[first:]
+    assert all(w.startswith("DSV41_") for w in tail), "the switches end the line"
+    keys = [w.split("=", 1)[0] for w in tail]
+    assert keys == [k for k in _registry_keys() if k in keys]
+    assert keys[:6] == [
+        "DSV41_AUTOTUNE_KEEP", "DSV41_SWA_NATIVE_DECODE", "DSV41_DECODE_YIELD",
+        "DSV41_SWA_THIN", "DSV41_SWA_CONE_REPLAY", "DSV41_SWA_CONE_TOKENS",
+    ]
+
+
+def test_the_launch_arguments_carry_tails_384_and_chunk_8192_exactly_once():
+    args = shlex.split(env.read_env_file(str(PROFILE))["LAUNCH_ARGS"])
+    assert args.count("--swa-prefix-tails") == 1 and args[args.index("--swa-prefix-tails") + 1] == "384"
+    assert args.count("--chunked-prefill-size") == 1 and args[args.index("--chunked-prefill-size") + 1] == "8192"
+    assert PROFILE.read_text().count("--swa-prefix-tails 384") == 1
+
+
+def test_every_profile_key_is_known_to_the_registry_and_valid():
+    config = registry.resolve(env.read_env_file(str(PROFILE)))
+    assert config.errors == [] and config.warnings == []
+    assert {s.gate.name for s in config.requested} >= {
+        "DSV41_AUTOTUNE_KEEP", "DSV41_SWA_NATIVE_DECODE", "DSV41_DECODE_YIELD", "DSV41_SWA_THIN", "DSV41_SWA_CONE_REPLAY",
+    }
+
+
+def test_test_only_keys_are_in_no_profile():
+    test_only = {k.name for k in registry.all_keys().values() if k.test_only} | {"DSV41_DEBUG_LOG"}
+    assert not test_only & set(env.read_env_file(str(PROFILE)))
+
+
+def test_every_switch_is_off_by_default():
+    assert registry.resolve({}).requested == []
+    assert all(s.gate.default is None for s in registry.SWITCHES)
+
+
+@pytest.mark.parametrize("switch", registry.SWITCHES, ids=lambda s: s.name)
+def test_each_switchs_effect_on_the_autotune_fingerprint_matches_its_registry_volatility(switch):
+    profile = env.read_env_file(str(PROFILE))
+    without = {k: v for k, v in profile.items() if k not in {key.name for key in switch.keys}}
+    toggled = {**without, switch.gate.name: "1" if switch.gate.parser.allowed.startswith("1/0") else "33"}
+    same = autotune_keep.launch_fingerprint(["serve"], without) == autotune_keep.launch_fingerprint(["serve"], toggled)
+    assert same is switch.volatile
+
+
+def test_the_adapters_doc_is_generated_from_the_registry_and_up_to_date():
+    assert docs.DOC.read_text() == docs.render(), "run: python -m adapter docs"
+    text = docs.DOC.read_text()
+    for switch in registry.SWITCHES:
+        assert f"`{switch.name}`" in text and all(f"`{t}`" in text for t in switch.wraps)
+
+
+@pytest.mark.slow
+def test_check_passes_on_the_production_profile_on_cpu():
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("DSV41_")}
+    out = subprocess.run([sys.executable, "-m", "adapter", "check", "--env-file", str(PROFILE)], cwd=ROOT,
+                         env={**environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]

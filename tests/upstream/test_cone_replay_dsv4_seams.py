@@ -1,0 +1,127 @@
+"""Cone replay's DeepSeek-V4 pieces at their CPU seams (issue 5). The DSV4 forward does not run
+here; what runs is the real pool and the real torch functions the forward calls:
+
+* the copy on a real ``DeepSeekV4TokenToKVPool`` (C4/C128 latents, C4 index keys), over exactly
+  the buffers its ``get_contiguous_buf_infos`` registers for PD transfer;
+* the write mask through the real ``DeepseekV4AttnBackend._compressor_out_loc``;
+* the window floor through the real torch ``build_causal_swa_page_indices``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from adapter.switches.cone_replay.switch import ConePlan, align_up, copy_full_pages, dsv4_forward_fields
+
+PAGE, W = 256, 128
+
+
+@pytest.fixture(scope="module")
+def dsv4_pool():
+    from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
+    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+    from devkit.testkit import radix_cache
+
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=PAGE))
+    radix_cache._SERVER_ARGS_PAGE[:] = [PAGE]
+    return DeepSeekV4TokenToKVPool(
+        max_num_reqs=4, swa_size=1024, c4_size=2048, c128_size=2048, c4_state_pool_size=64,
+        c128_state_pool_size=64, page_size=PAGE, swa_page_size=PAGE, dtype=torch.float8_e4m3fn,
+        c4_state_dtype=torch.float32, c128_state_dtype=torch.float32, qk_nope_head_dim=448,
+        qk_rope_head_dim=64, indexer_head_dim=128, layer_num=4, device="cpu", enable_memory_saver=False,
+        compression_ratios=[4, 128, 4, 128], sliding_window=W,
+    )
+
+
+def _plan(s: int, F: int) -> ConePlan:
+    return ConePlan("r", F, s, 0, None, None, 0)
+
+
+def test_copy_moves_every_registered_full_side_page_of_a_real_dsv4_pool(dsv4_pool):
+    from adapter.switches.cone_replay.switch import _full_side_buffers, cone_bound, swa_layer_count
+
+    assert swa_layer_count(dsv4_pool) == 4 and cone_bound(W, PAGE, swa_layer_count(dsv4_pool)) == 1024
+    bufs = _full_side_buffers(dsv4_pool)
+    ptrs, _, _ = dsv4_pool.get_contiguous_buf_infos()
+    assert sorted(b.data_ptr() for b, _ in bufs) == sorted(ptrs)  # the PD transfer's buffers, all of them
+    gen = torch.Generator().manual_seed(0)
+    for buf, _ in bufs:
+        buf.copy_(torch.randint(0, 256, buf.shape, dtype=torch.uint8, generator=gen))
+    before = [buf.clone() for buf, _ in bufs]
+    src_pages, dst_pages = torch.tensor([3, 4, 9]), torch.tensor([20, 21, 30])
+    ar = torch.arange(PAGE)
+    src = (src_pages[:, None] * PAGE + ar).flatten()
+    dst = (dst_pages[:, None] * PAGE + ar).flatten()
+    pages, nbytes = copy_full_pages(dsv4_pool, src, dst)
+    assert pages == 3
+    expect = 0
+    for (buf, rows), old in zip(bufs, before):
+        r = torch.arange(rows)
+        s_rows = (src_pages[:, None] * rows + r).flatten()
+        d_rows = (dst_pages[:, None] * rows + r).flatten()
+        assert torch.equal(buf[d_rows], old[s_rows])  # destination pages now hold the source pages
+        untouched = torch.ones(buf.shape[0], dtype=torch.bool)
+        untouched[d_rows] = False
+        assert torch.equal(buf[untouched], old[untouched])  # nothing else moved
+        expect += int(buf[0].nbytes) * rows * 3
+    assert nbytes == expect
+
+
+def test_copy_refuses_slots_that_are_not_whole_pages(dsv4_pool):
+    src = torch.arange(PAGE, 2 * PAGE)
+    with pytest.raises(AssertionError, match="not whole pages"):
+        copy_full_pages(dsv4_pool, src, src.flip(0))
+
+
+def test_write_mask_sends_masked_replay_rows_to_slot_zero_through_compressor_out_loc():
+    from sglang.srt.layers.attention.deepseek_v4_backend import DeepseekV4AttnBackend
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+    s, F, L = 2 * PAGE, 6 * PAGE, 6 * PAGE + 100
+    other = (1000, 50, None)  # a plain extend in the same batch
+    rows = [other, (s, L - s, _plan(s, F))]
+    keep, floor = dsv4_forward_fields(rows, W, PAGE)
+    n = 50 + (L - s)
+    fb = object.__new__(ForwardBatch)
+    fb.out_cache_loc = torch.arange(10_000, 10_000 + n, dtype=torch.int64)
+    fb.encoder_swa_compress_rows = keep
+    loc = DeepseekV4AttnBackend._compressor_out_loc(fb)
+    pos = torch.cat([torch.arange(1000, 1050), torch.arange(s, L)])
+    masked = torch.zeros(n, dtype=torch.bool)
+    masked[50:] = (pos[50:] >= s) & (pos[50:] < F - align_up(W, PAGE))
+    assert masked.sum() == F - PAGE - s
+    assert (loc[masked] == 0).all()  # replay rows keep the copied latents: their writes go to the padding slot
+    assert torch.equal(loc[~masked], fb.out_cache_loc[~masked])  # the last page before F and rows >= F write
+    assert (floor[:50] == 0).all() and (floor[50:] == s).all()
+
+
+def test_window_floor_through_build_causal_swa_page_indices_only_cuts_keys_below_s():
+    from sglang.kernels.ops.attention.dsv4.attn_metadata_kernels import build_causal_swa_page_indices
+
+    s, F, L = 2 * PAGE, 4 * PAGE, 4 * PAGE + 64
+    size = 8 * PAGE
+    req_to_token = torch.zeros((2, size), dtype=torch.int32)
+    req_to_token[1, :L] = torch.arange(PAGE, PAGE + L, dtype=torch.int32)
+    full_to_swa = torch.arange(size + PAGE + 1, dtype=torch.int64) + 5
+    full_to_swa[-1] = -1  # the sentinel: -1 stays -1
+    _, floor = dsv4_forward_fields([(s, L - s, _plan(s, F))], W, PAGE)
+    q = torch.arange(s, L)
+    args = dict(req_to_token=req_to_token, full_to_swa_mapping=full_to_swa,
+                req_pool_indices_repeated=torch.ones(L - s, dtype=torch.int64),
+                seq_lens_casual=(q + 1).to(torch.int32), swa_window=W, page_index_aligned_size=64)
+    floored = build_causal_swa_page_indices(**args, swa_replay_start=floor)
+    plain = build_causal_swa_page_indices(**args)
+    offsets = q[:, None] - torch.arange(W)[None, :]
+    below = offsets < s
+    assert below.any() and (floored[below] == -1).all()  # no key below s
+    assert torch.equal(floored[~below], plain[~below])  # every other key as a plain window
+    assert torch.equal(floored[q >= s + W - 1], plain[q >= s + W - 1])  # rows past the first window: untouched
+    assert torch.equal(floored[q >= F], plain[q >= F])  # rows >= F read what a prefix hit at F reads
+
+
+def test_a_real_dsv4_pool_refuses_the_forward_side_as_gpu_unverified(dsv4_pool):
+    from adapter.switches.cone_replay.switch import _forward_unsupported
+
+    assert "GPU-unverified" in _forward_unsupported(dsv4_pool)

@@ -1,0 +1,111 @@
+"""Cone replay through a real ``Scheduler`` (``devkit.testkit.scheduler``, hybrid SWA pools): the
+switch's plan runs in the real match, its admission rule in the real ``PrefillAdder`` selection,
+its copy in the real ``ScheduleBatch.prepare_for_extend``; the forward is simulated."""
+
+from __future__ import annotations
+
+from array import array
+
+import pytest
+
+from adapter.switches.cone_replay import switch as cone_replay
+from devkit.testkit import scheduler as harness
+from devkit.testkit.cone import install
+
+N = 64  # page 16, window 8, 3 SWA layers: bound 48
+
+
+def _harness(chunk: int, overlap: bool):
+    from devkit.testkit.scheduler import build_scheduler
+
+    return build_scheduler(page_size=16, pool_tokens=1 << 15, max_reqs=16, chunked_prefill_size=chunk,
+                           hybrid_swa=True, swa_pool_tokens=1024, sliding_window=8, overlap=overlap)
+
+
+def _resume_point(cache, history: list[int], page: int, window: int) -> tuple[int, bool]:
+    """(F, lost): F = the page-aligned end of the resident Full KV; lost when F's window has holes."""
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    key = RadixKey(array("q", history[: len(history) // page * page]))
+    full, _, _ = cache.tree_core.match_full_device_prefix(key)
+    f = full // page * page
+    return f, bool(cache.tree_core.swa_tombstone_ranges(key, f - window, f))
+
+
+def _run(h, req):
+    h.add_request(req)
+    h.run_until(req.finished, max_passes=10_000)
+    h.drain()
+    h.finish_in_flight()
+    return list(req.origin_input_ids) + list(req.output_ids)
+
+
+def _leak(h) -> tuple[int, int]:
+    a, c = h.scheduler.token_to_kv_pool_allocator, h.scheduler.tree_cache
+    return (a.full_available_size() + c.full_evictable_size() + c.full_protected_size(),
+            a.swa_available_size() + c.swa_evictable_size() + c.swa_protected_size())
+
+
+def _lose_a(h):
+    a_hist = _run(h, h.make_request(400, max_new_tokens=16, prompt_ids=range(10, 410)))
+    seed = 1000
+    while not _resume_point(h.scheduler.tree_cache, a_hist, 16, 8)[1]:
+        seed += 1
+        _run(h, h.make_request(512, max_new_tokens=16, seed=seed))
+    return a_hist, _resume_point(h.scheduler.tree_cache, a_hist, 16, 8)[0]
+
+
+@pytest.mark.parametrize("chunk,cone,overlap", [(N, True, False), (N - 16, False, False), (N, True, True)])
+def test_scheduler_replays_n_tokens_when_the_chunk_covers_the_cone_else_falls_back(chunk, cone, overlap, monkeypatch):
+    # Where the engine builds each forward (ForwardBatch.init_new), the switch finds the batch's
+    # replay rows: record them on the real ScheduleBatch the scheduler launches.
+    found = []
+
+    def forward(batch):
+        rows = cone_replay.replay_rows(batch)
+        if rows is not None:
+            found.append((list(batch.reqs), list(batch.extend_lens), *rows))
+        return simulated(batch)
+
+    simulated = harness.simulated_forward
+    monkeypatch.setattr(harness, "simulated_forward", forward)
+    state = install(N)
+    h = _harness(chunk, overlap)
+    assert state.outcomes["cone_replay"].status == "installed"
+    cfg = cone_replay.cache_config(h.scheduler.tree_cache)
+    assert cfg.enabled and cfg.bound == 48
+    baseline = _leak(h)
+    a_hist, F = _lose_a(h)
+    assert F > N
+    cone_replay.reset_counters()
+    a2 = h.make_request(0, max_new_tokens=16, prompt_ids=a_hist + list(range(20_000, 20_064)))
+    start = len(h.trace)
+    a2_hist = _run(h, a2)
+    first = next(s for s in h.trace[start:] if a2.rid in s.rids)
+    i = first.rids.index(a2.rid)
+    c = cone_replay.COUNTERS
+    if cone:
+        assert (first.prefix_lens[i], first.extend_lens[i]) == (F - N, N)
+        assert (c.plans, c.admitted, c.copies, c.copied_pages, c.fallbacks) == (1, 1, 1, N // 16, 0)
+        # One forward carries the replay rows: a2's first N rows in the batch's token order, reading
+        # the tree's pages of [F - N, F) (the pages its own row pointed at before the checkpoint).
+        [(reqs, extend_lens, rows, slots)] = found
+        j = [r.rid for r in reqs].index(a2.rid)
+        start = sum(extend_lens[:j])
+        assert rows.tolist() == list(range(start, start + N))
+        tree = h.scheduler.tree_cache.path_device_indices(getattr(a2, cone_replay.REQ_ATTR).anchor)[F - N : F]
+        assert slots.tolist() == tree.tolist()
+        assert getattr(a2, cone_replay.REQ_ATTR).state == cone_replay.FORWARDED and cone_replay._COPIED == [0]
+    else:
+        assert found == []
+        assert first.prefix_lens[i] == 0 and first.extend_lens[i] == chunk
+        assert c.plans >= 1 and c.copies == 0 and cone_replay.FALLBACKS == {"first_chunk_short": 1}
+    # The next turn resumes at its own end, the tree is sane and nothing leaked.
+    a3 = h.make_request(0, max_new_tokens=4, prompt_ids=a2_hist + list(range(30_000, 30_016)))
+    start = len(h.trace)
+    _run(h, a3)
+    first = next(s for s in h.trace[start:] if a3.rid in s.rids)
+    # (the last output token has no KV yet: the finished insert ends a token short of the history)
+    assert first.prefix_lens[first.rids.index(a3.rid)] == (len(a2_hist) - 1) // 16 * 16
+    h.scheduler.tree_cache.sanity_check()
+    assert _leak(h) == baseline

@@ -1,0 +1,417 @@
+"""Decode yield on the real SGLang scheduler (devkit.testkit.scheduler): real ``Scheduler`` methods,
+pools, ``UnifiedRadixCache``, ``PrefillAdder``, ``Req``, ``ScheduleBatch`` and result processor;
+only the model forward is simulated."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import re
+
+import pytest
+
+from adapter.core import boot, receipts
+from adapter.switches.decode_yield import cost_model
+from devkit.bench.decode_yield import prompt_times
+from devkit.testkit.scheduler import build_scheduler
+
+SCHED = "sglang.srt.managers.scheduler"
+NAME = "decode_yield"
+CHUNK = 8192
+WRAPPED = ("get_next_batch_to_run", "_should_defer_prefill")
+
+
+def _scheduler_cls():
+    return importlib.import_module(SCHED).Scheduler
+
+
+def _install(pct: int | None, **extra: str) -> boot.State:
+    """Through the real boot path (the scheduler module is imported, so it installs at once)."""
+    _scheduler_cls()
+    environ = {"DSV41_DECODE_YIELD": str(pct), **extra} if pct is not None else {}
+    return boot.install(environ)
+
+
+def _harness(**kwargs):
+    kwargs = {"page_size": 64, "pool_tokens": 1 << 19, "chunked_prefill_size": CHUNK, "max_reqs": 40, **kwargs}
+    return build_scheduler(**kwargs)
+
+
+def _scenario(h, *, streams=16, prompt=65536, stream_tokens=100_000, warm=2, ready=None):
+    rows = [h.add_request(4000, max_new_tokens=stream_tokens) for _ in range(streams)]
+    h.drain()
+    h.run(warm)
+    if ready is not None:
+        ready()
+    long = h.add_request(prompt, max_new_tokens=2)
+    start = len(h.trace)
+    h.run_until(long.finished, max_passes=20_000)
+    return rows, long, h.trace[start:]
+
+
+def _gaps(steps, rid):
+    """Decode passes between consecutive chunks of request ``rid``."""
+    gaps, gap = [], None
+    for step in steps:
+        if step.kind == "prefill" and rid in step.rids:
+            if gap is not None:
+                gaps.append(gap)
+            gap = 0
+        elif step.kind == "decode" and gap is not None:
+            gap += 1
+    return gaps
+
+
+def _decisions(steps):
+    return [(s.kind, s.rids, s.extend_lens, s.prefix_lens, s.decode_rows, s.remaining) for s in steps]
+
+
+def _chunks(steps, rid):
+    return [(s.chunk_of(rid), s.prefix_lens[s.rids.index(rid)]) for s in steps if s.kind == "prefill" and rid in s.rids]
+
+
+def _share(steps, rid):
+    return prompt_times(steps, rid).share
+
+
+@pytest.fixture
+def debug_lines():
+    """The overlay's log lines (DEBUG included) as text."""
+    lines: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+
+    logger = receipts.logger()
+    handler, level = Collect(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    yield lines
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def _stock_trace(**kwargs):
+    _, _, steps = _scenario(_harness(**kwargs.pop("build", {})), **kwargs)
+    return steps
+
+
+def test_stock_trace_is_unchanged_when_the_switch_is_off():
+    """No key, or the key set and then rolled back: every scheduler decision is stock."""
+    cls = _scheduler_cls()
+    originals = {n: cls.__dict__[n] for n in WRAPPED}
+    never = _stock_trace()
+    assert _gaps(never, "r17") == [0] * 7  # stock 0.5.23: no decode step between chunks
+    state = _install(None)
+    assert NAME not in state.outcomes
+    assert _decisions(_stock_trace()) == _decisions(never)
+    boot.uninstall()
+    assert _install(33).outcomes[NAME].status == "installed"
+    assert all(cls.__dict__[n] is not originals[n] for n in WRAPPED)
+    boot.uninstall()
+    assert all(cls.__dict__[n] is originals[n] for n in WRAPPED)
+    assert _decisions(_stock_trace()) == _decisions(never)
+
+
+def test_with_the_switch_on_chunks_and_outputs_are_the_engines_own():
+    """Only when the next chunk runs changes: boundaries, prefixes and outputs are stock's."""
+
+    def run():
+        h = _harness()
+        rows = [h.add_request(4000, max_new_tokens=100_000) for _ in range(16)]
+        h.drain()
+        before = [len(r.output_ids) for r in rows]
+        long = h.add_request(65536, max_new_tokens=2)
+        start = len(h.trace)
+        h.run_until(long.finished)
+        gained = [len(r.output_ids) - b for r, b in zip(rows, before)]
+        return rows, long, h.trace[start:], gained
+
+    stock_rows, stock_long, stock, stock_gained = run()
+    _install(33)
+    rows, long, steps, gained = run()
+    assert _chunks(steps, long.rid) == _chunks(stock, stock_long.rid)
+    assert len(_chunks(steps, long.rid)) == 8
+    assert list(long.output_ids) == list(stock_long.output_ids)
+    assert all(s.kind != "idle" for s in steps)
+    decode_steps = sum(s.kind == "decode" for s in steps)
+    assert decode_steps > 7 * 4  # streams got steps between every pair of chunks
+    # one token per decode pass per stream, the same tokens as stock
+    assert stock_gained == [sum(s.kind == "decode" for s in stock)] * 16
+    assert gained == [decode_steps] * 16
+    assert all(set(r.output_ids) == set(s.output_ids) for r, s in zip(rows, stock_rows))
+
+
+@pytest.mark.parametrize("pct", [33, 50])
+def test_running_streams_keep_their_share_of_modelled_time(pct):
+    _install(pct)
+    _, long, steps = _scenario(_harness(pool_tokens=3 << 18), prompt=1 << 17)
+    gaps = _gaps(steps, long.rid)
+    assert len(gaps) == 15 and max(gaps) < cost_model.MAX_YIELD_STEPS
+    assert abs(_share(steps, long.rid) - pct / 100) <= 0.03
+
+
+def test_a_lone_prompt_prefills_exactly_as_stock_with_no_idle_pass():
+    stock = _stock_trace(streams=0, warm=0)
+    _install(50)
+    steps = _stock_trace(streams=0, warm=0)
+    assert _decisions(steps) == _decisions(stock)
+    assert [s.kind for s in steps] == ["prefill"] * 8 + ["decode"]
+    assert all(s.remaining == 0 for s in steps)
+
+
+@pytest.mark.parametrize("interval", [0, 3])
+def test_the_final_chunk_arms_nothing_beyond_the_configured_interval(interval):
+    _install(50)
+    h = _harness(prefill_decode_interval=interval)
+    _, long, steps = _scenario(h, prompt=3 * CHUNK)
+    chunk_steps = [s for s in steps if s.kind == "prefill" and long.rid in s.rids]
+    assert [s.chunk_of(long.rid) for s in chunk_steps] == [CHUNK] * 3
+    assert all(s.remaining > interval for s in chunk_steps[:-1])  # non-final chunks arm a window
+    assert chunk_steps[-1].remaining == interval  # the final chunk: the engine's own arm only
+    after = steps[steps.index(chunk_steps[-1]) + 1 :]
+    assert [s.kind for s in after] == ["decode"] * len(after)
+    assert h.scheduler.__dict__["_dsv41_decode_yield"].window is None
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_the_window_ends_when_the_streams_finish_with_no_idle_pass(overlap, debug_lines):
+    _install(50)
+    h = _harness(overlap=overlap)
+    rows = [h.add_request(4000, max_new_tokens=6) for _ in range(16)]
+    h.drain()
+    debug_lines.clear()
+    long = h.add_request(65536, max_new_tokens=2)
+    start = len(h.trace)
+    h.run_until(long.finished)
+    steps = h.trace[start:]
+    assert all(r.finished() for r in rows)
+    gaps = _gaps(steps, long.rid)
+    armed = steps[0].remaining
+    assert steps[0].kind == "prefill" and armed > gaps[0] > 0  # cut short of the armed N
+    assert all(g == 0 for g in gaps[1:])  # no streams left: stock cadence
+    last_chunk = max(i for i, s in enumerate(steps) if long.rid in s.rids)
+    assert [s.kind for s in steps[:last_chunk]].count("idle") == 0
+    ended = [receipts.parse_line(line) for line in debug_lines if " window " in line]
+    assert len(ended) == 1 and ended[0].params["ended"] == "streams_gone"
+    assert ended[0].params["n"] == str(armed) and ended[0].params["given"] == str(gaps[0])
+
+
+def test_aborting_the_chunked_prompt_mid_window_ends_the_window_at_once():
+    _install(50)
+    h = _harness()
+    for _ in range(16):
+        h.add_request(4000, max_new_tokens=100_000)
+    h.drain()
+    long = h.add_request(65536, max_new_tokens=2)
+    first = h.step()
+    assert first.kind == "prefill" and long.rid in first.rids and first.remaining > 4
+    h.run(2)
+    waiting = h.add_request(3000, max_new_tokens=4)
+    h.abort_chunked()
+    nxt = h.step()
+    assert nxt.kind == "prefill" and nxt.rids == (waiting.rid,)  # admitted on the very next pass
+    assert h.scheduler.chunked_req is None
+    assert h.scheduler.__dict__["_dsv41_decode_yield"].window is None
+    assert [s.kind for s in h.run(3)] == ["decode"] * 3
+
+
+def test_retracting_the_chunked_prompt_ends_the_window_and_it_resumes_cleanly(debug_lines):
+    _install(50)
+    h = _harness()
+    rows = [h.add_request(4000, max_new_tokens=100_000) for _ in range(16)]
+    h.drain()
+    long = h.add_request(65536, max_new_tokens=2)
+    assert h.step().remaining > 4
+    h.run(2)
+    free_before = h.scheduler.token_to_kv_pool_allocator.available_size()
+    retracted = h.retract_all()  # the real pause_generation(mode="retract")
+    assert long in retracted and all(r in retracted for r in rows)
+    assert h.scheduler.token_to_kv_pool_allocator.available_size() > free_before
+    nxt = h.step()
+    assert nxt.kind == "prefill"  # no idle pass: the window ended with the prompt gone
+    assert "ended=prompt_gone" in [line for line in debug_lines if " window " in line][-1]
+    h.run_until(long.finished)
+    assert all(not r.finished() for r in rows) and all(s.kind != "idle" for s in h.trace)
+
+
+def test_decode_retraction_inside_a_window_keeps_the_window_for_the_rows_left(monkeypatch, debug_lines):
+    """SGLang's own retraction test hook (SGLANG_TEST_RETRACT): every 7th pass update_running_batch
+    retracts a stream through the real retract_decode; the window goes on for the rows left."""
+    sched = importlib.import_module(SCHED)
+    monkeypatch.setattr(sched, "TEST_RETRACT", True)
+    monkeypatch.setattr(sched, "TEST_RETRACT_INTERVAL", 7)
+    _install(33)
+    h = _harness()
+    rows = [h.add_request(4000, max_new_tokens=60) for _ in range(4)]
+    h.drain()
+    debug_lines.clear()
+    long = h.add_request(65536, max_new_tokens=2)
+    start = len(h.trace)
+    h.run_until(lambda: long.finished() and all(r.finished() for r in rows))
+    steps = h.trace[start:]
+    assert sum(r.retraction_count for r in rows) >= 3
+    assert [len(r.output_ids) for r in rows] == [60] * 4
+    assert all(s.kind != "idle" for s in steps)
+    gaps = _gaps(steps, long.rid)
+    assert len(gaps) == 7 and min(gaps) >= 4  # windows kept giving the rows left their steps
+    windows = [receipts.parse_line(line) for line in debug_lines if " window " in line]
+    assert [w.params["ended"] for w in windows] == ["served"] * 7
+    assert [int(w.params["given"]) for w in windows] == gaps
+
+
+def test_mixed_chunk_keeps_the_chunks_and_yields_between_them():
+    _, stock_long, stock = _scenario(_harness(mixed_chunk=True))
+    _install(33)
+    _, long, steps = _scenario(_harness(mixed_chunk=True))
+    assert _chunks(steps, long.rid) == _chunks(stock, stock_long.rid)
+    chunk_steps = [s for s in steps if s.kind == "prefill" and long.rid in s.rids]
+    assert all(s.decode_rows == 16 for s in chunk_steps)  # the rows ride along in each chunk
+    assert min(_gaps(steps, long.rid)) >= 3 and max(_gaps(stock, stock_long.rid)) == 0
+    assert abs(_share(steps, long.rid) - 0.33) <= 0.05  # the in-chunk decode token counts as chunk time
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_the_real_event_loops_give_streams_steps_between_chunks(overlap):
+    def run():
+        h = _harness(overlap=overlap)
+        streams = [h.make_request(4000, 100_000) for _ in range(8)]
+        long = h.make_request(65536, 2)
+
+        def word(batch):
+            if batch.forward_mode.is_extend():
+                return "C" if long in batch.reqs else "p"
+            return "d"
+
+        log = h.run_event_loop({0: streams, 80: [long]}, until=long.finished, word=word)
+        text = "".join(log)
+        assert text.count("C") == 8 and "p" not in text[text.index("C") :]
+        return [len(g) for g in text[text.index("C") : text.rindex("C")].split("C")[1:]]
+
+    assert run() == [0] * 7  # stock: no decode step between chunks
+    _install(33)
+    assert min(run()) >= 4  # every pair of chunks has decode steps between them
+
+
+def test_the_overlap_step_order_yields_like_the_normal_order():
+    _install(33)
+    _, long, normal = _scenario(_harness())
+    _, long_o, overlap = _scenario(_harness(overlap=True))
+    assert _chunks(overlap, long_o.rid) == _chunks(normal, long.rid)
+    assert sum(abs(a - b) for a, b in zip(_gaps(overlap, long_o.rid), _gaps(normal, long.rid))) <= 7
+
+
+def test_the_configured_interval_is_a_floor():
+    stock = _stock_trace(build={"prefill_decode_interval": 4})
+    _install(1)  # N = 1 < interval: the engine's own cadence, decision for decision
+    steps = _stock_trace(build={"prefill_decode_interval": 4})
+    assert _decisions(steps) == _decisions(stock)
+    assert set(_gaps(steps, "r17")) == {4}
+    boot.uninstall()
+    _install(33)
+    gaps = _gaps(_stock_trace(build={"prefill_decode_interval": 4}), "r17")
+    assert min(gaps) >= 4 and sum(gaps) > 4 * len(gaps)
+
+
+def test_a_window_ended_early_still_gives_the_configured_interval():
+    def run():
+        h = _harness(prefill_decode_interval=8)
+        for _ in range(4):
+            h.add_request(4000, max_new_tokens=4)
+        h.drain()
+        long = h.add_request(65536, max_new_tokens=2)
+        start = len(h.trace)
+        h.run_until(long.finished)
+        return h.trace[start:]
+
+    stock = run()
+    _install(50)
+    assert _decisions(run()) == _decisions(stock)  # streams gone after 3 steps: the interval's 8 rule
+
+
+def test_windows_are_capped_at_128_steps():
+    _install(99)
+    _, long, steps = _scenario(_harness(), streams=1, prompt=3 * CHUNK)
+    assert _gaps(steps, long.rid) == [cost_model.MAX_YIELD_STEPS] * 2
+
+
+def test_two_independent_schedulers_make_every_decision_equal():
+    """The rank-invariance check: same trace, separately built schedulers, equal decisions."""
+    _install(33)
+    a, b = _harness(), _harness()
+    for h in (a, b):
+        for n in range(12):
+            h.add_request(3000 + 100 * n, max_new_tokens=40 + 7 * n)
+    for k in range(260):
+        if k in (3, 90):
+            for h in (a, b):
+                h.add_request(40_000 + k, max_new_tokens=3)
+        sa, sb = a.step(), b.step()
+        assert _decisions([sa]) == _decisions([sb]), k
+    assert sum(s.kind == "decode" for s in a.trace) > 100 and max(s.remaining for s in a.trace) > 1
+
+
+def _server_args(**kwargs):
+    from sglang.srt.server_args import ServerArgs
+
+    return ServerArgs(model_path="dummy", **kwargs)
+
+
+REFUSALS = [
+    ({"enable_dp_attention": True, "dp_size": 2, "tp_size": 2}, "DP attention"),
+    ({"pp_size": 2}, "pipeline parallelism"),
+    ({"disaggregation_mode": "prefill"}, "PD disaggregation"),
+    ({"disaggregation_mode": "decode"}, "PD disaggregation"),
+    ({"dllm_algorithm": "LowConfidence"}, "dLLM"),
+]
+
+
+@pytest.mark.parametrize(("mode", "reason"), REFUSALS, ids=[r[1] + str(i) for i, r in enumerate(REFUSALS)])
+def test_unsupported_modes_are_refused_and_stay_stock(mode, reason, debug_lines):
+    from sglang.srt.server_args import set_global_server_args_for_scheduler
+
+    cls = _scheduler_cls()
+    originals = {n: cls.__dict__[n] for n in WRAPPED}
+    set_global_server_args_for_scheduler(_server_args(**mode))  # known at install: refused there
+    outcome = _install(33).outcomes[NAME]
+    assert outcome.status == "refused" and reason in outcome.reason
+    assert all(cls.__dict__[n] is originals[n] for n in WRAPPED)
+    refusals = [line for line in debug_lines if "decode_yield refused:" in line]
+    assert len(refusals) == 1 and reason in refusals[0] and re.search(r"rank=\S+$", refusals[0])
+
+
+@pytest.mark.parametrize(("mode", "reason"), REFUSALS[1:3], ids=["pp", "disagg"])
+def test_a_scheduler_found_in_an_unsupported_mode_after_install_reverts_to_stock(mode, reason):
+    stock = _stock_trace()
+    state = _install(33)
+    assert state.outcomes[NAME].status == "installed"
+    h = _harness()
+    h.scheduler.server_args = _server_args(**mode)  # what a real Scheduler in that mode holds
+    _, _, steps = _scenario(h)
+    assert _decisions(steps) == _decisions(stock)
+    assert state.outcomes[NAME].status == "refused" and reason in state.outcomes[NAME].reason
+    assert NAME not in state.patches
+
+
+def test_the_receipt_names_the_share_and_the_coefficients_source(debug_lines):
+    outcome = _install(33, DSV41_DECODE_YIELD_STEP_US="30000").outcomes[NAME]
+    assert outcome.params["share"] == 33 and outcome.params["cost"] == "env:step_us"
+    line = next(line for line in debug_lines if "decode_yield installed" in line)
+    assert "share=33" in line and "cost=env:step_us" in line and "cap=128" in line
+
+
+def test_a_decode_step_with_no_cost_is_refused_naming_the_key():
+    outcome = _install(33, DSV41_DECODE_YIELD_STEP_US="0", DSV41_DECODE_YIELD_ROW_NS="0").outcomes[NAME]
+    assert outcome.status == "refused" and "DSV41_DECODE_YIELD_STEP_US='0' is not valid" in outcome.reason
+
+
+def test_one_debug_line_per_window_with_chunk_n_and_why_it_ended(debug_lines):
+    _install(33)
+    _, long, steps = _scenario(_harness(), ready=debug_lines.clear)
+    windows = [receipts.parse_line(line) for line in debug_lines if " window " in line]
+    assert len(windows) == 7  # one per non-final chunk
+    gaps = _gaps(steps, long.rid)
+    for w, gap in zip(windows, gaps):
+        assert w.switch == NAME and w.params["chunk"] == str(CHUNK) and w.params["ended"] == "served"
+        assert int(w.params["n"]) == int(w.params["given"]) == gap
