@@ -26,6 +26,10 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from adapter.core import receipts, registry
+from adapter.core.api import BootError, NotApplicable, Refusal, SwitchContext, unbind_all
+
+__all__ = ["STATE", "BootError", "NotApplicable", "Outcome", "Refusal", "State", "install", "install_switch",
+           "record_decision", "uninstall"]
 
 if TYPE_CHECKING:  # imported lazily: a process that installs nothing never loads wrapt or inspect
     from adapter.core import patching, pins
@@ -33,26 +37,10 @@ if TYPE_CHECKING:  # imported lazily: a process that installs nothing never load
 ENGINE_PACKAGE = "sglang"
 
 
-class BootError(RuntimeError):
-    """The engine must not start: bad configuration, or a refusal under ``DSV41_STRICT=1``."""
-
-
-class Refusal(Exception):
-    """Raised by a switch's install function: the switch cannot act here (one-line reason)."""
-
-
-class NotApplicable(Refusal):
-    """A refusal because this machine or model cannot use the switch (e.g. no CUDA device).
-
-    A boot logs it as a refusal like any other; ``check`` on a build machine reports it as ``n/a``
-    instead of a failure, since the profile itself is fine.
-    """
-
-
 @dataclass
 class Outcome:
     switch: str
-    status: str = "pending"  # pending | installed | refused | n/a (refused: not applicable here)
+    status: str = "pending"  # pending | armed | installed | refused | n/a (refused: not applicable here)
     reason: str = ""
     params: dict[str, Any] = field(default_factory=dict)
     pins: list[pins.PinCheck] = field(default_factory=list)
@@ -124,20 +112,34 @@ def _executed(name: str, just_executed: str) -> bool:
     return name == just_executed or not getattr(getattr(module, "__spec__", None), "_initializing", False)
 
 
+def record_decision(state: State | None, switch: str, status: str, reason: str = "", revert: bool = False) -> None:
+    """Record what a switch decided after install (``installed`` or ``refused``; its context logs
+    the receipt and applies strict). With ``revert`` the switch's wrappers come off, so the engine
+    runs stock from here on. A refusal is final: a later ``installed`` does not undo it."""
+    if state is None:
+        return
+    if revert and switch in state.patches:
+        state.patches.pop(switch).revert()
+    outcome = state.outcomes.get(switch)
+    if outcome is not None and outcome.status != "refused":
+        outcome.status, outcome.reason = status, reason
+
+
 def install_switch(state: State, switch: registry.Switch) -> Outcome:
     """Check pins, then install; on any failure revert and refuse (raise under strict)."""
     from adapter.core import patching, pins
 
     outcome = state.outcomes.setdefault(switch.name, Outcome(switch.name))
-    outcome.pins = [pins.check(target) for target in switch.wraps]
+    outcome.pins = [pins.check(target) for target in switch.pinned]
     drift = [p for p in outcome.pins if not p.ok]
-    patch = patching.Patch(switch.name)
+    patch = patching.Patch(switch.name, allowed=switch.wraps)
+    ctx = SwitchContext(switch, state.config, patch, lambda status, reason, revert: record_decision(STATE, switch.name, status, reason, revert))
     try:
         if drift:
             raise Refusal("; ".join(p.describe() for p in drift))
         module_name, _, function = switch.install.partition(":")
         install = getattr(importlib.import_module(module_name), function)
-        outcome.params = dict(install(state.config, patch) or {})
+        outcome.params = dict(install(ctx) or {})
     except Exception as exc:  # a refusal, or a bug in an install: never half-installed
         patch.revert()
         outcome.status = "n/a" if isinstance(exc, NotApplicable) else "refused"
@@ -149,6 +151,11 @@ def install_switch(state: State, switch: registry.Switch) -> Outcome:
             raise BootError(f"{switch.name} refused under DSV41_STRICT=1: {outcome.reason}") from exc
         return outcome
     state.patches[switch.name] = patch
+    if ctx.deferred:  # the engine decides later (e.g. at cache build): installed or refused then
+        if outcome.status == "pending":
+            outcome.status = "armed"
+        receipts.event(switch.name, "armed", **outcome.params)
+        return outcome
     outcome.status = "installed"
     receipts.installed(switch.name, **outcome.params)
     return outcome
@@ -196,4 +203,5 @@ def uninstall() -> None:
         for patch in reversed(list(STATE.patches.values())):  # last installed is outermost
             patch.revert()
     STATE = None
+    unbind_all()
     receipts.reset_for_tests()

@@ -13,15 +13,23 @@ from typing import Any
 import wrapt
 
 from adapter.core import pins
+from adapter.core.api import Refusal
+
+
+class UndeclaredTarget(Refusal):
+    """A switch tried to wrap a target that its registry record does not list in ``wraps``."""
 
 
 class Patch:
-    def __init__(self, switch: str):
+    def __init__(self, switch: str, allowed: tuple[str, ...] | None = None):
         self.switch = switch
+        self.allowed = allowed  # the record's wraps; None: any pinned target (tests of this class)
         self._undo: list[tuple[object, str, object]] = []
 
     def wrap(self, target: str, wrapper: Callable[..., Any]) -> object:
         """Wrap the pinned ``module:qualname`` with ``wrapper(wrapped, instance, args, kwargs)``."""
+        if self.allowed is not None and target not in self.allowed:
+            raise UndeclaredTarget(f"{self.switch} may not wrap {target}: it is not in the record's wraps")
         module_name, _, qualname = target.partition(":")
         owner_qualname, _, attr = qualname.rpartition(".")
         owner = pins.resolve(f"{module_name}:{owner_qualname}") if owner_qualname else importlib.import_module(module_name)

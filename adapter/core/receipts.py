@@ -18,6 +18,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass, field
+from typing import Any
 
 LOGGER_NAME = "dsv41"
 TAG = "[dsv41]"
@@ -44,9 +45,23 @@ def logger() -> logging.Logger:
         handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("%(message)s"))
         _logger.addHandler(handler)
-        _logger.setLevel(logging.DEBUG if os.environ.get("DSV41_DEBUG_LOG") == "1" else logging.INFO)
+        _logger.setLevel(logging.DEBUG if debug_log_enabled(os.environ) else logging.INFO)
         _logger.propagate = False
     return _logger
+
+
+def debug_log_enabled(environ) -> bool:
+    """``DSV41_DEBUG_LOG`` as its flag parser reads it (``1``, ``true``, ``on``, ``yes``, any case); a
+    bad value is reported by the configuration check, and leaves DEBUG off here."""
+    from adapter.core import env
+
+    raw = environ.get("DSV41_DEBUG_LOG")
+    if raw is None:
+        return False
+    try:
+        return env.flag()("DSV41_DEBUG_LOG", raw)
+    except env.ConfigError:
+        return False
 
 
 def current_rank() -> str:
@@ -125,3 +140,31 @@ def parse_line(line: str) -> Receipt | None:
     event_words = [w for w in words[1:] if "=" not in w]
     params = dict(w.split("=", 1) for w in words[1:] if "=" in w)
     return Receipt(words[0], " ".join(event_words), rank, reason.strip() if colon else "", params)
+
+
+def audit(lines: list[str], config: Any, ranks: int) -> list[str]:
+    """The gaps between a profile (a resolved ``registry.Config``) and a boot's receipt lines, one
+    sentence each, the switch's name first (empty: every rank logged every requested switch as
+    installed and none refused). ``receipts`` prints them; the gate reads them."""
+    installed: dict[str, set[str]] = {s.name: set() for s in config.requested}
+    armed: dict[str, set[str]] = {s.name: set() for s in config.requested}
+    gaps = list(config.errors)
+    for line in lines:
+        if TAG in line and "configuration error" in line:
+            gaps.append("boot logged a configuration error: " + line.strip())
+        receipt = parse_line(line)
+        if receipt is None or receipt.switch not in installed:
+            continue
+        if receipt.event == "installed":
+            installed[receipt.switch].add(receipt.rank)
+        elif receipt.event == "armed":  # decided later (cone replay: at cache build)
+            armed[receipt.switch].add(receipt.rank)
+        elif receipt.event == "refused":
+            gaps.append(f"{receipt.switch} refused on {receipt.rank}: {receipt.reason}")
+    for name, seen in installed.items():
+        undecided = sorted(r for r in armed[name] - seen if r.startswith("tp"))
+        if undecided and not any(name in gap for gap in gaps):
+            gaps.append(f"{name} armed on {', '.join(undecided)} but never installed (no cache was built?)")
+        if len(seen) < ranks:
+            gaps.append(f"{name} installed on {len(seen)} of {ranks} ranks ({', '.join(sorted(seen)) or 'none'})")
+    return gaps

@@ -2,9 +2,11 @@
 
 Each :class:`Switch` names its gate key (and option keys) with their parsers, the upstream
 modules that must be imported before it installs, the pinned ``module:qualname`` functions it
-wraps, its install function, whether its keys are volatile for the autotune fingerprint, and what
-it requires or conflicts with. Nothing else in the overlay hard-codes a module name for a switch:
-the import hook, ``check``, ``receipts`` and the docs all read this table.
+wraps (``wraps``) and those it calls or reproduces without wrapping (``relies_on``), its install
+function, whether its keys are volatile for the autotune fingerprint, what it requires, and its
+role in the release gate. Nothing else in the overlay hard-codes a module name for a switch: the
+import hook, the switch's own context (:class:`adapter.core.api.SwitchContext`), ``check``,
+``receipts``, the gate and the docs all read this table.
 
 Every switch is off unless its gate key is set. Rollback is config only: unset the gate key.
 """
@@ -28,22 +30,65 @@ class Key:
 
 
 @dataclass(frozen=True)
+class GateRole:
+    """How the release gate shows a switch acting on the CPU engine, or why it cannot.
+
+    Exactly one of the three is set. ``acts``: what the gate's row measures, with the keys the
+    gate's profile boot sets (``profile``); ``not_applicable``: why the switch cannot act on the
+    CPU engine; ``not_in_profile``: why the production profile (and so the gate) leaves it off,
+    and where it is exercised instead.
+    """
+
+    acts: str = ""
+    profile: tuple[tuple[str, str], ...] = ()
+    not_applicable: str = ""
+    not_in_profile: str = ""
+
+    def __post_init__(self) -> None:
+        if sum(map(bool, (self.acts, self.not_applicable, self.not_in_profile))) != 1:
+            raise ValueError(f"GateRole needs exactly one of acts / not_applicable / not_in_profile: {self!r}")
+
+
+@dataclass(frozen=True)
 class Switch:
     name: str  # as it appears in receipts: "[dsv41] <name> installed ..."
     gate: Key  # the switch is on when this key is set to a truthy value
     summary: str
     modules: tuple[str, ...]  # install runs once all of these are imported
     wraps: tuple[str, ...]  # pinned "module:qualname" functions it wraps
-    install: str  # "adapter.<module>:<function>"
+    install: str  # "adapter.switches.<module>:<function>"
     volatile: bool  # True: changes no tuned shape or kernel (left out of the autotune fingerprint)
+    gate_role: GateRole
+    relies_on: tuple[str, ...] = ()  # pinned "module:qualname" functions it calls or reproduces, not wrapped
     options: tuple[Key, ...] = ()
     requires: tuple[str, ...] = ()  # switches turned on with this one
-    conflicts: tuple[str, ...] = ()  # switches that cannot run beside this one
-    module_file: str = ""  # the overlay file, for docs
+
+    def __post_init__(self) -> None:
+        if self.gate.default is not None:  # off unless set: a default would turn it on everywhere
+            raise ValueError(f"{self.gate.name} has a default ({self.gate.default!r}); a gate key never does")
 
     @property
     def keys(self) -> tuple[Key, ...]:
         return (self.gate, *self.options)
+
+    @property
+    def pinned(self) -> tuple[str, ...]:
+        """Every upstream function whose drift refuses the switch: wrapped, then relied on."""
+        return (*self.wraps, *self.relies_on)
+
+    @property
+    def module_file(self) -> str:
+        """The overlay file of the install function (a package's module file), for docs."""
+        return self.install.partition(":")[0].replace(".", "/") + ".py"
+
+    def target(self, name: str) -> str:
+        """``name`` as one of :attr:`pinned` (a full ``module:qualname``, or its unique qualname tail)."""
+        if name in self.pinned:
+            return name
+        found = [t for t in self.pinned if t.endswith(":" + name) or t.endswith("." + name)]
+        if len(found) != 1:
+            raise KeyError(f"{name!r} names {len(found)} of {self.name}'s pinned targets (expected exactly one)")
+        return found[0]
 
 
 # Keys that belong to no switch.
@@ -64,7 +109,7 @@ SWITCHES: tuple[Switch, ...] = (
         wraps=(f"{_AUTOTUNE}:_autotune_cache_digest", f"{_AUTOTUNE}:flashinfer_autotune_context"),
         install="adapter.switches.autotune_keep:install",
         volatile=True,
-        module_file="adapter/switches/autotune_keep.py",
+        gate_role=GateRole(not_applicable="FlashInfer autotuning runs only on CUDA; the CPU engine never autotunes"),
     ),
     Switch(
         name="swa_native_decode",
@@ -74,6 +119,7 @@ SWITCHES: tuple[Switch, ...] = (
         modules=("sglang.kernels.ops.attention.flash_mla_sm120",),
         wraps=("sglang.kernels.ops.attention.flash_mla_sm120:_flash_mla_flashinfer",),
         install="adapter.switches.native_decode.switch:install",
+        gate_role=GateRole(not_applicable="DSV4 decode kernel for SM120/SM121 GPUs; the CPU engine has no such device"),
         # Same kernel instance and the tactic FlashInfer's planner picks for the copy path; autotune
         # passes take the stock path, so no tuned shape or kernel depends on this key.
         volatile=True,
@@ -84,7 +130,6 @@ SWITCHES: tuple[Switch, ...] = (
                 "folder of the built module and its manifest (default: <overlay>/build/native_decode)",
             ),
         ),
-        module_file="adapter/switches/native_decode/switch.py",
     ),
     Switch(
         name="decode_yield",
@@ -95,13 +140,15 @@ SWITCHES: tuple[Switch, ...] = (
         wraps=(
             "sglang.srt.managers.scheduler:Scheduler.get_next_batch_to_run",
             "sglang.srt.managers.scheduler:Scheduler._should_defer_prefill",
-            # Pinned, not wrapped: the interval arming (its counter is the floor) and the overlap
-            # loop's in-flight finishers, both relied on.
+        ),
+        relies_on=(
+            # The interval arming (its counter is the floor) and the overlap loop's in-flight finishers.
             "sglang.srt.managers.scheduler:Scheduler._arm_prefill_decode_interval",
             "sglang.srt.managers.scheduler:Scheduler._reqs_finishing_inflight",
         ),
         install="adapter.switches.decode_yield.switch:install",
         volatile=True,
+        gate_role=GateRole(acts="streams' decode share during a chunked prefill", profile=(("DSV41_DECODE_YIELD", "50"),)),
         options=tuple(
             Key(f"DSV41_DECODE_YIELD_{name}", env.integer(0, 10**12, unit=unit), f"decode-yield cost model: {unit}")
             for name, unit in (  # defaults and their provenance: adapter/switches/decode_yield/cost_model.py DEFAULTS
@@ -116,7 +163,6 @@ SWITCHES: tuple[Switch, ...] = (
                 ("TOPK", "keys per query of the sparse attention; 0 = dense"),
             )
         ),
-        module_file="adapter/switches/decode_yield/switch.py",
     ),
     Switch(
         name="fast_tree_core",
@@ -132,18 +178,25 @@ SWITCHES: tuple[Switch, ...] = (
             *(
                 f"sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore.{fn}"
                 for fn in ("_insert_walk_step", "_finish_insert_walk_node", "_insert_commit_step",
-                           "_match_prefix_helper",
-                           # pinned, not wrapped: the walk calls the first and inlines the second
-                           "_insert_overlap_step", "_touch_node",
-                           # pinned, not wrapped: the barrier rule the multi-node walk step keeps, the
-                           # hit count and leaf-set tests it inlines, and every writer of a node's
-                           # children (a child is filed under child_key of its own key: the scan's rule)
-                           "_advance_insert", "_inc_hit_count_and_check", "_update_evictable_leaf_sets",
-                           "_is_device_leaf", "_is_host_leaf", "_split_node", "_add_new_node", "insert_host")
+                           "_match_prefix_helper")
             ),
             "sglang.srt.mem_cache.unified_cache.components.full:FullComponent.acquire_component_lock",
             "sglang.srt.mem_cache.unified_cache.components.full:FullComponent.release_component_lock",
-            # Pinned, not wrapped: the component hooks the walk knows to be no-ops where it skips them.
+        ),
+        relies_on=(
+            *(
+                f"sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore.{fn}"
+                for fn in (
+                    # the walk calls the first and inlines the second
+                    "_insert_overlap_step", "_touch_node",
+                    # the barrier rule the multi-node walk step keeps, the hit count and leaf-set tests
+                    # it inlines, and every writer of a node's children (a child is filed under
+                    # child_key of its own key: the scan's rule)
+                    "_advance_insert", "_inc_hit_count_and_check", "_update_evictable_leaf_sets",
+                    "_is_device_leaf", "_is_host_leaf", "_split_node", "_add_new_node", "insert_host",
+                )
+            ),
+            # The component hooks the walk knows to be no-ops where it skips them.
             "sglang.srt.mem_cache.unified_cache.components.swa:SWAComponent.update_component_on_insert_overlap",
             "sglang.srt.mem_cache.unified_cache.components.swa:SWAComponent.refresh_lru",
             "sglang.srt.mem_cache.unified_cache.components.base:TreeComponent.update_component_on_insert_overlap",
@@ -158,7 +211,8 @@ SWITCHES: tuple[Switch, ...] = (
         ),
         install="adapter.switches.fast_tree_core:install",
         volatile=True,
-        module_file="adapter/switches/fast_tree_core.py",
+        # No keys of its own in the gate's profile: swa_thin turns it on.
+        gate_role=GateRole(acts="turned on by swa_thin; results identical to stock by design"),
     ),
     Switch(
         name="swa_thin",
@@ -167,14 +221,16 @@ SWITCHES: tuple[Switch, ...] = (
         modules=("sglang.srt.mem_cache.unified_radix_cache",),
         wraps=(
             "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.checkpoint_into_tree",
-            # Pinned, not wrapped: the two LRU primitives the demotion calls.
+        ),
+        relies_on=(
+            # The two LRU primitives the demotion calls.
             "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedLRUList._remove_node",
             "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedLRUList._add_node_after",
         ),
         install="adapter.switches.swa_thin:install",
         volatile=True,
+        gate_role=GateRole(acts="idle session's context cached on resume", profile=(("DSV41_SWA_THIN", "1"),)),
         requires=("fast_tree_core",),
-        module_file="adapter/switches/swa_thin.py",
     ),
     Switch(
         name="cone_replay",
@@ -201,7 +257,9 @@ SWITCHES: tuple[Switch, ...] = (
             "sglang.srt.layers.radix_attention:RadixAttention.forward",
             "sglang.srt.model_executor.runner.prefill_cuda_graph_runner:PrefillCudaGraphRunner.can_run_graph",
             "sglang.srt.model_executor.model_runner:ModelRunner.forward",
-            # Pinned, not wrapped: F's definition, the fields a fallback restores, the anchor lock, the copy source.
+        ),
+        relies_on=(
+            # F's definition, the fields a fallback restores, the anchor lock, the copy source.
             "sglang.srt.mem_cache.unified_cache.components.swa:SWAComponent.finalize_match_result_in_tree_core",
             "sglang.srt.mem_cache.common:match_kv_cache",
             "sglang.srt.managers.schedule_policy:PrefillAdder._commit_prefill_admission",
@@ -209,6 +267,10 @@ SWITCHES: tuple[Switch, ...] = (
         ),
         install="adapter.switches.cone_replay.switch:install",
         volatile=True,
+        # N = 64 on the gate's engine: its bound is 63 (page 1, window 31, 2 SWA layers; cone_bound),
+        # so 63 is the smallest accepted value and 64 keeps one token of margin.
+        gate_role=GateRole(acts="tokens re-prefilled for a branch whose SWA window was evicted",
+                           profile=(("DSV41_SWA_CONE_REPLAY", "1"), ("DSV41_SWA_CONE_TOKENS", "64"))),
         options=(
             Key("DSV41_SWA_CONE_TOKENS", env.integer(1, unit="tokens; a multiple of the page size, at least the bound"),
                 "replay depth N (checked against the bound when the cache is built)", default="8192"),
@@ -218,7 +280,6 @@ SWITCHES: tuple[Switch, ...] = (
                 "switch refuses there at cache build)",
                 default="0", test_only=True),
         ),
-        module_file="adapter/switches/cone_replay/switch.py",
     ),
     Switch(
         name="page_rounded_admission",
@@ -234,8 +295,10 @@ SWITCHES: tuple[Switch, ...] = (
             "sglang.srt.managers.schedule_policy:PrefillAdder._check_prefill_budget",
             "sglang.srt.managers.schedule_policy:PrefillAdder._update_prefill_budget",
             "sglang.srt.managers.scheduler:Scheduler.init_req_max_new_tokens",
-            # Pinned, not wrapped: the arithmetic the wrappers replace exactly (stock reserve and
-            # check, the caller that builds total_tokens, the stock never-fits bound).
+        ),
+        relies_on=(
+            # The arithmetic the wrappers replace exactly (stock reserve and check, the caller that
+            # builds total_tokens, the stock never-fits bound).
             "sglang.srt.mem_cache.prefill_budget:PrefillBudget.reserve",
             "sglang.srt.mem_cache.prefill_budget:PrefillBudget.check_prefill",
             "sglang.srt.managers.schedule_policy:PrefillAdder.add_one_req",
@@ -244,7 +307,7 @@ SWITCHES: tuple[Switch, ...] = (
         ),
         install="adapter.switches.page_rounded_admission:install",
         volatile=True,
-        module_file="adapter/switches/page_rounded_admission.py",
+        gate_role=GateRole(not_applicable="page size 1 on the CPU engine: whole-page charges equal token charges"),
     ),
     Switch(
         name="kv_park",
@@ -260,8 +323,10 @@ SWITCHES: tuple[Switch, ...] = (
         wraps=(
             "sglang.srt.managers.schedule_batch:release_req",
             "sglang.srt.managers.scheduler:Scheduler.get_next_batch_to_run",
-            # Pinned, not wrapped: the DSV4 regions per page-id space, C4 state rows following SWA
-            # pages, and the retract loop that rules out holding pages during a copy.
+        ),
+        relies_on=(
+            # The DSV4 regions per page-id space, C4 state rows following SWA pages, and the retract
+            # loop that rules out holding pages during a copy.
             "sglang.srt.mem_cache.deepseek_v4_memory_pool:DeepSeekV4TokenToKVPool.get_contiguous_buf_infos",
             "sglang.srt.mem_cache.deepseek_v4_memory_pool:DeepSeekV4TokenToKVPool.get_state_buf_infos",
             "sglang.srt.mem_cache.deepseek_v4_compress_state:CompressStatePool.translate_from_swa_loc_to_state_loc",
@@ -269,12 +334,13 @@ SWITCHES: tuple[Switch, ...] = (
         ),
         install="adapter.switches.kv_park.switch:install",
         volatile=True,  # host copies only: no tuned shape or kernel
+        gate_role=GateRole(not_in_profile="not adopted by the production profile (never run on a GPU yet); "
+                           "tests/engine/test_kv_park_server.py runs it on this engine with retractions forced"),
         options=(
             Key("DSV41_KV_PARK_GIB", env.integer(1, 4096, unit="GiB of host RAM for parked KV"),
                 "host RAM budget of parked entries; least recently used entries are evicted beyond it",
                 default="8"),
         ),
-        module_file="adapter/switches/kv_park/switch.py",
     ),
     # -- end of switches (in install order; the production profile lists its keys in this order) --
 )
@@ -349,9 +415,6 @@ def resolve(environ: Mapping[str, str]) -> Config:
                 pending.append(required)
     config.requested = [s for s in SWITCHES if s.name in wanted]
     for switch in config.requested:
-        for other in switch.conflicts:
-            if other in wanted:
-                config.errors.append(f"{switch.gate.name} and {by_name(other).gate.name} cannot both be set")
         for key in switch.options:
             if key.name not in config.values and key.default is not None:
                 config.values[key.name] = key.parser(key.name, key.default)

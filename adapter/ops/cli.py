@@ -62,7 +62,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     rows = []
     notes: list[str] = []
     for switch in registry.SWITCHES:
-        checks = [pins.check(t) for t in switch.wraps]
+        checks = [pins.check(t) for t in switch.pinned]
         drift = [c for c in checks if not c.ok]
         outcome = state.outcomes.get(switch.name) if state else None
         status = "off" if outcome is None else outcome.status
@@ -72,7 +72,9 @@ def cmd_check(args: argparse.Namespace) -> int:
              "yes" if switch.volatile else "no"]
         )
         problems += [c.describe() for c in drift]
-        if outcome is not None and outcome.status == "n/a":
+        if outcome is not None and outcome.status == "armed":
+            notes.append(f"{switch.name}: armed; it logs installed or refused when the engine builds its cache")
+        elif outcome is not None and outcome.status == "n/a":
             notes.append(f"{switch.name}: {outcome.reason} (a boot on this machine would refuse it)")
         elif outcome is not None and outcome.status != "installed":
             problems.append(f"{switch.name} {outcome.status}: {outcome.reason or 'its modules did not import'}")
@@ -85,33 +87,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
-def audit_receipts(lines: list[str], config: registry.Config, ranks: int) -> list[str]:
-    """The gaps between a profile and a boot's receipt lines (empty: every rank has every switch)."""
-    installed: dict[str, set[str]] = {s.name: set() for s in config.requested}
-    gaps = list(config.errors)
-    for line in lines:
-        if receipts.TAG in line and "configuration error" in line:
-            gaps.append("boot logged a configuration error: " + line.strip())
-        receipt = receipts.parse_line(line)
-        if receipt is None or receipt.switch not in installed:
-            continue
-        if receipt.event == "installed":
-            installed[receipt.switch].add(receipt.rank)
-        elif receipt.event == "refused":
-            gaps.append(f"{receipt.switch} refused on {receipt.rank}: {receipt.reason}")
-    for name, seen in installed.items():
-        if len(seen) < ranks:
-            gaps.append(f"{name} installed on {len(seen)} of {ranks} ranks ({', '.join(sorted(seen)) or 'none'})")
-    return gaps
-
-
 def cmd_receipts(args: argparse.Namespace) -> int:
     config = registry.resolve(_profile_environ(args.env_file))
     lines: list[str] = []
     for path in args.logs:
         with open(path, encoding="utf-8", errors="replace") as handle:
             lines.extend(handle)
-    gaps = audit_receipts(lines, config, args.ranks)
+    gaps = receipts.audit(lines, config, args.ranks)
     print(f"profile switches: {', '.join(s.name for s in config.requested) or 'none'}; ranks expected: {args.ranks}")
     for gap in gaps:
         print(f"missing: {gap}")
@@ -122,7 +104,7 @@ def cmd_receipts(args: argparse.Namespace) -> int:
 def cmd_pins(args: argparse.Namespace) -> int:
     rows, bad = [], 0
     for switch in registry.SWITCHES:
-        for target in switch.wraps:
+        for target in switch.pinned:
             c = pins.check(target)
             bad += not c.ok
             rows.append([switch.name, target, "ok" if c.ok else "DRIFT", c.found[:16]])

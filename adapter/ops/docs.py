@@ -27,14 +27,19 @@ def render(profile: Path = PROFILE) -> str:
         "Generated from `adapter/core/registry.py` by `python -m adapter docs`; do not edit by hand.",
         "Every switch is off unless its gate key (the first key listed) is set; rollback is to unset it.",
         "",
-        "| switch | file | keys | hooked upstream functions | what it changes | volatile | rollback |",
-        "|---|---|---|---|---|---|---|",
+        "| switch | file | keys | wraps (hooked) | relies on (pinned, not wrapped) | what it changes | gate | volatile "
+        "| rollback |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for s in registry.SWITCHES:
         hooks = "<br>".join(f"`{t}`" for t in s.wraps)
+        relied = "<br>".join(f"`{t}`" for t in s.relies_on) or "-"
         requires = f" Turns on: {', '.join(s.requires)}." if s.requires else ""
+        role = s.gate_role
+        gate = (f"acts: {role.acts}" if role.acts else f"not applicable: {role.not_applicable}" if role.not_applicable
+                else f"not in the profile: {role.not_in_profile}")
         lines.append(
-            f"| `{s.name}` | `{s.module_file}` | {_keys(s)} | {hooks} | {s.summary}.{requires} "
+            f"| `{s.name}` | `{s.module_file}` | {_keys(s)} | {hooks} | {relied} | {s.summary}.{requires} | {gate} "
             f"| {'yes' if s.volatile else 'no'} | unset `{s.gate.name}` |"
         )
     lines += [
@@ -58,6 +63,9 @@ def render(profile: Path = PROFILE) -> str:
             "```",
             *(f"[dsv41] {s.name} installed ... rank=<rank>" for s in config.requested),
             "```",
+            "",
+            "A switch that decides at cache build (cone replay) first logs `[dsv41] <switch> armed ...` when its",
+            "modules load, then `installed` or `refused` once the cache exists.",
             "",
         ]
     return "\n".join(lines)

@@ -29,10 +29,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from adapter.core import receipts, registry
+from adapter.core import api
 
-NAME = "autotune_keep"
-TARGET_MODULE = "sglang.srt.model_executor.runner.flashinfer_autotune"
+SWITCH = api.handle(__name__)
 SIDECAR_SUFFIX = ".dsv41-launch.json"
 FINGERPRINT_PREFIXES = ("SGLANG_", "DSV41_", "NCCL_")
 
@@ -44,7 +43,7 @@ def launch_fingerprint(argv: list[str] | None = None, environ: Mapping[str, str]
     """sha256 of the launch: argv plus the non-volatile engine/overlay/NCCL environment."""
     argv = sys.argv if argv is None else argv
     environ = os.environ if environ is None else environ
-    volatile = registry.volatile_keys()
+    volatile = SWITCH.volatile_keys()
     kept = {
         k: v for k, v in sorted(environ.items()) if k.startswith(FINGERPRINT_PREFIXES) and k not in volatile
     }
@@ -59,7 +58,7 @@ def sidecar_path(cache_path: Path) -> Path:
 def _drop(cache_path: Path, reason: str) -> None:
     cache_path.unlink(missing_ok=True)
     sidecar_path(cache_path).unlink(missing_ok=True)
-    receipts.event(NAME, "dropped", reason=reason, cache=cache_path.name)
+    SWITCH.event("dropped", reason=reason, cache=cache_path.name)
 
 
 def admit(cache_path: Path, fingerprint: str) -> bool:
@@ -126,7 +125,7 @@ def _context_wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> 
 
 @contextlib.contextmanager
 def _kept_context(wrapped: Any, args: tuple, kwargs: dict) -> Iterator[None]:
-    module = sys.modules[TARGET_MODULE]
+    module = sys.modules[SWITCH.module_of("flashinfer_autotune_context")]
     if not module.envs.SGLANG_FLASHINFER_AUTOTUNE_CACHE.get():  # reuse disabled: stock
         with wrapped(*args, **kwargs):
             yield
@@ -140,10 +139,11 @@ def _kept_context(wrapped: Any, args: tuple, kwargs: dict) -> Iterator[None]:
         reused = str(cache_path) in _same_launch and cache_path.is_file()
         yield
     stamp(cache_path, fingerprint)
-    receipts.event(NAME, "reused" if reused else "tuned and saved", cache=cache_path.name)
+    SWITCH.event("reused" if reused else "tuned and saved", cache=cache_path.name)
 
 
-def install(config: registry.Config, patch: Any) -> dict[str, object]:
-    patch.wrap(f"{TARGET_MODULE}:_autotune_cache_digest", _digest_wrapper)
-    patch.wrap(f"{TARGET_MODULE}:flashinfer_autotune_context", _context_wrapper)
+def install(ctx: api.SwitchContext) -> dict[str, object]:
+    SWITCH.bind(ctx)
+    ctx.wrap("_autotune_cache_digest", _digest_wrapper)
+    ctx.wrap("flashinfer_autotune_context", _context_wrapper)
     return {"fingerprint": launch_fingerprint()[:12]}

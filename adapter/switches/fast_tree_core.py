@@ -39,7 +39,7 @@ What it changes, path by path (each the same reads and writes as stock, in the s
   that overrides one of these, or a stock-kept core goes to upstream.
 
 So the tree, the match lengths, the LRU lists, the lock refs, the evictable sets, the ledgers and
-``sanity_check()`` are identical to stock (``tests/test_fast_tree_core.py`` compares the two op by
+``sanity_check()`` are identical to stock (``tests/upstream/test_fast_tree_core.py`` compares the two op by
 op on random traces, including the child-key invariant the scan relies on).
 
 Why: SWA thin (``DSV41_SWA_THIN``) needs the Python tree core, which the Rust core outruns; this
@@ -61,16 +61,14 @@ from __future__ import annotations
 from array import array
 from typing import Any
 
-NAME = "fast_tree_core"
-MODULE = "sglang.srt.mem_cache.unified_cache.unified_tree_core"
-_CORE = f"{MODULE}:UnifiedTreeCore"
-_FULL = "sglang.srt.mem_cache.unified_cache.components.full:FullComponent"
-WALK_STEP = f"{_CORE}._insert_walk_step"
-FINISH_NODE = f"{_CORE}._finish_insert_walk_node"
-COMMIT_STEP = f"{_CORE}._insert_commit_step"
-MATCH_HELPER = f"{_CORE}._match_prefix_helper"
-FULL_ACQUIRE = f"{_FULL}.acquire_component_lock"
-FULL_RELEASE = f"{_FULL}.release_component_lock"
+from adapter.core import api
+
+WALK_STEP = "UnifiedTreeCore._insert_walk_step"
+FINISH_NODE = "UnifiedTreeCore._finish_insert_walk_node"
+COMMIT_STEP = "UnifiedTreeCore._insert_commit_step"
+MATCH_HELPER = "UnifiedTreeCore._match_prefix_helper"
+FULL_ACQUIRE = "FullComponent.acquire_component_lock"
+FULL_RELEASE = "FullComponent.release_component_lock"
 WRAPS = (WALK_STEP, FINISH_NODE, COMMIT_STEP, MATCH_HELPER, FULL_ACQUIRE, FULL_RELEASE)
 
 # A node with at most this many children is scanned instead of hashed (the root, with one child per
@@ -496,7 +494,7 @@ _UPSTREAM: dict[str, Any] = {}
 _Tensor: Any = None
 
 
-def install(config: Any, patch: Any) -> dict[str, object]:
+def install(ctx: api.SwitchContext) -> dict[str, object]:
     from sglang.srt.mem_cache.unified_cache.components import base
     from sglang.srt.mem_cache.unified_cache.components.swa import SWAComponent
     from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore, _InsertPhase
@@ -532,5 +530,5 @@ def install(config: Any, patch: Any) -> dict[str, object]:
         (FULL_ACQUIRE, _full_acquire),
         (FULL_RELEASE, _full_release),
     ):
-        patch.wrap(target, wrapper)
+        ctx.wrap(target, wrapper)
     return {"paths": "insert_walk,match,full_lock", "key_copies": "once_per_insert"}

@@ -30,7 +30,7 @@ Scope: the plain ``PrefillBudget`` (one FULL pool), radix cache on, no page-inte
 dLLM, no mamba state. Anywhere else (hybrid SWA, mamba, HiSparse, a disabled radix cache with its
 ``ignore_eos`` simulation) the adder keeps the stock charges and a DEBUG receipt names the reason.
 
-Invariant (tests/test_page_rounded_admission.py): after every admission pass, the page-exact KV
+Invariant (tests/upstream/test_page_rounded_admission.py): after every admission pass, the page-exact KV
 that running and admitted requests still need to finish fits the free plus evictable pages.
 
 Trade-off: the switch never admits into KV that running rows will need, so a prompt that stock
@@ -47,13 +47,12 @@ import logging
 import math
 from typing import Any
 
-from adapter.core import receipts, registry
+from adapter.core import api
 
-NAME = "page_rounded_admission"
-POLICY = "sglang.srt.managers.schedule_policy"
-BUDGET = "sglang.srt.mem_cache.prefill_budget"
-ALLOCATOR_BASE = "sglang.srt.mem_cache.allocator.base"
-SCHEDULER = "sglang.srt.managers.scheduler"
+SWITCH = api.handle(__name__)
+POLICY = SWITCH.module_of("PrefillAdder.__init__")
+BUDGET = SWITCH.module_of("PrefillBudget.reserve")
+ALLOCATOR_BASE = SWITCH.module_of("BaseTokenToKVPoolAllocator.max_new_tokens_for_memory")
 
 _SCOPE_ATTR = "_dsv41_page_rounded_scope"  # cached per PrefillAdder: None (in scope) or a reason
 _reported: set[str] = set()
@@ -102,7 +101,7 @@ def _out_of_scope(adder: Any) -> str | None:
         reason = "kv-shards"
     if reason is not None and reason not in _reported:
         _reported.add(reason)
-        receipts.event(NAME, "stock charges", reason=reason, level=logging.DEBUG)
+        SWITCH.event("stock charges", reason=reason, level=logging.DEBUG)
     if budget is not None:  # decided only once the budget exists (it is created early in __init__)
         adder.__dict__[_SCOPE_ATTR] = reason
     return reason
@@ -242,15 +241,16 @@ def _gate(wrapped: Any, scheduler: Any, args: tuple, kwargs: dict) -> None:
     params.min_new_tokens = min(params.min_new_tokens, params.max_new_tokens)
 
 
-def install(config: registry.Config, patch: Any) -> dict[str, object]:
+def install(ctx: api.SwitchContext) -> dict[str, object]:
+    SWITCH.bind(ctx)
     # Pins (boot checked them): the five wrapped functions and, unwrapped, the arithmetic the
     # wrappers replace (stock reserve and check, add_one_req's total_tokens, the stock gate).
     # prefill_budget loads lazily upstream (first PrefillAdder); resolve it now.
     _upstream.update({name: importlib.import_module(name) for name in (BUDGET, POLICY, ALLOCATOR_BASE)})
-    patch.wrap(f"{POLICY}:PrefillAdder._get_running_request_total_token_offset", _running_offset)
-    patch.wrap(f"{POLICY}:PrefillAdder.__init__", _init)
-    patch.wrap(f"{POLICY}:PrefillAdder._check_prefill_budget", _check)
-    patch.wrap(f"{POLICY}:PrefillAdder._update_prefill_budget", _update)
-    patch.wrap(f"{SCHEDULER}:Scheduler.init_req_max_new_tokens", _gate)
+    ctx.wrap("PrefillAdder._get_running_request_total_token_offset", _running_offset)
+    ctx.wrap("PrefillAdder.__init__", _init)
+    ctx.wrap("PrefillAdder._check_prefill_budget", _check)
+    ctx.wrap("PrefillAdder._update_prefill_budget", _update)
+    ctx.wrap("Scheduler.init_req_max_new_tokens", _gate)
     _reported.clear()
     return {"charges": "running,mixed,check,reserve,gate", "scope": "single-pool"}

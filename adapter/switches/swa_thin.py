@@ -53,13 +53,14 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from adapter.core import receipts
-from adapter.core.boot import Refusal
+from adapter.core import api
+from adapter.core.api import Refusal
 
-NAME = "swa_thin"
-MODULE = "sglang.srt.mem_cache.unified_radix_cache"
-TARGET = f"{MODULE}:UnifiedRadixCache.checkpoint_into_tree"
+SWITCH = api.handle(__name__)
 BACKEND_ENV = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"
+# Set beside BACKEND_ENV by the overlay, so a child process (the scheduler inherits the launcher's
+# environment) still knows who chose the Python core. Not a DSV41_* key: no profile sets it.
+SET_BY_OVERLAY_ENV = "_DSV41_TREE_CORE_SET_BY_OVERLAY"
 RECEIPT_EVERY = 1024
 SHARED_HIT_COUNT = 2  # the node's creator plus the request passing it
 
@@ -102,19 +103,23 @@ class _Environ:
 ENVIRON = _Environ()
 
 
-def install(config: Any, patch: Any) -> dict[str, object]:
+def install(ctx: api.SwitchContext) -> dict[str, object]:
+    SWITCH.bind(ctx)
     chosen = os.environ.get(BACKEND_ENV)
+    inherited = chosen == "python" and os.environ.get(SET_BY_OVERLAY_ENV) == "1"
     if chosen is not None and chosen.strip().lower() != "python":
         raise Refusal(
             f"{BACKEND_ENV}={chosen!r} was set by the operator; SWA thin reorders the SWA LRU, which only "
             f"the Python tree core allows (unset it or set it to python)"
         )
-    patch.wrap(TARGET, _checkpoint_into_tree)
+    ctx.wrap("UnifiedRadixCache.checkpoint_into_tree", _checkpoint_into_tree)
     if chosen is None:
-        patch.set_attr(ENVIRON, BACKEND_ENV, "python")  # read when the cache is built, after this
+        ctx.set_attr(ENVIRON, BACKEND_ENV, "python")  # read when the cache is built, after this
+        ctx.set_attr(ENVIRON, SET_BY_OVERLAY_ENV, "1")
     global STATS
     STATS = Stats()
-    return {"tree_core": "python", "backend_set_by": "operator" if chosen is not None else "overlay",
+    set_by = "overlay" if chosen is None or inherited else "operator"
+    return {"tree_core": "python", "backend_set_by": set_by,
             "receipt_every": RECEIPT_EVERY}
 
 
@@ -128,7 +133,7 @@ def _checkpoint_into_tree(wrapped: Any, cache: Any, args: tuple, kwargs: dict) -
         if not getattr(cache, "_dsv41_thin_warned", False):
             cache._dsv41_thin_warned = True
             STATS.rust_caches += 1
-            receipts.event(NAME, "inactive", level=logging.WARNING, reason="cache_built_with_rust_tree_core")
+            SWITCH.event("inactive", level=logging.WARNING, reason="cache_built_with_rust_tree_core")
         return wrapped(*args, **kwargs)
 
     req = args[0] if args else kwargs["req"]
@@ -153,7 +158,7 @@ def _checkpoint_into_tree(wrapped: Any, cache: Any, args: tuple, kwargs: dict) -
         STATS.demoting_inserts += 1
         STATS.demoted += moved
     if STATS.hooked % RECEIPT_EVERY == 0:
-        receipts.event(NAME, "demoted", hooked=STATS.hooked, demoting_inserts=STATS.demoting_inserts,
+        SWITCH.event("demoted", hooked=STATS.hooked, demoting_inserts=STATS.demoting_inserts,
                        demoted_nodes=STATS.demoted)
     return result
 

@@ -80,7 +80,7 @@ def run(quick: bool = False, backend: str = "rust") -> dict[str, Any]:
             boot.uninstall()
             stock_kit = rc.build(geometry, backend=backend)  # built before the switch: stock
             state = install(N)
-            assert state.outcomes["cone_replay"].status == "installed", state.outcomes["cone_replay"]
+            assert state.outcomes["cone_replay"].status == "armed", state.outcomes["cone_replay"]
             cone_kit = rc.build(geometry, backend=backend)
             cone_replay.reset_counters()
             stock = _session(stock_kit, rc.Tokens(), length, chunk)

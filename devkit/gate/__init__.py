@@ -9,8 +9,8 @@ one at a time; all share the model, the seed, the server arguments and the workl
 3. calibration: ``python -m adapter fit-cost-model`` on A1's forward-pass metrics, so the profile
    boot's decode-yield coefficients are fitted on this machine (printed); done once A1 is over,
    before the profile boot, instead of on a boot of its own (one boot less on a 2-core machine);
-4. boot B, the profile: every switch of :data:`ACTING` that this build has (in the registry) and
-   that can act here; its receipts are checked with :func:`adapter.ops.cli.audit_receipts`;
+4. boot B, the profile: every switch whose registry record's ``gate_role`` acts on this engine
+   (its ``profile`` keys); its receipts are checked with :func:`adapter.core.receipts.audit`;
 5. boot A2, stock again.
 
 It reads SGLang's own reports: ``cached_tokens`` (``--enable-cache-report``), the scheduler log
@@ -53,35 +53,9 @@ YIELD_PCT = 50
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "build" / "gate"
 
 
-@dataclass(frozen=True)
-class Acting:
-    """A switch the gate turns on in the profile boot, and the figure that shows it acting."""
-
-    name: str
-    profile: dict[str, str]
-    effect: str  # what the row measures
-
-
-ACTING: tuple[Acting, ...] = (
-    Acting("swa_thin", {"DSV41_SWA_THIN": "1"}, "idle session's context cached on resume"),
-    Acting("fast_tree_core", {}, "turned on by swa_thin; results identical to stock by design"),
-    Acting("decode_yield", {"DSV41_DECODE_YIELD": str(YIELD_PCT)}, "streams' decode share during a chunked prefill"),
-    # N = 64: the smallest page multiple >= this model's bound (window 31 x 2 SWA layers + 1 page = 63).
-    Acting("cone_replay", {"DSV41_SWA_CONE_REPLAY": "1", "DSV41_SWA_CONE_TOKENS": "64"},
-           "tokens re-prefilled for a branch whose SWA window was evicted"),
-)
-# Switches that cannot act on this model or on CPU, with the reason shown in their row.
-NOT_APPLICABLE: dict[str, str] = {
-    "autotune_keep": "FlashInfer autotuning runs only on CUDA; the CPU engine never autotunes",
-    "swa_native_decode": "DSV4 decode kernel for SM120/SM121 GPUs; DeepSeek-V4 has no CPU attention path",
-    "page_rounded_admission": "page size 1 on the CPU engine: whole-page charges equal token charges",
-}
-# Switches the production profile does not adopt (so neither does the gate's), with where they are
-# exercised instead.
-NOT_IN_PROFILE: dict[str, str] = {
-    "kv_park": "not adopted by the production profile (never run on a GPU yet); tests/test_kv_park_server.py runs it "
-               "on this engine with retractions forced",
-}
+def acting() -> list[registry.Switch]:
+    """The switches whose registry record says the gate shows them acting (in registry order)."""
+    return [s for s in registry.SWITCHES if s.gate_role.acts]
 
 
 @dataclass
@@ -140,14 +114,15 @@ def available(name: str) -> tuple[bool, str]:
 
 def build_profile(extra: dict[str, str] | None = None, without: tuple[str, ...] = ()) -> dict[str, str]:
     """The profile boot's keys: every acting switch this build has, less ``without``."""
-    unknown = [n for n in without if n not in {a.name for a in ACTING}]
+    names = [s.name for s in acting()]
+    unknown = [n for n in without if n not in names]
     if unknown:
-        raise ValueError(f"without={unknown!r} is invalid: expected names from {[a.name for a in ACTING]}")
+        raise ValueError(f"without={unknown!r} is invalid: expected names from {names}")
     profile: dict[str, str] = {}
-    for acting in ACTING:
-        ok, _ = available(acting.name)
-        if ok and acting.name not in without:
-            profile.update(acting.profile)
+    for switch in acting():
+        ok, _ = available(switch.name)
+        if ok and switch.name not in without:
+            profile.update(dict(switch.gate_role.profile))
     if "DSV41_DECODE_YIELD" in profile and extra:
         profile.update(extra)
     return profile
@@ -264,16 +239,15 @@ def _median(values: list[int]) -> float | None:
 
 def rows(a1: Boot, b: Boot, a2: Boot, receipts_gaps: list[str], outputs_equal: bool,
          without: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    """One row per registry switch (and per acting switch this build lacks)."""
+    """One row per registry switch, from its record's ``gate_role``."""
     refused = {g.split(" ", 1)[0] for g in receipts_gaps}
     table: list[dict[str, Any]] = []
-    names = [s.name for s in registry.SWITCHES] + [a.name for a in ACTING if not available(a.name)[0]]
-    for name in dict.fromkeys(names):
-        acting = next((a for a in ACTING if a.name == name), None)
+    for switch in registry.SWITCHES:
+        name, role = switch.name, switch.gate_role
         ok, reason = available(name)
-        if acting is None:
-            status = (f"not in the profile: {NOT_IN_PROFILE[name]}" if name in NOT_IN_PROFILE else
-                      f"not applicable here: {NOT_APPLICABLE.get(name, 'the CPU gate has no workload that exercises it')}")
+        if not role.acts:
+            status = (f"not in the profile: {role.not_in_profile}" if role.not_in_profile else
+                      f"not applicable here: {role.not_applicable}")
             table.append({"switch": name, "stock": "-", "profile": "-", "status": status})
             continue
         if not ok:
@@ -320,9 +294,12 @@ def _effect_row(name: str, a1: Boot, b: Boot, a2: Boot, outputs_equal: bool) -> 
                 "profile": f"{p} tokens ({plans} plans, logprob diff {diff if diff is None else f'{diff:.1e}'})",
                 "status": "pass" if passed else "FAIL: no replay planned, not cheaper than both controls, outputs "
                 f"differ, or the branch's logprobs differ by more than {LOGPROB_TOLERANCE}"}
-    # fast_tree_core: no figure of its own; identical greedy outputs are its check.
+    if name == "fast_tree_core":  # no figure of its own; identical greedy outputs are its check
+        return {"switch": name, "stock": "-", "profile": "-",
+                "status": "pass (outputs equal)" if outputs_equal else "FAIL: outputs differ"}
+    # A switch the registry says acts here but the gate has no row for: never a pass, never n/a.
     return {"switch": name, "stock": "-", "profile": "-",
-            "status": "pass (outputs equal)" if outputs_equal else "FAIL: outputs differ"}
+            "status": "FAIL: the registry says this switch acts in the gate, but the gate has no row for it"}
 
 
 def cone_logprob_diff(a1: Boot, b: Boot, a2: Boot) -> float | None:
@@ -342,7 +319,7 @@ def _mean(values: list[Any]) -> float | None:
 def run(quick: bool = True, out: str | Path | None = None, say: Callable[[str], None] = print,
         without: tuple[str, ...] = ()) -> dict[str, Any]:
     """Build, boot A1 / B / A2, judge; returns the figures (the CLI prints them as the last line)."""
-    from adapter.ops import cli
+    from adapter.core import receipts
     from devkit.engine_kit import model as mk
     from devkit.engine_kit import workload as wl
 
@@ -367,7 +344,7 @@ def run(quick: bool = True, out: str | Path | None = None, say: Callable[[str], 
         a2 = run_boot(Boot("A2-stock", {}, out / "A2-stock.log"), model, workload, out, say=say)
 
     config = registry.resolve(profile)
-    gaps = cli.audit_receipts(b.log_lines, config, ranks=1) if profile else ["profile is empty"]
+    gaps = receipts.audit(b.log_lines, config, ranks=1) if profile else ["profile is empty"]
     stock_receipts = [line for x in (a1, a2) for line in x.log_lines if "[dsv41]" in line]
     if stock_receipts:
         gaps.append(f"a stock boot logged overlay lines: {stock_receipts[0].strip()}")

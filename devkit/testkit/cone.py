@@ -1,7 +1,7 @@
 """Cone replay on the real cache kit (``devkit.testkit.radix_cache``): a turn whose admission,
 copy and checkpoints follow the scheduler's order, and a kit over a model's own ``SWAKVPool``.
 
-Used by ``tests/test_cone_replay*.py`` and ``devkit/bench/cone_replay.py``. The switch must be
+Used by ``tests/upstream/test_cone_replay*.py`` and ``devkit/bench/cone_replay.py``. The switch must be
 installed before a kit is built (its ``UnifiedRadixCache.__init__`` hook checks the bound).
 
 API::
@@ -42,9 +42,9 @@ def install(tokens: int, **keys: str) -> Any:
     test or bench does not, so they are imported first."""
     import importlib
 
-    from adapter.core import boot, registry
+    from adapter.core import boot
 
-    for module in next(s for s in registry.SWITCHES if s.name == cone_replay.SWITCH).modules:
+    for module in cone_replay.SWITCH.record.modules:
         importlib.import_module(module)
     state = boot.install({"DSV41_SWA_CONE_REPLAY": "1", "DSV41_SWA_CONE_TOKENS": str(tokens), **keys})
     cone_replay.reset_counters()

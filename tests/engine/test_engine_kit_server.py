@@ -3,8 +3,7 @@
 
 import pytest
 
-from adapter.core import registry
-from adapter.ops import cli
+from adapter.core import receipts, registry
 from devkit.engine_kit import client, launcher, model, workload
 
 pytestmark = pytest.mark.slow
@@ -25,7 +24,7 @@ def test_server_boots_on_cpu_with_the_overlay_logs_its_receipts_and_generates_gr
         group = server.proc.pid
     assert launcher.members(group) == []
     lines = server.log_lines()
-    assert cli.audit_receipts(lines, registry.resolve(profile), ranks=1) == []
+    assert receipts.audit(lines, registry.resolve(profile), ranks=1) == []
     assert any("[dsv41] swa_thin installed" in line for line in lines)
     assert any("Tree cache initialized" in line and "hybrid_swa=True" in line for line in lines)
     assert len(first["output_ids"]) == 12 and first["output_ids"] == second["output_ids"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from adapter.core import env, registry
@@ -64,11 +66,33 @@ def test_every_registry_record_is_complete_and_consistent():
     assert len(names) == len(set(names))
     keys = [k.name for s in registry.SWITCHES for k in s.keys]
     assert len(keys) == len(set(keys)), "a key belongs to one switch"
+    from adapter.core import pins
+
     for switch in registry.SWITCHES:
         assert all(k.startswith(env.PREFIX) for k in (key.name for key in switch.keys))
         assert switch.modules and switch.wraps and ":" in switch.install
-        assert set(switch.requires) | set(switch.conflicts) <= set(names)
-        assert switch.gate.default is None, "every switch is off unless its key is set"
+        assert set(switch.requires) <= set(names)
+        assert not set(switch.wraps) & set(switch.relies_on), "a target is wrapped or relied on, not both"
+        assert set(switch.pinned) <= set(pins.PINS), "every wrapped or relied-on target has a pin"
+        assert switch.gate_role.acts or switch.gate_role.not_applicable or switch.gate_role.not_in_profile
+
+
+def test_a_gate_key_with_a_default_is_refused_so_every_switch_stays_off_unless_set():
+    thin = registry.by_name("swa_thin")
+    with pytest.raises(ValueError, match="DSV41_SWA_THIN has a default"):
+        dataclasses.replace(thin, gate=dataclasses.replace(thin.gate, default="1"))
+
+
+def test_option_keys_alone_turn_no_switch_on():
+    options = {k.name: k.default or "1" for s in registry.SWITCHES for k in s.options}
+    assert registry.resolve(options).requested == []
+
+
+def test_a_gate_role_needs_exactly_one_of_acts_not_applicable_or_not_in_profile():
+    with pytest.raises(ValueError, match="exactly one"):
+        registry.GateRole()
+    with pytest.raises(ValueError, match="exactly one"):
+        registry.GateRole(acts="x", not_applicable="y")
 
 
 def test_profile_files_are_read_as_shell_words_with_comments_and_launch_arguments(tmp_path):
@@ -112,4 +136,4 @@ def test_every_switch_installs_through_the_real_import_hook_in_a_fresh_engine_pr
     assert out.returncode == 0, out.stderr[-2000:]
     rows = dict(line.split(" ", 1) for line in out.stdout.strip().splitlines())
     assert set(rows) == {s.name for s in registry.SWITCHES}
-    assert all(row.startswith(("installed", "n/a")) for row in rows.values()), rows
+    assert all(row.startswith(("installed", "armed", "n/a")) for row in rows.values()), rows

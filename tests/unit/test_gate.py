@@ -1,8 +1,11 @@
 """The gate's judgement, on recorded figures (no server): log reading, output comparison, control
 agreement and the rows of switches that cannot act here. The boots are in test_gate_engine.py."""
 
+import dataclasses
+
 import pytest
 
+from adapter.core import registry
 from adapter.ops import cli
 
 # Scheduler log lines in SGLang 0.5.23's format (``--decode-log-interval 1``), trimmed to the fields read.
@@ -53,14 +56,35 @@ def test_controls_that_disagree_make_the_run_invalid_and_say_why():
     assert not ok and "different greedy tokens for a" in why[0]
 
 
-def test_a_switch_this_build_lacks_shows_not_available_and_cpu_impossible_ones_not_applicable(monkeypatch):
-    monkeypatch.setattr(gate, "ACTING", (*gate.ACTING, gate.Acting("no_such_switch", {"DSV41_NO_SUCH": "1"}, "x")))
+def test_each_row_follows_the_switchs_gate_role_in_the_registry():
     table = {r["switch"]: r["status"] for r in gate.rows(_boot("A1"), _boot("B"), _boot("A2"), [], True)}
-    assert table["no_such_switch"] == "not available in this build: no_such_switch is not in adapter/core/registry.py"
+    assert set(table) == {s.name for s in registry.SWITCHES}
+    for switch in registry.SWITCHES:
+        role = switch.gate_role
+        if role.not_applicable:
+            assert table[switch.name] == f"not applicable here: {role.not_applicable}"
+        elif role.not_in_profile:
+            assert table[switch.name] == f"not in the profile: {role.not_in_profile}"
+        else:
+            assert not table[switch.name].startswith(("not applicable", "not in the profile"))
     assert table["autotune_keep"].startswith("not applicable here: FlashInfer autotuning runs only on CUDA")
-    assert "DSV41_NO_SUCH" not in gate.build_profile()
-    assert not any(s.startswith("pass") for name, s in table.items() if name in gate.NOT_APPLICABLE)
-    assert all(table[name].startswith("not in the profile: ") for name in gate.NOT_IN_PROFILE)
+
+
+def test_a_switch_whose_module_is_missing_shows_not_available_and_is_left_out_of_the_profile(monkeypatch):
+    thin = registry.by_name("swa_thin")
+    missing = dataclasses.replace(thin, install="adapter.switches.no_such_module:install")
+    monkeypatch.setattr(registry, "SWITCHES", tuple(missing if s is thin else s for s in registry.SWITCHES))
+    table = {r["switch"]: r["status"] for r in gate.rows(_boot("A1"), _boot("B"), _boot("A2"), [], True)}
+    assert table["swa_thin"] == "not available in this build: its module adapter.switches.no_such_module is missing"
+    assert "DSV41_SWA_THIN" not in gate.build_profile()
+
+
+def test_an_acting_switch_the_gate_has_no_row_for_fails_instead_of_passing(monkeypatch):
+    thin = registry.by_name("swa_thin")
+    unknown = dataclasses.replace(thin, name="no_row_switch")
+    monkeypatch.setattr(registry, "SWITCHES", (*registry.SWITCHES, unknown))
+    row = gate._effect_row("no_row_switch", _boot("A1"), _boot("B"), _boot("A2"), True)
+    assert row["status"].startswith("FAIL: the registry says this switch acts in the gate")
 
 
 def test_thin_row_passes_only_when_the_profile_resumes_cached_and_both_controls_do_not():

@@ -8,7 +8,7 @@ from adapter.core import boot, registry
 INSTALLED: list[str] = []
 
 
-def install(config, patch):
+def install(ctx):
     import dsv41_gate_outer
 
     INSTALLED.append(dsv41_gate_outer.Ready.__name__)  # AttributeError if installed mid-import
@@ -22,7 +22,8 @@ def test_switch_waits_for_a_target_module_that_is_still_executing_when_another_t
     monkeypatch.syspath_prepend(str(tmp_path))
     switch = registry.Switch(name="partial_import_probe", gate=registry.STRICT, summary="probe",
                              modules=("dsv41_gate_outer", "dsv41_gate_inner"), wraps=(),
-                             install=f"{__name__}:install", volatile=True)
+                             install=f"{__name__}:install", volatile=True,
+                             gate_role=registry.GateRole(not_applicable="a probe"))
     state = boot.State(registry.Config(requested=[switch]))
     state.outcomes[switch.name] = boot.Outcome(switch.name)
     finder = boot.SwitchFinder(state, set(switch.modules))

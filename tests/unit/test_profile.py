@@ -73,9 +73,12 @@ def test_test_only_keys_are_in_no_profile():
     assert not test_only & set(env.read_env_file(str(PROFILE)))
 
 
-def test_every_switch_is_off_by_default():
+def test_with_no_key_set_no_switch_is_requested_and_the_profile_requests_only_what_it_sets():
     assert registry.resolve({}).requested == []
-    assert all(s.gate.default is None for s in registry.SWITCHES)
+    profile = env.read_env_file(str(PROFILE))
+    for switch in registry.resolve(profile).requested:
+        assert switch.gate.name in profile or any(switch.name in r.requires for r in registry.SWITCHES
+                                                  if r.gate.name in profile)
 
 
 @pytest.mark.parametrize("switch", registry.SWITCHES, ids=lambda s: s.name)
@@ -91,7 +94,7 @@ def test_the_adapters_doc_is_generated_from_the_registry_and_up_to_date():
     assert docs.DOC.read_text() == docs.render(), "run: python -m adapter docs"
     text = docs.DOC.read_text()
     for switch in registry.SWITCHES:
-        assert f"`{switch.name}`" in text and all(f"`{t}`" in text for t in switch.wraps)
+        assert f"`{switch.name}`" in text and all(f"`{t}`" in text for t in switch.pinned)
 
 
 @pytest.mark.slow

@@ -26,9 +26,9 @@ def test_every_pin_matches_the_installed_sglang():
     assert drift == []
 
 
-def test_every_wrapped_function_is_pinned_and_every_pin_is_used():
-    wrapped = {t for s in registry.SWITCHES for t in s.wraps}
-    assert wrapped == set(pins.PINS)
+def test_every_wrapped_or_relied_on_function_is_pinned_and_every_pin_is_used():
+    pinned = {t for s in registry.SWITCHES for t in s.pinned}
+    assert pinned == set(pins.PINS)
 
 
 def test_installed_upstream_versions_are_the_pinned_ones():
@@ -97,8 +97,8 @@ def test_strict_turns_a_refusal_into_a_boot_failure(autotune_module, monkeypatch
 def test_an_install_that_fails_midway_reverts_what_it_wrapped(autotune_module, monkeypatch):
     originals = (autotune_module._autotune_cache_digest, autotune_module.flashinfer_autotune_context)
 
-    def failing_install(config, patch):
-        patch.wrap(DIGEST, lambda wrapped, instance, args, kwargs: wrapped(*args, **kwargs))
+    def failing_install(ctx):
+        ctx.wrap(DIGEST, lambda wrapped, instance, args, kwargs: wrapped(*args, **kwargs))
         raise boot.Refusal("cannot act here")
 
     monkeypatch.setattr(sys.modules["adapter.switches.autotune_keep"], "install", failing_install)
@@ -111,13 +111,13 @@ def test_an_install_that_fails_midway_reverts_what_it_wrapped(autotune_module, m
 _ORDER: list[str] = []
 
 
-def _install_first(config, patch):
-    patch.wrap(DIGEST, lambda wrapped, instance, args, kwargs: ["first", *wrapped(*args, **kwargs)])
+def _install_first(ctx):
+    ctx.wrap(DIGEST, lambda wrapped, instance, args, kwargs: ["first", *wrapped(*args, **kwargs)])
     return {"order": "1"}
 
 
-def _install_second(config, patch):
-    patch.wrap(DIGEST, lambda wrapped, instance, args, kwargs: ["second", *wrapped(*args, **kwargs)])
+def _install_second(ctx):
+    ctx.wrap(DIGEST, lambda wrapped, instance, args, kwargs: ["second", *wrapped(*args, **kwargs)])
     return {"order": "2"}
 
 
@@ -191,7 +191,7 @@ def test_patch_revert_restores_plain_attributes_and_wrapped_functions(autotune_m
 
 
 def test_a_switch_that_cannot_act_on_this_machine_is_refused_as_not_applicable(autotune_module, monkeypatch, capfd):
-    def no_device(config, patch):
+    def no_device(ctx):
         raise boot.NotApplicable("no CUDA device")
 
     monkeypatch.setattr(sys.modules["adapter.switches.autotune_keep"], "install", no_device)
@@ -204,7 +204,7 @@ def test_a_switch_that_cannot_act_on_this_machine_is_refused_as_not_applicable(a
 _SEEN_AT_INSTALL: list[bool] = []
 
 
-def _install_needing_the_scheduler_class(config, patch):
+def _install_needing_the_scheduler_class(ctx):
     _SEEN_AT_INSTALL.append(hasattr(sys.modules["sglang.srt.managers.scheduler"], "Scheduler"))
     return {}
 
@@ -227,3 +227,27 @@ def test_a_switch_waits_until_every_target_module_has_finished_executing(monkeyp
     importlib.import_module("sglang.srt.managers.scheduler")
     assert state.outcomes["waits_for_both"].status == "installed"
     assert _SEEN_AT_INSTALL == [True]
+
+
+def test_a_switch_cannot_wrap_a_target_its_record_only_relies_on_or_does_not_list(autotune_module, monkeypatch):
+    relied = registry.by_name("decode_yield").relies_on[0]
+
+    def overreaching_install(ctx):
+        ctx.wrap(DIGEST, lambda wrapped, instance, args, kwargs: wrapped(*args, **kwargs))
+        ctx.wrap(relied, lambda wrapped, instance, args, kwargs: wrapped(*args, **kwargs))
+
+    original = autotune_module._autotune_cache_digest
+    monkeypatch.setattr(sys.modules["adapter.switches.autotune_keep"], "install", overreaching_install)
+    state = boot.install({"DSV41_AUTOTUNE_KEEP": "1"})
+    outcome = state.outcomes["autotune_keep"]
+    assert outcome.status == "refused"
+    assert "Scheduler._arm_prefill_decode_interval" in outcome.reason and "not" in outcome.reason
+    assert autotune_module._autotune_cache_digest is original  # reverted: nothing half-installed
+
+
+def test_the_patch_refuses_a_target_outside_the_switchs_wraps():
+    from adapter.core import patching
+
+    patch = patching.Patch("autotune_keep", allowed=registry.by_name("autotune_keep").wraps)
+    with pytest.raises(patching.UndeclaredTarget, match="not in the record's wraps"):
+        patch.wrap(registry.by_name("swa_thin").wraps[0], lambda *a: None)

@@ -125,7 +125,7 @@ def test_the_switch_wraps_the_forward_side_when_installed_and_unwraps_on_uninsta
     stock = (RadixAttention.forward, ModelRunner.forward, vars(ForwardBatch)["init_new"])
     state = install(64)
     try:
-        assert state.outcomes["cone_replay"].status == "installed"
+        assert state.outcomes["cone_replay"].status == "armed"
         assert RadixAttention.forward is not stock[0] and ModelRunner.forward is not stock[1]
         assert RadixAttention.forward.__wrapped__ is stock[0]
     finally:

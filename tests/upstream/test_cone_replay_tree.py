@@ -27,7 +27,7 @@ BACKENDS = ["python", "rust"]
 
 def _install(tokens: int = N) -> boot.State:
     state = install(tokens)
-    assert state.outcomes["cone_replay"].status == "installed", state.outcomes["cone_replay"]
+    assert state.outcomes["cone_replay"].status == "armed", state.outcomes["cone_replay"]
     return state
 
 
@@ -125,7 +125,7 @@ def test_replay_depth_below_the_bound_or_off_page_refuses_at_cache_build(tokens,
     assert cfg is not None and not cfg.enabled and why in cfg.reason
     assert state.outcomes["cone_replay"].status == "refused"
     err = capfd.readouterr().err
-    assert f"cone_replay bound N={tokens} bound=48 window=8 page=16 swa_layers=3" in err
+    assert f"cone_replay armed N={tokens} " in err and "cone_replay installed" not in err  # never both
     assert re.search(rf"cone_replay refused: DSV41_SWA_CONE_TOKENS={tokens} ", err)
     toks = rc.Tokens()
     history = kit.run_turn(toks.fresh(256), out_len=16).history
@@ -242,8 +242,8 @@ def test_cone_replay_beside_swa_thin_replays_and_keeps_the_tree_sane():
     """Both SWA switches on (the python core, as SWA thin needs): the cone still plans, copies and
     re-publishes F's window; the next turn matches fully."""
     state = install(N, DSV41_SWA_THIN="1")
-    assert {state.outcomes[n].status for n in ("cone_replay", "swa_thin")} == {"installed"}
     kit = rc.build(rc.SMALL, backend="python")
+    assert {state.outcomes[n].status for n in ("cone_replay", "swa_thin")} == {"installed"}
     toks = rc.Tokens()
     history = _lose_resume_point(kit, toks)
     turn = cone_turn(kit, history + toks.fresh(64), out_len=16)

@@ -20,7 +20,7 @@ P = rc.SMALL.page
 def thin(monkeypatch):
     monkeypatch.delenv(swa_thin.BACKEND_ENV, raising=False)  # restored (unset) after the test
     state = boot.install({"DSV41_SWA_THIN": "1"})
-    importlib.import_module(swa_thin.MODULE)  # installs now, or already did if it was imported
+    importlib.import_module(swa_thin.SWITCH.module_of("checkpoint_into_tree"))  # installs now, or already did if it was imported
     assert state.outcomes["swa_thin"].status == "installed", state.outcomes["swa_thin"].reason
     assert state.outcomes["fast_tree_core"].status == "installed"
     return state

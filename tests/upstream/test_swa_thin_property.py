@@ -26,7 +26,7 @@ MAX_ONE_PASS, MAX_HISTORY = 128, 1024
 def thin(monkeypatch):
     monkeypatch.delenv(swa_thin.BACKEND_ENV, raising=False)
     state = boot.install({"DSV41_SWA_THIN": "1"})
-    importlib.import_module(swa_thin.MODULE)
+    importlib.import_module(swa_thin.SWITCH.module_of("checkpoint_into_tree"))
     assert state.outcomes["swa_thin"].status == "installed", state.outcomes["swa_thin"].reason
     return state
 

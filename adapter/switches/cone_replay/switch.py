@@ -31,7 +31,7 @@ matched on Full KV up to ``s = page_floor(F - N)`` and prefills ``[s, L)``:
   a replay row below ``s + W`` reads the evicted positions below s as the SWA padding slot (the
   allocator points a freed SWA slot's mapping at slot 0), which changes only rows inside the
   cone, and the bound keeps every row from F on out of their reach
-  (``tests/test_cone_replay_exactness.py`` proves both, with a floor and with padding reads).
+  (``tests/upstream/test_cone_replay_exactness.py`` proves both, with a floor and with padding reads).
   A batch with replay rows never runs in a prefill CUDA graph (``can_run_graph`` is False for
   it), because a graph would replay attention without the substitution.
   DeepSeek-V4 (:func:`dsv4_forward_fields`: ``encoder_swa_compress_rows`` masking
@@ -49,14 +49,16 @@ compressor states and the last page before F are written by whole pages) and the
 gives ``align_up(align_up(W, page) + (L_swa - 1) * W, page)``, the shape of sglang #31713's
 recompute window (the issue's formula). One page more is needed: the request's first checkpoint
 re-publishes the replay's own SWA KV of the last ``align_up(W, page) + page`` rows before F, not
-only F's window (measured on the real cache for five geometries; ``tests/test_cone_replay_tree.py``
+only F's window (measured on the real cache for five geometries; ``tests/upstream/test_cone_replay_tree.py``
 checks it), and a later request that resumes one page below F reads that extra page. At the
 issue's formula its top SWA layers are inexact in three of the five exactness cases
-(``tests/test_cone_replay_exactness.py``), so ``bound = align_up(align_up(W, page) + (L_swa - 1) *
+(``tests/upstream/test_cone_replay_exactness.py``), so ``bound = align_up(align_up(W, page) + (L_swa - 1) *
 W, page) + page``. The bound is computed when the cache is built (the pools are sized from the
-loaded model config: W, page and the number of sliding-window layers) and logged with N
-(``cone_replay bound N=.. bound=..``); N < bound, or N not a multiple of the page, refuses the
-switch for that engine (``cone_replay refused: ..``; a boot failure under ``DSV41_STRICT=1``).
+loaded model config: W, page and the number of sliding-window layers). At import the switch
+logs ``cone_replay armed N=..``; once the cache is built it logs ``cone_replay installed N=..
+bound=.. window=.. page=.. swa_layers=..``, or ``cone_replay refused: ..`` when N < bound, N is
+not a multiple of the page, the pool's layout cannot be replayed exactly, or the tree has no SWA
+component (a boot failure under ``DSV41_STRICT=1``).
 Local pool layers are counted: under pipeline parallelism a stage sees only its own layers.
 
 Rollback: unset ``DSV41_SWA_CONE_REPLAY`` (and ``DSV41_SWA_CONE_TOKENS``).
@@ -67,32 +69,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from adapter.core import receipts
+from adapter.core import api
 
-SWITCH = "cone_replay"
+SWITCH = api.handle(__name__)
 TOKENS_KEY = "DSV41_SWA_CONE_TOKENS"
 REQ_ATTR = "_dsv41_cone"  # the plan of one request (set on its Req)
 CACHE_ATTR = "_dsv41_cone_cfg"  # the checked geometry of one cache (set on the UnifiedRadixCache)
 
-_URC = "sglang.srt.mem_cache.unified_radix_cache"
-_POLICY = "sglang.srt.managers.schedule_policy"
-_BATCH = "sglang.srt.managers.schedule_batch"
-WRAPS = (
-    f"{_URC}:UnifiedRadixCache.__init__",
-    f"{_URC}:UnifiedRadixCache.match_prefix",
-    f"{_POLICY}:PrefillAdder._select_prefill_admission",
-    f"{_BATCH}:ScheduleBatch.prepare_for_extend",
-)
-
-_FWD = "sglang.srt.model_executor.forward_batch_info"
-_ATTN = "sglang.srt.layers.radix_attention"
-_GRAPH = "sglang.srt.model_executor.runner.prefill_cuda_graph_runner"
-FORWARD_WRAPS = (
-    f"{_FWD}:ForwardBatch.init_new",
-    f"{_ATTN}:RadixAttention.forward",
-    f"{_GRAPH}:PrefillCudaGraphRunner.can_run_graph",
-    "sglang.srt.model_executor.model_runner:ModelRunner.forward",
-)
 FORWARD_ATTR = "_dsv41_cone_rows"  # (batch rows, F's tree slots) of one forward's replay rows
 # The replay rows of the forward running now. A field-less attribute does not survive the runners'
 # copies of the live ForwardBatch (dataclasses.replace into static buffers), so ModelRunner.forward
@@ -220,7 +203,11 @@ def swa_layer_count(kvpool: Any) -> int | None:
 def _check_cache(cache: Any) -> ConeConfig:
     tokens = _TOKENS[0] if _TOKENS else 0
     if cache.disable or not cache.is_swa_enabled:
-        return ConeConfig(False, tokens, reason="no SWA component")
+        # Never silently inert: a tree without an SWA component (radix cache off, a model without
+        # sliding windows, or DeepSeek-V4 under --enable-encoder-swa-bounded-replay, whose tree keeps
+        # only Full KV) has no evicted windows to replay.
+        why = "the radix cache is disabled" if cache.disable else "the prefix tree has no SWA component"
+        return _refuse_late(ConeConfig(False, tokens), f"{why}; nothing to replay")
     window, page = int(cache._sliding_window_size or 0), int(cache.page_size)
     kvpool = cache.token_to_kv_pool_allocator.get_kvcache()
     layers = swa_layer_count(kvpool)
@@ -232,7 +219,6 @@ def _check_cache(cache: Any) -> ConeConfig:
                             "DeepSeek-V4 unified KV ring: its Full side has no pages of its own to copy")
     bound = cone_bound(window, page, layers)
     cfg = ConeConfig(True, tokens, bound, window, page, layers)
-    receipts.event(SWITCH, "bound", N=tokens, bound=bound, window=window, page=page, swa_layers=layers)
     if tokens % page:
         return _refuse_late(cfg, f"{TOKENS_KEY}={tokens} is not a multiple of the page size {page}")
     if tokens < bound:
@@ -241,8 +227,9 @@ def _check_cache(cache: Any) -> ConeConfig:
     why = _forward_unsupported(kvpool)
     if why is not None and not _STANDIN[0]:
         # Without the forward side the replay rows' own Full-side K/V leak into every row from F on
-        # (tests/test_cone_replay_exactness.py): never run inexact, stay stock.
+        # (tests/upstream/test_cone_replay_exactness.py): never run inexact, stay stock.
         return _refuse_late(cfg, why)
+    SWITCH.confirm(N=tokens, bound=bound, window=window, page=page, swa_layers=layers)
     return cfg
 
 
@@ -262,15 +249,8 @@ def _forward_unsupported(kvpool: Any) -> str | None:
 
 def _refuse_late(cfg: ConeConfig, reason: str) -> ConeConfig:
     """The bound is known only once the pools exist: refuse then, as the boot would have."""
-    from adapter.core import boot
-
     cfg.enabled, cfg.reason = False, reason
-    state = boot.STATE
-    if state is not None and SWITCH in state.outcomes:
-        state.outcomes[SWITCH].status, state.outcomes[SWITCH].reason = "refused", reason
-    receipts.refused(SWITCH, reason)
-    if state is not None and state.config.strict:
-        raise boot.BootError(f"{SWITCH} refused under DSV41_STRICT=1: {reason}")
+    SWITCH.refuse_late(reason)
     return cfg
 
 
@@ -282,7 +262,7 @@ def cache_config(cache: Any) -> ConeConfig | None:
 def _fallback(req: Any, reason: str, **fields: Any) -> None:
     COUNTERS.fallbacks += 1
     FALLBACKS[reason] = FALLBACKS.get(reason, 0) + 1
-    receipts.event(SWITCH, "DSV41_SWA_CONE fallback", rid=req.rid, reason=reason, **fields)
+    SWITCH.event("DSV41_SWA_CONE fallback", rid=req.rid, reason=reason, **fields)
 
 
 def _plan(cache: Any, params: Any, result: Any) -> Any:
@@ -300,7 +280,7 @@ def _plan(cache: Any, params: Any, result: Any) -> Any:
     key = params.key
     from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 
-    urc = __import__(_URC, fromlist=["get_disagg"])
+    urc = __import__(SWITCH.module_of("UnifiedRadixCache.match_prefix"), fromlist=["get_disagg"])
     why = None
     if result.host_hit_length or result.swa_host_hit_length or cache.host_pool_group is not None:
         why = "hicache"
@@ -329,7 +309,7 @@ def _plan(cache: Any, params: Any, result: Any) -> Any:
     setattr(req, REQ_ATTR, plan)
     if previous is None or (previous.F, previous.s) != (F, s):  # a waiting request is matched every round
         COUNTERS.plans += 1
-        receipts.event(SWITCH, "DSV41_SWA_CONE plan", rid=req.rid, F=F, s=s, N=F - s, P=P)
+        SWITCH.event("DSV41_SWA_CONE plan", rid=req.rid, F=F, s=s, N=F - s, P=P)
     return result._replace(
         device_prefix_len=s, last_device_node=anchor, last_host_node=anchor, best_match_node=anchor,
         cache_protected_len=None if protected is None else s,
@@ -426,7 +406,7 @@ def copy_replay_rows(cache: Any, req_to_token: Any, row: int, plan: ConePlan) ->
     COUNTERS.copies += 1
     COUNTERS.copied_pages += pages
     COUNTERS.copied_bytes += nbytes
-    receipts.event(SWITCH, "DSV41_SWA_CONE copy", rid=plan.rid, pages=pages, bytes=nbytes)
+    SWITCH.event("DSV41_SWA_CONE copy", rid=plan.rid, pages=pages, bytes=nbytes)
     return pages, nbytes
 
 
@@ -506,7 +486,7 @@ def _forward_batch_init(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> 
         cone = (*cone, model_runner.token_to_kv_pool)
         setattr(forward_batch, FORWARD_ATTR, cone)
         COUNTERS.forwards += 1
-        receipts.event(SWITCH, "DSV41_SWA_CONE forward", rows=int(cone[0].numel()))
+        SWITCH.event("DSV41_SWA_CONE forward", rows=int(cone[0].numel()))
     return forward_batch
 
 
@@ -560,23 +540,26 @@ def _can_run_graph(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     return wrapped(*args, **kwargs)
 
 
-def install(config: Any, patch: Any) -> dict[str, Any]:
-    from adapter.core import boot
-
-    tokens = int(config[TOKENS_KEY])
+def install(ctx: api.SwitchContext) -> dict[str, Any]:
+    SWITCH.bind(ctx)
+    tokens = int(ctx.option(TOKENS_KEY))
     if tokens <= 0:
-        raise boot.Refusal(f"{TOKENS_KEY}={tokens} must be positive")
+        raise api.Refusal(f"{TOKENS_KEY}={tokens} must be positive")
     _TOKENS[:] = [tokens]
-    _STANDIN[0] = bool(config.values.get(STANDIN_KEY))
-    patch.wrap(WRAPS[0], _cache_init)
-    patch.wrap(WRAPS[1], _match_prefix)
-    patch.wrap(WRAPS[2], _select_admission)
-    patch.wrap(WRAPS[3], _prepare_for_extend)
-    patch.wrap(FORWARD_WRAPS[0], _forward_batch_init)
-    patch.wrap(FORWARD_WRAPS[1], _attention_forward)
-    patch.wrap(FORWARD_WRAPS[2], _can_run_graph)
-    patch.wrap(FORWARD_WRAPS[3], _model_forward)
-    return {"N": tokens, "bound": "at_cache_init"}
+    _STANDIN[0] = bool(ctx.option(STANDIN_KEY))
+    for target, wrapper in (
+        ("UnifiedRadixCache.__init__", _cache_init),
+        ("UnifiedRadixCache.match_prefix", _match_prefix),
+        ("PrefillAdder._select_prefill_admission", _select_admission),
+        ("ScheduleBatch.prepare_for_extend", _prepare_for_extend),
+        ("ForwardBatch.init_new", _forward_batch_init),
+        ("RadixAttention.forward", _attention_forward),
+        ("PrefillCudaGraphRunner.can_run_graph", _can_run_graph),
+        ("ModelRunner.forward", _model_forward),
+    ):
+        ctx.wrap(target, wrapper)
+    ctx.decide_later()  # installed or refused once a cache is built and its geometry is known
+    return {"N": tokens}
 
 
 def reset_counters() -> None:

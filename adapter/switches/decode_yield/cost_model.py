@@ -37,7 +37,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from adapter.core import env
+from adapter.core import api
 
 MAX_YIELD_STEPS = 128  # the issue's cap: a window never holds the prompt back longer than this
 KEY_PREFIX = "DSV41_DECODE_YIELD_"
@@ -90,18 +90,6 @@ def key_name(field_name: str) -> str:
     return KEY_PREFIX + field_name.upper()
 
 
-def parser() -> env.Parser[int]:
-    return env.integer(0, 10**12)
-
-
-def keys_doc() -> list[tuple[str, str]]:
-    """``(key, doc)`` for every coefficient key, in formula order (the registry lists them)."""
-    return [
-        (key_name(name), f"decode-yield cost model: {_UNITS[name]} (default {value})")
-        for name, value in DEFAULTS.items()
-    ]
-
-
 def from_config(values: Mapping[str, Any]) -> Coefficients:
     """Coefficients from parsed config values (keys not set keep their default)."""
     chosen = {name: values.get(key_name(name), default) for name, default in DEFAULTS.items()}
@@ -109,7 +97,7 @@ def from_config(values: Mapping[str, Any]) -> Coefficients:
     source = "default" if not set_keys else "env:" + ",".join(set_keys)
     coef = Coefficients(**{k: int(v) for k, v in chosen.items()}, source=source)
     if coef.step_us == 0 and coef.row_ns == 0:
-        raise env.ConfigError(
+        raise api.ConfigError(
             key_name("step_us"), "0", "a decode step with a cost: STEP_US or ROW_NS must be > 0"
         )
     return coef

@@ -14,7 +14,7 @@ decode step between chunks unless ``--prefill-decode-interval`` is set, and then
 steps whatever the chunk costs (sglang#32549: a 5 min decode hole behind a long prompt; issue 3:
 streams fell to 8 % of their decode rate during a cold 500K-token prefill).
 
-Invariants (tests/test_decode_yield.py checks each):
+Invariants (tests/upstream/test_decode_yield.py checks each):
 * Off, or with no running decode rows (a lone prompt), the scheduler trace is the stock one.
 * The final chunk arms nothing beyond the engine's own interval.
 * A window ends at once when the streams are gone (finished, retracted) or the chunked prompt is
@@ -37,11 +37,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from adapter.core import boot, env, receipts, registry
+from adapter.core import api
 from adapter.switches.decode_yield import cost_model
 
-NAME = "decode_yield"
-SCHEDULER = "sglang.srt.managers.scheduler"
+SWITCH = api.handle(__name__)
 _ATTR = "_dsv41_decode_yield"  # per-Scheduler state, on the instance
 DLLM = "dLLM: diffusion decoding does not use the chunked-prefill deferral path"
 
@@ -89,30 +88,18 @@ def _published_server_args() -> Any:
         return None
 
 
-def _refuse_late(reason: str) -> None:
-    """A scheduler built in an unsupported mode after install: revert to stock and say so."""
-    state = boot.STATE
-    if state is not None and NAME in state.patches:
-        state.patches.pop(NAME).revert()
-        outcome = state.outcomes.get(NAME)
-        if outcome is not None:
-            outcome.status, outcome.reason = "refused", reason
-    receipts.refused(NAME, reason)
-    if state is not None and state.config.strict:
-        raise boot.BootError(f"{NAME} refused under DSV41_STRICT=1: {reason}")
-
-
-def install(config: registry.Config, patch: Any) -> dict[str, Any]:
-    pct: int = config["DSV41_DECODE_YIELD"]
+def install(ctx: api.SwitchContext) -> dict[str, Any]:
+    SWITCH.bind(ctx)
+    pct: int = ctx.value
     try:
-        coef = cost_model.from_config(config.values)
-    except env.ConfigError as exc:  # a cross-key rule the per-key parsers cannot see
-        raise boot.Refusal(str(exc)) from None
-    debug_log = receipts.logger()
+        coef = cost_model.from_config(ctx.values)
+    except ValueError as exc:  # a cross-key rule the per-key parsers cannot see (a ConfigError)
+        raise api.Refusal(str(exc)) from None
+    debug = ctx.debug
     topk = coef.topk
     published = _published_server_args()
     if published is not None and (reason := unsupported_mode(published)):
-        raise boot.Refusal(reason)
+        raise api.Refusal(reason)
 
     def state_of(scheduler: Any) -> _State | None:
         """The instance's state; None (and a late refusal) when its mode is unsupported."""
@@ -121,8 +108,8 @@ def install(config: registry.Config, patch: Any) -> dict[str, Any]:
             reason = unsupported_mode(getattr(scheduler, "server_args", None))
             if reason is None and getattr(scheduler, "dllm_config", None) is not None:
                 reason = DLLM
-            if reason is not None:
-                _refuse_late(reason)
+            if reason is not None:  # a scheduler built in an unsupported mode after install: back to stock
+                ctx.refuse_late(reason, revert=True)
                 return None
             state = scheduler.__dict__[_ATTR] = _State()
         return state
@@ -195,15 +182,15 @@ def install(config: registry.Config, patch: Any) -> dict[str, Any]:
             state.window = None
             if ended != "served":  # the window did not give what it planned: carry nothing over
                 state.carry, state.carry_req = 0, None
-            if debug_log.isEnabledFor(logging.DEBUG):  # skip formatting the line when it is not logged
-                receipts.event(
-                    NAME, "window", level=logging.DEBUG, chunk=window.chunk, prefix=window.prefix,
+            if debug:  # skip formatting the line when it is not logged
+                ctx.event(
+                    "window", level=logging.DEBUG, chunk=window.chunk, prefix=window.prefix,
                     rows=window.rows, n=window.n, floor=window.floor, given=given, ended=ended,
                 )
         return defer
 
-    patch.wrap(f"{SCHEDULER}:Scheduler.get_next_batch_to_run", get_next_batch_to_run)
-    patch.wrap(f"{SCHEDULER}:Scheduler._should_defer_prefill", _should_defer_prefill)
+    ctx.wrap("Scheduler.get_next_batch_to_run", get_next_batch_to_run)
+    ctx.wrap("Scheduler._should_defer_prefill", _should_defer_prefill)
     return {
         "share": pct,
         "cap": cost_model.MAX_YIELD_STEPS,

@@ -53,9 +53,15 @@ Page ids are validated on the host before any index op: on CUDA an out-of-range 
 device-side assert that poisons the context, so it must never reach a kernel.
 
 On CUDA, a save must only start once the writes of the forward that produced the pages are done
-(the caller synchronizes or passes ``after=`` an event) and runs on the engine's own stream; a
-copy into pageable host memory is synchronous for the host, so when :meth:`CopyEngine.save`
-returns, every read of the device pages has finished and they may be reused.
+(the caller synchronizes or passes ``after=`` an event) and runs on the engine's own stream (the
+page ids travel to the device on that stream too); a copy into pageable host memory is synchronous
+for the host, and the stream is synchronized before :meth:`CopyEngine.save` returns, so by then
+every read of the device pages has finished and they may be reused.
+
+CUDA graph captures (:mod:`adapter.switches.kv_park.capture`): every device copy of a CUDA engine
+holds the process-wide capture gate, so it never overlaps a global-mode capture on another thread
+(SGLang recaptures graphs while serving); a copy asked for on a thread whose current stream is
+capturing raises :class:`~adapter.switches.kv_park.capture.CaptureConflict` before any copy.
 """
 
 from __future__ import annotations
@@ -67,6 +73,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+
+from adapter.switches.kv_park.capture import GATE, CaptureConflict, CaptureGate
 
 MiB = 1 << 20
 DEFAULT_CHUNK_BYTES = 32 * MiB
@@ -225,6 +233,7 @@ class CopyEngine:
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         stage: bool | None = None,
         threads: int | None = None,
+        gate: CaptureGate | None = None,
     ):
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
@@ -243,6 +252,7 @@ class CopyEngine:
             size = self.chunk_pages * self.page_bytes
             self._staging = [torch.empty(size, dtype=torch.uint8, device=self.device) for _ in range(2)]
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._gate = (GATE if gate is None else gate) if self._stream is not None else None
         # Region views in the engine's word width, and each region's column span in words.
         self._cols = [
             (r.rows.view(self._dtype), col // self.word, r.row_bytes // self.word) for r, col in layout.columns()
@@ -271,16 +281,24 @@ class CopyEngine:
 
     @contextmanager
     def _on_stream(self, after: object | None) -> Iterator[None]:
+        """On CUDA: inside the capture gate, on the engine's stream (ordered after ``after``, else
+        after the caller's stream), synchronized before it returns. On CPU: nothing."""
         if self._stream is None:
             yield
             return
-        if after is not None:
-            self._stream.wait_event(after)  # type: ignore[arg-type]
-        else:  # ordered after everything already queued on the caller's stream
-            self._stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(self._stream):
-            yield
-        self._stream.synchronize()
+        assert self._gate is not None
+        with self._gate.copy():  # no gated (global-mode) capture is open from here on: the query is safe
+            if torch.cuda.is_current_stream_capturing():  # e.g. a thread-local capture on this thread
+                raise CaptureConflict("a KV-parking copy was asked for on a thread whose stream is capturing")
+            if after is not None:
+                self._stream.wait_event(after)  # type: ignore[arg-type]
+            else:  # ordered after everything already queued on the caller's stream
+                self._stream.wait_stream(torch.cuda.current_stream(self.device))
+            try:
+                with torch.cuda.stream(self._stream):
+                    yield
+            finally:
+                self._stream.synchronize()  # also after a failed copy: nothing of it outlives the gate
 
     def _staging_rows(self, chunk: int, pages: int) -> torch.Tensor:
         """The staging half of chunk ``chunk`` (halves alternate) as ``[pages, page words]``."""
@@ -305,22 +323,24 @@ class CopyEngine:
         if n == 0:
             return entry
         host = entry.view(self._dtype)
-        dev_ids = self._device_ids(ids)
         with self._lock, self._on_stream(after):
             if not self.stage:  # CPU: straight into the host entry, regions split over threads
+                cpu_ids = self._device_ids(ids)
 
                 def gather(cols: list[tuple[torch.Tensor, int, int]]) -> None:
                     for rows, col, width in cols:
-                        torch.index_select(rows, 0, dev_ids, out=host[:, col : col + width])
+                        torch.index_select(rows, 0, cpu_ids, out=host[:, col : col + width])
 
                 _run_groups(self._groups_for(n), gather)
                 return entry
+            dev_ids = self._device_ids(ids)  # on the engine's stream, inside the capture gate
             for k, (lo, hi) in enumerate(self.chunks(n)):
                 cid = dev_ids[lo:hi]
                 target = self._staging_rows(k, hi - lo)
                 for rows, col, width in self._cols:
                     torch.index_select(rows, 0, cid, out=target[:, col : col + width])
                 host[lo:hi].copy_(target)  # one copy per chunk into pageable memory
+            del dev_ids, cid  # the device ids are freed inside the capture gate, not after it
         return entry
 
     def restore(self, entry: torch.Tensor, page_ids: torch.Tensor | Sequence[int], *, first: int = 0) -> None:
@@ -334,22 +354,24 @@ class CopyEngine:
         if n == 0:
             return
         host = entry[first : first + n].view(self._dtype)
-        dev_ids = self._device_ids(ids)
         with self._lock, self._on_stream(None):
             if not self.stage:  # CPU: straight from the host entry, regions split over threads
+                cpu_ids = self._device_ids(ids)
 
                 def scatter(cols: list[tuple[torch.Tensor, int, int]]) -> None:
                     for rows, col, width in cols:
-                        rows.index_copy_(0, dev_ids, host[:, col : col + width])
+                        rows.index_copy_(0, cpu_ids, host[:, col : col + width])
 
                 _run_groups(self._groups_for(n), scatter)
                 return
+            dev_ids = self._device_ids(ids)  # on the engine's stream, inside the capture gate
             for k, (lo, hi) in enumerate(self.chunks(n)):
                 cid = dev_ids[lo:hi]
                 source = self._staging_rows(k, hi - lo)
                 source.copy_(host[lo:hi])  # one host-to-device copy per chunk
                 for rows, col, width in self._cols:
                     rows.index_copy_(0, cid, source[:, col : col + width])
+            del dev_ids, cid  # the device ids are freed inside the capture gate, not after it
 
 
 def per_view_save(layout: PageLayout, page_ids: Sequence[int], out: torch.Tensor) -> torch.Tensor:

@@ -29,10 +29,10 @@ from typing import Any
 
 import torch
 
-from adapter.core import receipts
+from adapter.core import api
 from adapter.switches.kv_park.engine import CopyEngine, check_page_ids
 
-SWITCH = "kv_park"
+SWITCH = api.handle(__name__)
 _LIVE_STORES: weakref.WeakSet[ParkStore] = weakref.WeakSet()
 
 
@@ -152,7 +152,7 @@ class ParkStore:
         why = self._make_room(key, nbytes)
         if why:
             self.stats.refused += 1
-            receipts.event(SWITCH, "refused", level=logging.DEBUG, key=_label(key), bytes=nbytes, why=why.replace(" ", "_"))
+            SWITCH.event("refused", level=logging.DEBUG, key=_label(key), bytes=nbytes, why=why.replace(" ", "_"))
             if on_landed is not None:
                 on_landed()
             return f"refused: {why}"
@@ -184,7 +184,7 @@ class ParkStore:
         while self.used_bytes + self.reserved_bytes + nbytes > self.budget and self._entries:
             old_key, old = self._entries.popitem(last=False)
             self.stats.evicted += 1
-            receipts.event(SWITCH, "evicted", level=logging.DEBUG, key=_label(old_key), bytes=old.nbytes)
+            SWITCH.event("evicted", level=logging.DEBUG, key=_label(old_key), bytes=old.nbytes)
         if self.used_bytes + self.reserved_bytes + nbytes > self.budget:
             return "the budget is held by copies in flight"
         return ""
@@ -253,7 +253,7 @@ class ParkStore:
             return
         self.disabled_reason = reason
         self._entries.clear()
-        receipts.event(SWITCH, "disabled", level=logging.WARNING, reason=" ".join(reason.split()).replace(" ", "_"))
+        SWITCH.event("disabled", level=logging.WARNING, reason=" ".join(reason.split()).replace(" ", "_"))
 
     def poll(self) -> int:
         """Land every finished copy (store it, run its ``on_landed``); returns how many landed."""

@@ -71,14 +71,12 @@ from typing import Any
 
 import torch
 
-from adapter.core import receipts
+from adapter.core import api
 from adapter.switches.kv_park import regions
 from adapter.switches.kv_park.engine import CopyEngine
 from adapter.switches.kv_park.store import SWITCH, ParkStore
 
 GIB = 1 << 30
-RELEASE_REQ = "sglang.srt.managers.schedule_batch:release_req"
-NEXT_BATCH = "sglang.srt.managers.scheduler:Scheduler.get_next_batch_to_run"
 
 
 @dataclass
@@ -97,7 +95,7 @@ class _State:
         line = what + repr(sorted(params.items()))
         if line not in self.said:
             self.said.add(line)
-            receipts.event(SWITCH, what, **params)
+            SWITCH.event(what, **params)
 
     def engines_for(self, pool: Any) -> _Engines | None:
         known = self.engines.get(id(pool))
@@ -116,13 +114,14 @@ class _State:
 STATE: _State | None = None
 
 
-def install(config: Any, patch: Any) -> dict[str, object]:
-    budget_gib = int(config["DSV41_KV_PARK_GIB"])
+def install(ctx: api.SwitchContext) -> dict[str, object]:
+    SWITCH.bind(ctx)
+    budget_gib = int(ctx.option("DSV41_KV_PARK_GIB"))
     state = _State(ParkStore(budget_gib * GIB, worker=True))
-    patch.wrap(RELEASE_REQ, _release_req)
-    patch.wrap(NEXT_BATCH, _get_next_batch_to_run)
-    patch.set_attr(sys.modules[__name__], "STATE", state)
-    return {"mode": config["DSV41_KV_PARK"], "budget_gib": budget_gib, "worker": "background"}
+    ctx.wrap("release_req", _release_req)
+    ctx.wrap("Scheduler.get_next_batch_to_run", _get_next_batch_to_run)
+    ctx.set_attr(sys.modules[__name__], "STATE", state)
+    return {"mode": ctx.value, "budget_gib": budget_gib, "worker": "background"}
 
 
 # -- saving on retraction ----------------------------------------------------------------------
@@ -214,7 +213,7 @@ def _park(state: _State, req: Any, req_to_token_pool: Any, allocator: Any, tree_
         if swa_outcome.startswith("refused"):
             state.store.discard(req.rid)  # the full pages alone cannot be restored
             outcome = swa_outcome
-    receipts.event(SWITCH, "parked", level=logging.DEBUG, rid=req.rid, pages=pages.numel(), outcome=outcome.split(":")[0])
+    SWITCH.event("parked", level=logging.DEBUG, rid=req.rid, pages=pages.numel(), outcome=outcome.split(":")[0])
 
 
 # -- fencing and restoring around each scheduler pass -------------------------------------------
@@ -365,5 +364,5 @@ def _restore_one(state: _State, scheduler: Any, req: Any, *, may_evict: bool) ->
         tree.insert(params)
     finally:
         tree.unlock(lock)
-    receipts.event(SWITCH, "restored", level=logging.DEBUG, rid=req.rid, pages=pages.numel(), tokens=n, cached=have)
+    SWITCH.event("restored", level=logging.DEBUG, rid=req.rid, pages=pages.numel(), tokens=n, cached=have)
     return True

@@ -49,14 +49,13 @@ from typing import Any
 
 import torch
 
-from adapter.core import receipts, registry
-from adapter.core.boot import NotApplicable, Refusal
+from adapter.core import api
+from adapter.core.api import NotApplicable, Refusal
 from adapter.switches.native_decode import loader as native_decode_module
 
-NAME = "swa_native_decode"
-TARGET_MODULE = "sglang.kernels.ops.attention.flash_mla_sm120"
-ENTRY = f"{TARGET_MODULE}:_flash_mla_flashinfer"
-GATE_KEY = "DSV41_SWA_NATIVE_DECODE"
+SWITCH = api.handle(__name__)
+ENTRY = SWITCH.target("_flash_mla_flashinfer")
+TARGET_MODULE = SWITCH.module_of("_flash_mla_flashinfer")
 DIR_KEY = "DSV41_NATIVE_DECODE_DIR"
 
 PAGE = native_decode_module.NATIVE_PAGE_SIZE  # 256
@@ -223,7 +222,7 @@ def _fallback(reason: str, detail: str = "") -> None:
     fields: dict[str, object] = {"reason": reason}
     if detail:
         fields["detail"] = detail
-    receipts.event(NAME, "fallback", **fields)
+    SWITCH.event("fallback", **fields)
 
 
 def _entry_wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -247,7 +246,7 @@ def _entry_wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> An
             stats["served"] += 1
             if "served" not in _logged:
                 _logged.add("served")
-                receipts.event(NAME, "serving", arch=native.arch, rows=q.shape[0], heads=q.shape[2], page=PAGE)
+                SWITCH.event("serving", arch=native.arch, rows=q.shape[0], heads=q.shape[2], page=PAGE)
             return result
     else:
         _fallback(reason)
@@ -304,8 +303,9 @@ def _flashinfer_policy() -> dict[str, Any]:
     }
 
 
-def install(config: registry.Config, patch: Any) -> dict[str, object]:
+def install(ctx: api.SwitchContext) -> dict[str, object]:
     global _native
+    SWITCH.bind(ctx)
     reset()
     target = sys.modules[TARGET_MODULE]
     backend = getattr(target, "_sm120_default_backend", None)
@@ -313,7 +313,7 @@ def install(config: registry.Config, patch: Any) -> dict[str, object]:
         raise Refusal(f"SM120 decode backend is {backend!r} (SGLANG_SM120_FLASHMLA_BACKEND), not flashinfer")
     arch = _device_arch()
     policy = _flashinfer_policy()
-    directory = Path(config.values.get(DIR_KEY) or native_decode_module.DEFAULT_DIR)
+    directory = Path(ctx.option(DIR_KEY) or native_decode_module.DEFAULT_DIR)
     try:
         loaded = native_decode_module.load(directory, arch, loader=_load_module)
     except native_decode_module.LoadRefused as exc:
@@ -321,6 +321,6 @@ def install(config: registry.Config, patch: Any) -> dict[str, object]:
     module = loaded.module
     _native = Native(module=module, arch=arch, sha256=loaded.sha256,
                      scratch_heads=lambda heads: int(module.decode_scratch_heads(heads)), **policy)  # fmt: skip
-    patch.wrap(ENTRY, _entry_wrapper)
-    receipts.event(NAME, "module", level=logging.DEBUG, path=loaded.path)
+    ctx.wrap(ENTRY, _entry_wrapper)
+    ctx.event("module", level=logging.DEBUG, path=loaded.path)
     return {"arch": arch, "page": PAGE, "so_sha256": loaded.sha256[:16], "max_rows": policy["max_rows"]}

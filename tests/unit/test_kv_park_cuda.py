@@ -1,0 +1,329 @@
+"""KV parking on a real CUDA device (``-m cuda``; skipped without one; no SGLang import).
+
+``tools/gpu/check.sh`` runs this file on the GPU machine; CI collects it and skips every test.
+Each test states the device-side invariant it checks:
+
+* save and restore through the staged device schedule are byte-identical to the per-view copies;
+* RAM mode pins no host memory (entries are pageable; PyTorch's pinned host allocator is untouched);
+* a bad page id raises ``IndexError`` on the host before any device indexing (no device assert,
+  the context stays usable);
+* the copy stream is fenced before a freed page is written (``fence_pages`` returns only after
+  the copy stream has finished reading the pages);
+* a copy and a global-mode CUDA graph capture on another thread never overlap (the capture gate),
+  the capture replays correctly and every parked byte is right; a thread-local capture needs no gate.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+
+import pytest
+import torch
+
+from adapter.switches.kv_park.capture import CaptureConflict, CaptureGate, gated_capture_begin, gated_capture_end
+from adapter.switches.kv_park.engine import CopyEngine, PageLayout, page_rows, per_view_save
+from adapter.switches.kv_park.store import ParkStore
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (tools/gpu/check.sh runs it there)"),
+]
+
+PAGE = 4  # tokens per page of the token-major buffers
+POOL_PAGES = 40
+DEV = "cuda"
+
+
+def _mixed_layout(seed: int = 0, pool_pages: int = POOL_PAGES) -> PageLayout:
+    """bf16 K/V token-major, fp8 rows, an odd-pitch padded page buffer (1-byte words), fp32 state."""
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.randint(0, 256, shape, dtype=torch.uint8, generator=g).to(DEV)
+
+    k = rand((pool_pages * PAGE, 2, 32)).view(torch.bfloat16)
+    v = rand((pool_pages * PAGE, 2, 32)).view(torch.bfloat16)
+    fp8 = rand((pool_pages * PAGE, 1, 48)).view(torch.float8_e4m3fn)
+    padded = rand((pool_pages, 4 * 37 + 3))
+    state = rand((pool_pages, 6 * 4)).view(torch.float32)
+    return PageLayout(
+        (
+            page_rows("k", k, PAGE),
+            page_rows("v", v, PAGE),
+            page_rows("fp8", fp8, PAGE),
+            page_rows("padded", padded, 1),
+            page_rows("state", state, 1),
+        )
+    )
+
+
+def _wide_layout(seed: int = 0, pool_pages: int = POOL_PAGES, row: int = 37440, layers: int = 4) -> PageLayout:
+    """DSV4-like rows (8-byte words): one tensor per layer, ``row`` bytes per page each."""
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    regions = []
+    for layer in range(layers):
+        rows = torch.randint(0, 256, (pool_pages, row), dtype=torch.uint8, device=DEV, generator=g)
+        regions.append(page_rows(f"c4_kv.{layer}", rows, 1))
+    return PageLayout(tuple(regions))
+
+
+def _ids(n: int, seed: int, pool_pages: int = POOL_PAGES) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randperm(pool_pages, generator=g)[:n]
+
+
+def _host_allocs() -> int | None:
+    """Pinned blocks PyTorch's host allocator ever created (None where this torch does not say)."""
+    stats = torch.cuda.host_memory_stats() if hasattr(torch.cuda, "host_memory_stats") else {}
+    for key in ("num_host_alloc", "allocations.allocated"):
+        if key in stats:
+            return int(stats[key])
+    return None
+
+
+@pytest.mark.parametrize("layout_kind", ["mixed", "wide"])
+@pytest.mark.parametrize("chunk_pages", [1, 3, 64], ids=["1-page-chunks", "3-page-chunks", "one-chunk"])
+def test_save_and_restore_on_the_device_are_byte_identical_to_the_per_view_copies(layout_kind, chunk_pages):
+    layout = _mixed_layout(1) if layout_kind == "mixed" else _wide_layout(1)
+    engine = CopyEngine(layout, chunk_bytes=chunk_pages * layout.page_bytes)
+    assert engine.stage and engine.device.type == "cuda"
+    assert engine.word == (1 if layout_kind == "mixed" else 8)
+    src = _ids(17, seed=2)
+    entry = engine.save(src)
+    assert entry.device.type == "cpu" and tuple(entry.shape) == (17, layout.page_bytes)
+    oracle = per_view_save(layout, src.tolist(), torch.empty_like(entry))
+    assert torch.equal(entry, oracle), "the staged device save differs from the per-view copies"
+    for i, page in enumerate(src.tolist()):  # the documented format, row by row
+        assert torch.equal(entry[i], torch.cat([r.rows[page].cpu() for r in layout.regions]))
+    want = [r.rows[src].clone() for r in layout.regions]
+    dst = torch.tensor([p for p in _ids(POOL_PAGES, seed=3).tolist() if p not in set(src.tolist())][:17])
+    untouched = torch.tensor([p for p in range(POOL_PAGES) if p not in set(dst.tolist())])
+    others = [r.rows[untouched.to(DEV)].clone() for r in layout.regions]
+    engine.restore(entry, dst)
+    torch.cuda.synchronize()
+    for region, w, other in zip(layout.regions, want, others):
+        assert torch.equal(region.rows[dst.to(DEV)], w), f"region {region.name} differs after the device restore"
+        assert torch.equal(region.rows[untouched.to(DEV)], other), f"region {region.name}: a page outside dst changed"
+    # A CPU oracle of the same bytes reads the same entry back (the format does not depend on the device).
+    cpu_layout = PageLayout(tuple(type(r)(r.name, r.rows.cpu()) for r in layout.regions))
+    assert torch.equal(CopyEngine(cpu_layout).save(dst), entry)
+
+
+def test_ram_mode_pins_no_host_memory():
+    layout = _wide_layout(2)
+    engine = CopyEngine(layout)
+    before = _host_allocs()
+    entry = engine.save(_ids(12, seed=4))
+    engine.restore(entry, _ids(12, seed=5))
+    store = ParkStore(64 << 20, worker=True)
+    try:
+        assert store.offer("r1", engine, _ids(8, seed=6)) in {"queued", "saved"}
+        parked = store.take("r1")
+    finally:
+        store.close()
+    torch.cuda.synchronize()
+    assert parked is not None
+    assert not entry.is_pinned() and not parked.data.is_pinned(), "a parked entry is pinned"
+    if before is not None:
+        assert _host_allocs() == before, "RAM-mode parking allocated pinned host memory"
+
+
+@pytest.mark.parametrize("bad", [POOL_PAGES, -1, 10**9])
+def test_a_bad_page_id_raises_on_the_host_before_any_device_indexing(bad, monkeypatch):
+    layout = _mixed_layout(3)
+    engine = CopyEngine(layout, chunk_bytes=layout.page_bytes)
+    good = engine.save(torch.arange(4))
+    moved: list[torch.Tensor] = []
+    real = CopyEngine._device_ids
+    monkeypatch.setattr(CopyEngine, "_device_ids", lambda self, ids: moved.append(ids) or real(self, ids))
+    ids = torch.tensor([3, 0, bad, 1])
+    with pytest.raises(IndexError, match=rf"page id {bad} is out of range for a pool of {POOL_PAGES} pages"):
+        engine.save(ids)
+    with pytest.raises(IndexError, match=rf"page id {bad} "):
+        engine.restore(good, ids)
+    with pytest.raises(IndexError, match="outside an entry of 4 pages"):
+        engine.restore(good, torch.tensor([1, 2]), first=3)
+    store = ParkStore(1 << 30, worker=True)
+    try:
+        with pytest.raises(IndexError, match=rf"page id {bad} "):
+            store.offer("r", engine, ids)
+    finally:
+        store.close()
+    assert moved == [], "page ids reached the device before validation"
+    torch.cuda.synchronize()  # no device-side assert: the context is still usable
+    assert torch.equal(engine.save(torch.arange(4)), good)
+
+
+def test_the_copy_stream_is_fenced_before_a_freed_page_is_written():
+    """A forward writes the pages (async, on the caller's stream), the store parks them after that
+    write's event on its worker, ``fence_pages`` returns, and only then the pages are overwritten:
+    the entry holds the forward's bytes, and the copy stream had no work left when the fence returned."""
+    layout = _wide_layout(4, pool_pages=64, row=1 << 20, layers=2)  # 2 MiB pages: copies take real time
+    engine = CopyEngine(layout, chunk_bytes=8 << 20)
+    ids = _ids(24, seed=7, pool_pages=64)
+    dev_ids = ids.to(DEV)
+    pattern = torch.arange(24, device=DEV, dtype=torch.uint8).add_(7).view(-1, 1)
+    for r in layout.regions:  # the "forward": async writes on the current stream
+        r.rows.index_copy_(0, dev_ids, pattern.expand(-1, r.row_bytes).contiguous())
+    written = torch.cuda.Event()
+    written.record()
+    store = ParkStore(1 << 30, worker=True)
+    try:
+        assert store.offer("r", engine, ids, after=written) == "queued"
+        assert store.fence_pages(set(ids.tolist()), timeout=60)
+        assert engine._stream.query(), "the copy stream still had work after the fence"
+        for r in layout.regions:  # the pages are freed and reused
+            r.rows.index_fill_(0, dev_ids, 0)
+        entry = store.take("r")
+    finally:
+        store.close()
+    assert entry is not None
+    want = torch.cat([pattern.cpu().expand(-1, r.row_bytes) for r in layout.regions], dim=1)
+    assert torch.equal(entry.data, want), "the entry does not hold the bytes the forward wrote"
+
+
+@contextmanager
+def _gated_graphs(gate: CaptureGate, monkeypatch):
+    """``torch.cuda.CUDAGraph.capture_begin/_end`` wrapped with the gate (as the switch installs them)."""
+    cls = torch.cuda.CUDAGraph
+    begin, end = cls.capture_begin, cls.capture_end
+
+    def capture_begin(self, *args, **kwargs):
+        return gated_capture_begin(begin.__get__(self), self, args, kwargs, gate=gate)
+
+    def capture_end(self, *args, **kwargs):
+        return gated_capture_end(end.__get__(self), self, args, kwargs, gate=gate)
+
+    monkeypatch.setattr(cls, "capture_begin", capture_begin)
+    monkeypatch.setattr(cls, "capture_end", capture_end)
+    yield
+
+
+class _RecordingGate(CaptureGate):
+    """A gate that records when copies held the device and when captures were open."""
+
+    def __init__(self) -> None:
+        super().__init__(wait_s=60)
+        self.copy_spans: list[tuple[float, float]] = []
+        self.capture_spans: list[tuple[float, float]] = []
+        self._opened = 0.0
+
+    @contextmanager
+    def copy(self):
+        with super().copy():
+            start = time.perf_counter()
+            try:
+                yield
+            finally:
+                self.copy_spans.append((start, time.perf_counter()))
+
+    def begin_capture(self) -> None:
+        super().begin_capture()
+        self._opened = time.perf_counter()
+
+    def end_capture(self) -> None:
+        self.capture_spans.append((self._opened, time.perf_counter()))
+        super().end_capture()
+
+
+def _saves_in_background(engine: CopyEngine, ids: torch.Tensor, stop: threading.Event):
+    results: list[torch.Tensor] = []
+    errors: list[BaseException] = []
+
+    def loop() -> None:
+        try:
+            while not stop.is_set():
+                results.append(engine.save(ids))
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=loop, name="park-worker", daemon=True)
+    t.start()
+    return t, results, errors
+
+
+def _capture_and_replay(mode: str | None, hold_s: float) -> bool:
+    x = torch.randn(1 << 20, device=DEV)
+    y = torch.empty_like(x)
+    graph = torch.cuda.CUDAGraph()
+    kwargs = {} if mode is None else {"capture_error_mode": mode}
+    with torch.cuda.graph(graph, **kwargs):
+        y.copy_(x * 2 + 1)
+        time.sleep(hold_s)  # keep the capture open while the worker wants the device
+        y.mul_(3)
+    x.copy_(torch.arange(x.numel(), device=DEV, dtype=x.dtype))
+    graph.replay()
+    torch.cuda.synchronize()
+    return bool(torch.equal(y, (x * 2 + 1) * 3))
+
+
+def test_parking_copies_wait_out_a_global_mode_capture_on_another_thread(monkeypatch):
+    gate = _RecordingGate()
+    layout = _wide_layout(5, pool_pages=64, row=1 << 20, layers=2)
+    engine = CopyEngine(layout, chunk_bytes=8 << 20, gate=gate)
+    ids = _ids(32, seed=8, pool_pages=64)
+    want = per_view_save(layout, ids.tolist(), torch.empty((32, layout.page_bytes), dtype=torch.uint8))
+    stop = threading.Event()
+    with _gated_graphs(gate, monkeypatch):
+        worker, results, errors = _saves_in_background(engine, ids, stop)
+        try:
+            while not results and not errors:  # the worker is copying before the first capture
+                time.sleep(0.001)
+            replays = [_capture_and_replay(None, hold_s=0.05) for _ in range(4)]  # default mode: global
+        finally:
+            stop.set()
+            worker.join(60)
+    assert not errors, f"a parking copy failed during the captures: {errors[0]!r}"
+    assert replays == [True] * 4, "a captured graph replayed wrong bytes"
+    assert results and all(torch.equal(r, want) for r in results), "a parked entry differs"
+    assert gate.waits >= 1, "no copy ever met an open capture: the test did not exercise the gate"
+    for c0, c1 in gate.capture_spans:
+        for s0, s1 in gate.copy_spans:
+            assert s1 <= c0 or s0 >= c1, "a parking copy overlapped a global-mode capture"
+
+
+def test_a_thread_local_capture_is_not_gated_and_concurrent_copies_succeed(monkeypatch):
+    gate = _RecordingGate()
+    layout = _wide_layout(6, pool_pages=64, row=1 << 20, layers=2)
+    engine = CopyEngine(layout, chunk_bytes=8 << 20, gate=gate)
+    ids = _ids(32, seed=9, pool_pages=64)
+    want = per_view_save(layout, ids.tolist(), torch.empty((32, layout.page_bytes), dtype=torch.uint8))
+    stop = threading.Event()
+    with _gated_graphs(gate, monkeypatch):
+        worker, results, errors = _saves_in_background(engine, ids, stop)
+        try:
+            while not results and not errors:
+                time.sleep(0.001)
+            replays = [_capture_and_replay("thread_local", hold_s=0.05) for _ in range(4)]
+        finally:
+            stop.set()
+            worker.join(60)
+    assert not errors, f"a parking copy failed during a thread-local capture: {errors[0]!r}"
+    assert replays == [True] * 4
+    assert results and all(torch.equal(r, want) for r in results)
+    assert gate.capture_spans == [] and gate.waits == 0  # thread-local captures leave the gate open
+
+
+def test_a_copy_on_the_capturing_thread_is_refused_without_breaking_the_capture(monkeypatch):
+    gate = CaptureGate(wait_s=60)
+    layout = _mixed_layout(7)
+    engine = CopyEngine(layout, gate=gate)
+    good = engine.save(torch.arange(3))
+    x = torch.ones(1024, device=DEV)
+    graph = torch.cuda.CUDAGraph()
+    with _gated_graphs(gate, monkeypatch):
+        for mode in ("global", "thread_local"):  # through the gate, and through the stream check
+            with torch.cuda.graph(graph, capture_error_mode=mode):
+                y = x * 5
+                with pytest.raises(CaptureConflict):
+                    engine.save(torch.arange(3))
+                with pytest.raises(CaptureConflict):
+                    engine.restore(good, torch.arange(3))
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(y, x * 5)
+            graph = torch.cuda.CUDAGraph()
+    assert gate.captures_open == 0
+    assert torch.equal(engine.save(torch.arange(3)), good)

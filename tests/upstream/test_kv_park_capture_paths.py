@@ -1,0 +1,64 @@
+"""SGLang 0.5.23 captures CUDA graphs after serving starts; the capture gate is built on what it uses.
+
+Read from the pinned SGLang's source (no import of the model runner, no GPU): if a release drops
+or changes one of these paths, this test says which, and ``adapter.switches.kv_park.capture``'s
+docstring (which lists them) must be revisited.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from adapter.switches.kv_park import capture
+
+SRT = Path(importlib.util.find_spec("sglang").origin).parent / "srt"
+
+
+def _source(rel: str) -> str:
+    return (SRT / rel).read_text()
+
+
+@pytest.mark.parametrize(
+    ("rel", "needle"),
+    [
+        ("model_executor/model_runner_components/weight_updater.py", "self.recapture_cuda_graph()"),
+        ("managers/scheduler_components/weight_updater.py", "recapture_cuda_graph=recv_req.recapture_cuda_graph"),
+        ("disaggregation/role_switch.py", "ensure_decode_cuda_graphs("),
+        ("model_executor/model_runner.py", "def _recapture_elastic_cuda_graphs"),
+        ("multimodal/vit_cuda_graph_runner.py", "if graph_key not in self.block_graphs"),
+    ],
+    ids=["weights-update", "weights-update-request", "pd-role-switch", "elastic-ep", "vit-lazy"],
+)
+def test_sglang_has_each_serving_time_capture_path_the_gate_is_for(rel, needle):
+    assert needle in _source(rel), f"{rel}: {needle!r} is gone; revisit adapter/switches/kv_park/capture.py"
+
+
+def test_the_decode_and_vit_captures_use_the_default_global_mode():
+    full = _source("model_executor/runner_backend/full_cuda_graph_backend.py")
+    vit = _source("multimodal/vit_cuda_graph_runner.py")
+    assert "graph_ctx = self._device_module.graph" in full and "capture_error_mode" not in full
+    assert "torch.cuda.graph(graph)" in vit and "capture_error_mode" not in vit
+
+
+def test_the_serving_time_metadata_glue_capture_is_thread_local_and_needs_no_gate():
+    glue = _source("model_executor/runner/metadata_glue_graph.py")
+    assert re.search(
+        r'torch\.cuda\.graph\(\s*graph, stream=self\._capture_stream, capture_error_mode="thread_local"', glue
+    )
+    assert "thread_local" not in capture.GATED_MODES
+
+
+def test_torch_graph_capture_goes_through_the_capture_begin_and_capture_end_the_gate_wraps():
+    enter = inspect.getsource(torch.cuda.graphs.graph.__enter__)
+    leave = inspect.getsource(torch.cuda.graphs.graph.__exit__)
+    assert "self.cuda_graph.capture_begin(" in enter and "capture_error_mode=self.capture_error_mode" in enter
+    assert "self.cuda_graph.capture_end()" in leave
+    params = inspect.signature(torch.cuda.CUDAGraph.capture_begin).parameters
+    assert list(params)[:3] == ["self", "pool", "capture_error_mode"]
+    assert params["capture_error_mode"].default == "global"
