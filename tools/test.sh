@@ -7,4 +7,5 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 bash tools/setup.sh
 .venv/bin/ruff check .
+.venv/bin/lint-imports --no-cache
 PYTHON="$ROOT/.venv/bin/python" exec bash tools/image/run_cpu_tests.sh "$@"

@@ -9,6 +9,8 @@ values and the targets it may wrap all come from ``ctx``.
   does not list is refused (a switch cannot wrap what is not pinned and declared).
 * ``ctx.event(...)`` logs a ``[dsv41] <name> <what> ...`` line; ``ctx.refuse_late(reason)`` refuses
   the switch after install (when the engine only decides later, e.g. at cache build).
+* ``ctx.tally(what, ...)`` counts an event in the metrics without logging it (``adapter.core.metrics``);
+  ``api.metrics_on()`` says whether this process exports them.
 * ``ctx.decide_later()`` says that the install receipt waits for such a decision: the boot logs
   ``armed`` at import, then the switch logs ``installed`` (``ctx.confirm``) or ``refused``.
 """
@@ -19,10 +21,18 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from adapter.core import receipts
+from adapter.core import metrics, receipts
 from adapter.core.env import ConfigError
 
-__all__ = ["BootError", "ConfigError", "NotApplicable", "Refusal", "SwitchContext", "SwitchHandle", "handle"]
+__all__ = ["BootError", "ConfigError", "NotApplicable", "Refusal", "SwitchContext", "SwitchHandle", "handle",
+           "metrics_on"]
+
+
+metrics_on = metrics.metrics_on
+"""``api.metrics_on()``: this process exports the switches' Prometheus metrics (SGLang's
+``--enable-metrics``). An event site whose line is skipped unless DEBUG (``if debug or
+api.metrics_on()``) emits it anyway, since the metrics count the events; one attribute test once
+the engine has published its configuration."""
 
 if TYPE_CHECKING:
     from adapter.core import patching, registry
@@ -120,6 +130,11 @@ class SwitchContext:
     def warn(self, message: str) -> None:
         receipts.warn(f"{self.name} {message}")
 
+    def tally(self, what: str, **params: object) -> None:
+        """Count one more ``what`` event in the metrics without a log line (a line logged only the
+        first time); a no-op unless metrics are on."""
+        metrics.tally(self.name, what, **params)
+
     def decide_later(self) -> None:
         """The receipt waits for the engine: log ``armed`` now, ``installed`` or ``refused`` later."""
         self.deferred = True
@@ -205,6 +220,9 @@ class SwitchHandle:
 
     def warn(self, message: str) -> None:
         receipts.warn(f"{self.name} {message}")
+
+    def tally(self, what: str, **params: object) -> None:
+        metrics.tally(self.name, what, **params)
 
     def confirm(self, **params: object) -> None:
         if self._ctx is not None:

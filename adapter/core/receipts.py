@@ -20,6 +20,8 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from adapter.core import metrics
+
 LOGGER_NAME = "dsv41"
 TAG = "[dsv41]"
 
@@ -104,8 +106,11 @@ def refused(switch: str, reason: str) -> None:
 
 
 def event(switch: str, what: str, *, level: int = logging.INFO, **params: object) -> None:
-    """A per-action or periodic line (not deduplicated)."""
-    logger().log(level, "%s %s %s%s rank=%s", TAG, switch, what, _fields(params), current_rank())
+    """A per-action or periodic line (not deduplicated); the metrics count the same event."""
+    log = logger()
+    if log.isEnabledFor(level):  # a dropped DEBUG line formats nothing (no rank lookup)
+        log.log(level, "%s %s %s%s rank=%s", TAG, switch, what, _fields(params), current_rank())
+    metrics.observe(switch, what, params)
 
 
 def warn(message: str) -> None:
@@ -124,6 +129,12 @@ class Receipt:
     reason: str = ""
     params: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def refusal(self) -> bool:
+        """The ``<switch> refused: <reason>`` receipt (with the colon): the switch is not acting. A
+        per-action line whose event word happens to be ``refused`` (no colon, key=value fields) is not."""
+        return self.event == "refused" and bool(self.reason)
+
 
 def parse_line(line: str) -> Receipt | None:
     """Parse one log line; None when it is not a ``[dsv41] <switch> ...`` receipt."""
@@ -137,6 +148,9 @@ def parse_line(line: str) -> Receipt | None:
     words = head.split()
     if len(words) < 2 or not re.fullmatch(r"[a-z0-9_]+", words[0]):
         return None
+    if colon and words[1:] != ["refused"]:  # ": " inside a per-action line is not a reason
+        head, reason, colon = body, "", ""
+        words = head.split()
     event_words = [w for w in words[1:] if "=" not in w]
     params = dict(w.split("=", 1) for w in words[1:] if "=" in w)
     return Receipt(words[0], " ".join(event_words), rank, reason.strip() if colon else "", params)
@@ -159,7 +173,7 @@ def audit(lines: list[str], config: Any, ranks: int) -> list[str]:
             installed[receipt.switch].add(receipt.rank)
         elif receipt.event == "armed":  # decided later (cone replay: at cache build)
             armed[receipt.switch].add(receipt.rank)
-        elif receipt.event == "refused":
+        elif receipt.refusal:
             gaps.append(f"{receipt.switch} refused on {receipt.rank}: {receipt.reason}")
     for name, seen in installed.items():
         undecided = sorted(r for r in armed[name] - seen if r.startswith("tp"))

@@ -107,6 +107,10 @@ SWITCHES: tuple[Switch, ...] = (
         summary="keep the FlashInfer autotune cache when this rank saved it under the same launch (sglang#40320)",
         modules=(_AUTOTUNE,),
         wraps=(f"{_AUTOTUNE}:_autotune_cache_digest", f"{_AUTOTUNE}:flashinfer_autotune_context"),
+        relies_on=(
+            # Called with a fixed signature (found by tests/upstream/test_upstream_calls_are_pinned.py).
+            "sglang.srt.model_executor.runner.flashinfer_autotune:flashinfer_autotune_cache_path",
+        ),
         install="adapter.switches.autotune_keep:install",
         volatile=True,
         gate_role=GateRole(not_applicable="FlashInfer autotuning runs only on CUDA; the CPU engine never autotunes"),
@@ -117,7 +121,12 @@ SWITCHES: tuple[Switch, ...] = (
         summary="decode-sized DSV4 calls on SM120/SM121 go to a sha-checked decode-only FlashInfer module with "
         "the 256-token SWA pool view instead of copying each touched page into four 64-token pages (issue 6)",
         modules=("sglang.kernels.ops.attention.flash_mla_sm120",),
-        wraps=("sglang.kernels.ops.attention.flash_mla_sm120:_flash_mla_flashinfer",),
+        wraps=(
+            "sglang.kernels.ops.attention.flash_mla_sm120:_flash_mla_flashinfer",
+            # decode-form calls of more than 64 rows (stock: the prefill kernel on the 64-token copy):
+            # logged once as a fallback, and a V4.1-layout pool is refused loudly there too
+            "sglang.kernels.ops.attention.flash_mla_sm120:_flash_mla_sm120_prefill",
+        ),
         install="adapter.switches.native_decode.switch:install",
         gate_role=GateRole(not_applicable="DSV4 decode kernel for SM120/SM121 GPUs; the CPU engine has no such device"),
         # Same kernel instance and the tactic FlashInfer's planner picks for the copy path; autotune
@@ -128,6 +137,15 @@ SWITCHES: tuple[Switch, ...] = (
                 "DSV41_NATIVE_DECODE_DIR",
                 env.absolute_path(),
                 "folder of the built module and its manifest (default: <overlay>/build/native_decode)",
+            ),
+            Key(
+                "DSV41_NATIVE_DECODE_STANDIN",
+                env.choice("devkit.engine_kit.dsv4.native_decode_route:served",
+                           "devkit.engine_kit.dsv4.native_decode_route:stock"),
+                "tests only: on the CPU engine (no SM120 device, no built module) the named stand-in routes the "
+                "DSV4 backend's decode to SGLang's SM120 entry and returns the module stand-in (the pure-torch "
+                "reference on the pool view: served) or none (stock copy path)",
+                test_only=True,
             ),
         ),
     ),
@@ -142,6 +160,11 @@ SWITCHES: tuple[Switch, ...] = (
             "sglang.srt.managers.scheduler:Scheduler._should_defer_prefill",
         ),
         relies_on=(
+            # Called with a fixed signature (found by tests/upstream/test_upstream_calls_are_pinned.py).
+            "sglang.srt.managers.schedule_batch:ScheduleBatch.batch_size",
+            "sglang.srt.managers.schedule_batch:ScheduleBatch.is_empty",
+            "sglang.srt.managers.schedule_batch:Req.finished",
+            "sglang.srt.model_executor.forward_batch_info:ForwardMode.is_extend",
             # The interval arming (its counter is the floor) and the overlap loop's in-flight finishers.
             "sglang.srt.managers.scheduler:Scheduler._arm_prefill_decode_interval",
             "sglang.srt.managers.scheduler:Scheduler._reqs_finishing_inflight",
@@ -161,6 +184,12 @@ SWITCHES: tuple[Switch, ...] = (
                 ("KV_PS", "ps per KV token read in decode"),
                 ("TOPK_KV_PS", "ps per top-k KV token read in decode"),
                 ("TOPK", "keys per query of the sparse attention; 0 = dense"),
+                # besides the forward: what an iteration's scheduling and output cost (issue 17)
+                ("CHUNK_SCHED_US", "µs per prefill iteration besides its forward"),
+                ("TOKEN_SCHED_NS", "ns per prefill token besides the forward"),
+                ("STEP_SCHED_US", "µs per decode iteration besides its forward"),
+                ("ROW_SCHED_NS", "ns per decode row besides the forward"),
+                ("SWITCH_US", "µs per window of alternating chunk and decode steps"),
             )
         ),
     ),
@@ -184,6 +213,13 @@ SWITCHES: tuple[Switch, ...] = (
             "sglang.srt.mem_cache.unified_cache.components.full:FullComponent.release_component_lock",
         ),
         relies_on=(
+            # Called with a fixed signature (found by tests/upstream/test_upstream_calls_are_pinned.py).
+            "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._build_backup_kv_action",
+            "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._create_match_validators",
+            "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._match_post_processor",
+            "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._unevict_node_on_insert",
+            "sglang.srt.mem_cache.unified_cache.components.base:TreeComponent.recover_after_unevict",
+            "sglang.srt.mem_cache.unified_cache.components.swa:SWAComponent.recover_after_unevict",
             *(
                 f"sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore.{fn}"
                 for fn in (
@@ -223,6 +259,10 @@ SWITCHES: tuple[Switch, ...] = (
             "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.checkpoint_into_tree",
         ),
         relies_on=(
+            # Called with a fixed signature (found by tests/upstream/test_upstream_calls_are_pinned.py).
+            "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore.is_root",
+            "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore.node_by_id",
+            "sglang.srt.managers.schedule_batch:Req.finished",
             # The two LRU primitives the demotion calls.
             "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedLRUList._remove_node",
             "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedLRUList._add_node_after",
@@ -259,11 +299,22 @@ SWITCHES: tuple[Switch, ...] = (
             "sglang.srt.model_executor.model_runner:ModelRunner.forward",
         ),
         relies_on=(
+            # Called with a fixed signature (found by tests/upstream/test_upstream_calls_are_pinned.py).
+            "sglang.srt.mem_cache.deepseek_v4_memory_pool:DeepSeekV4IndexerPool.contiguous_page_row_buffers",
+            "sglang.srt.model_executor.forward_batch_info:ForwardMode.is_extend",
+            "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore.match_full_device_prefix",
+            "sglang.srt.mem_cache.swa_memory_pool:SWAKVPool.get_key_buffer",
+            "sglang.srt.mem_cache.swa_memory_pool:SWAKVPool.get_value_buffer",
+            "sglang.srt.mem_cache.allocator.swa:SWATokenToKVPoolAllocator.get_kvcache",
             # F's definition, the fields a fallback restores, the anchor lock, the copy source.
             "sglang.srt.mem_cache.unified_cache.components.swa:SWAComponent.finalize_match_result_in_tree_core",
             "sglang.srt.mem_cache.common:match_kv_cache",
             "sglang.srt.managers.schedule_policy:PrefillAdder._commit_prefill_admission",
             "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.path_device_indices",
+            # DeepSeek-V4: rows outside encoder_swa_compress_rows write their compressed KV, index keys
+            # and compressor states to slot 0; every layer stores its caches, then reads them back.
+            "sglang.srt.layers.attention.deepseek_v4_backend:DeepseekV4AttnBackend._compressor_out_loc",
+            "sglang.srt.layers.attention.deepseek_v4_backend:DeepseekV4AttnBackend._forward_attention",
         ),
         install="adapter.switches.cone_replay.switch:install",
         volatile=True,
@@ -275,9 +326,8 @@ SWITCHES: tuple[Switch, ...] = (
             Key("DSV41_SWA_CONE_TOKENS", env.integer(1, unit="tokens; a multiple of the page size, at least the bound"),
                 "replay depth N (checked against the bound when the cache is built)", default="8192"),
             Key("DSV41_SWA_CONE_FORWARD_STANDIN", env.flag(),
-                "tests and bench only: on DeepSeek-V4 pools, whose forward seams are GPU-unverified and not "
-                "wired, the caller's forward applies the write mask and window floor itself (without it the "
-                "switch refuses there at cache build)",
+                "tests only: act on DeepSeek-V4 KV layouts whose exactness is not shown (anything but the V4 "
+                "584-byte layout with C0/C4/C128 layers); without it the switch refuses there at cache build",
                 default="0", test_only=True),
         ),
     ),
@@ -297,6 +347,9 @@ SWITCHES: tuple[Switch, ...] = (
             "sglang.srt.managers.scheduler:Scheduler.init_req_max_new_tokens",
         ),
         relies_on=(
+            # Called with a fixed signature (found by tests/upstream/test_upstream_calls_are_pinned.py).
+            "sglang.srt.managers.schedule_batch:Req.finished",
+            "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.supports_mamba",
             # The arithmetic the wrappers replace exactly (stock reserve and check, the caller that
             # builds total_tokens, the stock never-fits bound).
             "sglang.srt.mem_cache.prefill_budget:PrefillBudget.reserve",
@@ -325,6 +378,26 @@ SWITCHES: tuple[Switch, ...] = (
             "sglang.srt.managers.scheduler:Scheduler.get_next_batch_to_run",
         ),
         relies_on=(
+            # Called with a fixed signature (found by tests/upstream/test_upstream_calls_are_pinned.py).
+            "sglang.srt.managers.schedule_batch:Req._compute_max_prefix_len",
+            "sglang.srt.managers.schedule_batch:Req.finished",
+            "sglang.srt.managers.schedule_batch:ReqKvInfo.set_evicted_seqlen",
+            "sglang.srt.mem_cache.allocator.swa:SWATokenToKVPoolAllocator.alloc_extend_swa_tail",
+            "sglang.srt.mem_cache.allocator.swa:SWATokenToKVPoolAllocator.available_size",
+            "sglang.srt.mem_cache.allocator.swa:SWATokenToKVPoolAllocator.alloc",
+            "sglang.srt.mem_cache.allocator.swa:SWATokenToKVPoolAllocator.free",
+            "sglang.srt.mem_cache.allocator.swa:SWATokenToKVPoolAllocator.free_swa",
+            "sglang.srt.mem_cache.allocator.swa:SWATokenToKVPoolAllocator.get_kvcache",
+            "sglang.srt.mem_cache.common:evict_from_tree_cache",
+            "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.insert",
+            "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.lock",
+            "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.unlock",
+            "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.supports_mamba",
+            "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.supports_prefix_sharing",
+            "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.supports_swa",
+            "sglang.srt.mem_cache.deepseek_v4_memory_pool:DeepSeekV4IndexerPool.contiguous_page_row_buffers",
+            "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.match_prefix",
+            "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.path_device_indices",
             # The DSV4 regions per page-id space, C4 state rows following SWA pages, and the retract
             # loop that rules out holding pages during a copy.
             "sglang.srt.mem_cache.deepseek_v4_memory_pool:DeepSeekV4TokenToKVPool.get_contiguous_buf_infos",

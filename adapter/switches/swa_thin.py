@@ -126,7 +126,15 @@ def install(ctx: api.SwitchContext) -> dict[str, object]:
 def _checkpoint_into_tree(wrapped: Any, cache: Any, args: tuple, kwargs: dict) -> Any:
     from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore
 
-    if cache.disable or not cache.is_swa_enabled or cache in _STOCK:
+    if cache.disable or cache in _STOCK:
+        return wrapped(*args, **kwargs)
+    if not cache.is_swa_enabled:
+        # Never silently inert: a tree without an SWA component (no sliding windows, or DeepSeek-V4.1
+        # under --enable-encoder-swa-bounded-replay, which keeps SWA in per-request rings and ignores
+        # --swa-prefix-tails) has no SWA LRU to reorder; the forced Python tree core buys nothing.
+        if not getattr(cache, "_dsv41_thin_warned", False):
+            cache._dsv41_thin_warned = True
+            SWITCH.event("inactive", level=logging.WARNING, reason="tree_has_no_swa_component")
         return wrapped(*args, **kwargs)
     core = cache.tree_core
     if not isinstance(core, UnifiedTreeCore):
@@ -157,9 +165,10 @@ def _checkpoint_into_tree(wrapped: Any, cache: Any, args: tuple, kwargs: dict) -
     if moved:
         STATS.demoting_inserts += 1
         STATS.demoted += moved
-    if STATS.hooked % RECEIPT_EVERY == 0:
-        SWITCH.event("demoted", hooked=STATS.hooked, demoting_inserts=STATS.demoting_inserts,
-                       demoted_nodes=STATS.demoted)
+    periodic = STATS.hooked % RECEIPT_EVERY == 0
+    if periodic or api.metrics_on():  # with metrics on, every insert's running totals (DEBUG between)
+        SWITCH.event("demoted", level=logging.INFO if periodic else logging.DEBUG, hooked=STATS.hooked,
+                     demoting_inserts=STATS.demoting_inserts, demoted_nodes=STATS.demoted)
     return result
 
 

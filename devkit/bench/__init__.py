@@ -5,9 +5,12 @@ BENCHMARKS = {
     "startup": "devkit.bench.startup:run",
     "kv-park": "devkit.bench.kv_park:run",
     "decode-yield": "devkit.bench.decode_yield:run",
+    "decode-yield-engine": "devkit.bench.decode_yield_engine:run",
     "native-decode": "devkit.bench.native_decode:run",
     "swa-thin": "devkit.bench.swa_thin:run",
     "cone-replay": "devkit.bench.cone_replay:run",
+    "cone-replay-dsv4": "devkit.bench.cone_replay_dsv4:run",
     "admission": "devkit.bench.admission:run",
+    "metrics-overhead": "devkit.bench.metrics_overhead:run",
     # -- end of benchmarks --
 }

@@ -94,10 +94,12 @@ def run(quick: bool = False, backend: str = "rust") -> dict[str, Any]:
 
     head = (f"{'session':>9} {'chunk':>5} {'F':>8} {'stock P':>8} {'cone s':>8} {'stock recomp':>12} "
             f"{'cone recomp':>11} {'replayed':>8} {'TTFT stock':>10} {'TTFT cone':>9} {'x':>6}  fallbacks")
-    from adapter.switches.cone_replay.switch import cone_bound
+    from adapter.switches.cone_replay.switch import cone_bound, cone_bound_dsv4
 
     print(f"cone replay, DSV4 geometry (page {PAGE}, window {WINDOW}, N {N}; bound with 43 / 61 SWA layers: "
-          f"{cone_bound(WINDOW, PAGE, 43)} / {cone_bound(WINDOW, PAGE, 61)}), {backend} tree core; "
+          f"{cone_bound(WINDOW, PAGE, 43)} / {cone_bound(WINDOW, PAGE, 61)}; on a DeepSeek-V4 pool, 61 layers, "
+          f"last layer C128 / C4: {cone_bound_dsv4(WINDOW, PAGE, 61, ratios=[4] * 60 + [128])} / "
+          f"{cone_bound_dsv4(WINDOW, PAGE, 61, ratios=[128] * 60 + [4])}), {backend} tree core; "
           f"recomputed = history tokens prefilled again (+{NEW_TOKENS} new tokens each); "
           f"TTFT modelled (cost_model DEFAULTS, placeholders)")
     print(head)

@@ -4,11 +4,18 @@ The scheduler publishes each ``ForwardPassMetrics`` msgpack-encoded on a ZMQ PUB
 ``<ipc name>.<dp rank>``; :class:`Recorder` subscribes and writes one JSON object per message, the
 input of ``python -m adapter fit-cost-model``. It decodes with the upstream struct, so it imports
 ``sglang.srt.observability.forward_pass_metrics`` (light: msgspec only) when started.
+
+Each line also carries ``recv_time``: this process's ``time.monotonic()`` when the message arrived.
+The scheduler emits one message at the end of every iteration (``process_batch_result``), so the
+gap between two consecutive busy messages is that iteration's whole wall time: forward, scheduling
+and output processing (``wall_time`` is the forward alone). ``fit-cost-model`` fits both; the upstream
+decoder ignores the extra key.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 
@@ -39,7 +46,9 @@ class Recorder:
                         frames = sock.recv_multipart()
                     except zmq.Again:
                         continue
-                    handle.write(msgspec.json.encode(decode(frames[-1])) + b"\n")
+                    received = time.monotonic()
+                    line = msgspec.json.encode(decode(frames[-1]))  # an object: append the arrival time
+                    handle.write(line[:-1] + b',"recv_time":' + repr(received).encode() + b"}\n")
                     handle.flush()
                     self.messages += 1
             sock.close(linger=0)

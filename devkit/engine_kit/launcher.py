@@ -106,12 +106,13 @@ def members(group: int) -> list[int]:
 class Server:
     def __init__(self, args: Sequence[str], log_path: str | Path, profile: Mapping[str, str] | None = None,
                  *, ready_timeout_s: float = 300.0, max_life_s: int = 1800, python: str = sys.executable,
-                 ready_line: str = READY_LINE):
+                 ready_line: str = READY_LINE, env: Mapping[str, str] | None = None):
         self.args = list(args)
         self.port = int(self.args[self.args.index("--port") + 1])
         self.log_path = Path(log_path)
         self.profile = dict(profile or {})
-        self.env = child_env(self.profile)
+        # ``env``: a kit's own server environment (the DSV4 kit's ``launch.child_env``); default child_env(profile)
+        self.env = child_env(self.profile) if env is None else dict(env)
         self.ready_timeout_s = ready_timeout_s
         self.max_life_s = max_life_s
         self.python = python

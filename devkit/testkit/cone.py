@@ -8,15 +8,24 @@ API::
 
     kit = model_kit(model, geometry, backend)     # CacheKit over TinyHybrid.make_pool(...) (fp32)
     turn = cone_turn(kit, tokens, out_len, chunk=None, forward=None)
-        # match (plan) -> admission rule on the first chunk -> lock -> prefix row -> per chunk:
-        # alloc + row write [+ copy on the cone pass] [+ forward(req, start, end, rows)] + checkpoint
-        # -> decode + release. Returns a ConeTurn.
+        # match (plan) -> a real PrefillAdder admits the first chunk (the installed
+        # _select_prefill_admission applies the switch's rule; _commit_prefill_admission locks)
+        # -> prefix row -> per chunk: alloc + row write [+ copy on the cone pass]
+        # [+ forward(req, start, end, rows)] + checkpoint -> decode + release. Returns a ConeTurn.
+
+What is real and what is the kit's: the match, the admission (``PrefillAdder.add_one_req`` through
+the switch's wrapped ``_select_prefill_admission``) and the checkpoints are SGLang's own; the row
+writes and the cone's copy are the kit's (the copy is the switch's ``copy_replay_rows``, called
+where the switch's ``ScheduleBatch.prepare_for_extend`` wrapper calls it). The wrapped
+``prepare_for_extend`` itself runs in ``tests/upstream/test_cone_replay_scheduler.py`` (a real
+``Scheduler``).
 """
 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +60,18 @@ def install(tokens: int, **keys: str) -> Any:
     return state
 
 
+@contextmanager
+def published_replay_rows(cone: tuple[Any, Any, Any] | None) -> Iterator[None]:
+    """Publish a forward's replay rows ``(rows, F's tree slots, pool)`` for the duration of the
+    block, as the switch's ``ModelRunner.forward`` wrapper does for a batch that carries them
+    (``FORWARD_ATTR``); the installed ``RadixAttention.forward`` reads them. None: no replay."""
+    cone_replay._ACTIVE[0] = cone
+    try:
+        yield
+    finally:
+        cone_replay._ACTIVE[0] = None
+
+
 def model_kit(model: Any, geometry: Geometry, backend: str = "python") -> CacheKit:
     """A real ``UnifiedRadixCache`` (FULL + SWA) whose allocator owns ``model``'s ``SWAKVPool``."""
     import torch
@@ -83,7 +104,8 @@ def model_kit(model: Any, geometry: Geometry, backend: str = "python") -> CacheK
 def cone_turn(kit: CacheKit, tokens: list[int], out_len: int, chunk: int | None = None,
               forward: Callable[[Any, int, int, dict[str, Any] | None], None] | None = None,
               rid: str | None = None) -> ConeTurn:
-    """One turn in the scheduler's order with the switch's plan, admission rule and copy."""
+    """One turn in the scheduler's order with the switch's plan, admission rule (through a real
+    ``PrefillAdder``) and copy."""
     import torch
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.mem_cache.common import checkpoint_kv_cache
@@ -97,11 +119,14 @@ def cone_turn(kit: CacheKit, tokens: list[int], out_len: int, chunk: int | None 
     plan = getattr(req, cone_replay.REQ_ATTR, None)
     stock_prefix = plan.P if plan is not None else req.prefix_len
     L = len(tokens)
-    # PrefillAdder: the first pass is [prefix, prefix + chunk); the switch's rule keeps or drops the cone.
-    if plan is not None and not cone_replay.admit(req, req.prefix_len, min(chunk, L - req.prefix_len)):
-        plan = None
+    # A real PrefillAdder selects the first pass [prefix, prefix + chunk): the switch's wrapper
+    # keeps or drops the cone; _commit_prefill_admission locks req.last_node (F's node on a cone).
+    adder = _prefill_adder(kit, chunk)
+    adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
+    assert adder.can_run_list == [req], f"cone_turn: the PrefillAdder did not admit {req.rid} (budget)"
+    if plan is not None and getattr(req, cone_replay.REQ_ATTR, None) is not plan:
+        plan = None  # the admission rule restored the stock match
     turn = ConeTurn(req.rid, stock_prefix, req.prefix_len, req.swa_branching_seqlen, plan, L - req.prefix_len)
-    req.lock = kit.cache.lock(req.last_node)  # _commit_prefill_admission: the anchor lock on a cone
     row = req.kv.req_pool_idx
     if req.prefix_len:
         kit.pool.write((row, slice(0, req.prefix_len)), kit.cache.prefix_device_indices(req))
@@ -109,7 +134,7 @@ def cone_turn(kit: CacheKit, tokens: list[int], out_len: int, chunk: int | None 
         turn.checks["anchor_locked"] = _full_lock_ref(kit, plan.anchor)
     pos, first = req.prefix_len, True
     while pos < L:
-        end = min(L, pos + chunk)
+        end = req.extend_end if first else min(L, pos + chunk)  # the first pass: what the adder admitted
         kit.pool.write((row, slice(pos, end)), kit.alloc_pages(end - pos))
         rows = None
         if first and plan is not None:  # ScheduleBatch.prepare_for_extend: the copy
@@ -141,6 +166,14 @@ def cone_turn(kit: CacheKit, tokens: list[int], out_len: int, chunk: int | None 
         req.kv.kv_committed_len = req.kv.kv_allocated_len = total + out_len
     turn.history = _finish(kit, req)
     return turn
+
+
+def _prefill_adder(kit: CacheKit, chunk: int) -> Any:
+    """A real ``PrefillAdder`` over the kit's cache and allocator (no running batch)."""
+    from sglang.srt.managers.schedule_policy import PrefillAdder
+
+    return PrefillAdder(kit.geometry.page, kit.cache, kit.allocator, running_batch=None, new_token_ratio=0.0,
+                        rem_input_tokens=1 << 30, rem_chunk_tokens=chunk)
 
 
 def _finish(kit: CacheKit, req: Any) -> list[int]:

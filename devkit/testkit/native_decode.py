@@ -18,6 +18,7 @@ from adapter.switches.native_decode import loader as ndm
 from devkit.reference import dsv4_decode as ref
 
 FAKE_SO = b"\x7fELF not a real module: the loader seam stands in for tvm_ffi.load_module\n"
+SCRATCH_HEADS_MARK = 5  # StubModule's scratch head count is heads + 5 (see decode_scratch_heads)
 
 
 def write_module_dir(directory: Path, arches: tuple[str, ...] = ("sm_120a", "sm_121a"), *,
@@ -73,16 +74,23 @@ class StubModule:
     """Stands in for the loaded ``.so`` (its launch needs an SM120 GPU): records each call and
     computes the reference decode on exactly the cache view it was handed."""
 
-    def __init__(self, page_size: int = ndm.NATIVE_PAGE_SIZE, refuse: str | None = None):
+    def __init__(self, page_size: int = ndm.NATIVE_PAGE_SIZE, refuse: str | None = None,
+                 scratch_heads: int = SCRATCH_HEADS_MARK):  # fmt: skip
         self.page_size = page_size
         self.refuse = refuse  # a message: behave like the guard's TVM_FFI_ICHECK (RuntimeError)
+        self.scratch_heads = scratch_heads
         self.calls: list[dict[str, Any]] = []
+        self.scratch_queries: list[int] = []
 
     def native_page_size(self) -> int:
         return self.page_size
 
     def decode_scratch_heads(self, heads: int) -> int:
-        return 8 if heads == 8 else -(-heads // 16) * 16  # FlashInfer's rule (HPB 16; exact for 8)
+        """The compiled module answers with FlashInfer's C++ ``decode_scratch_heads``; the stand-in does not
+        restate that rule: it answers ``heads + scratch_heads`` (a value no rule gives), so a test can
+        check the switch sizes the split-K scratch by the module's answer and not by a rule of its own."""
+        self.scratch_queries.append(heads)
+        return heads + self.scratch_heads
 
     def dsv4_native_page_decode(self, q, kv, indices, mid_out, mid_lse, output, out_lse, num_splits, sm_scale,
                                 topk_length, attn_sink, extra_kv, extra_indices, extra_topk_length, cpb,

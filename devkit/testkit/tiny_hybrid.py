@@ -1,9 +1,18 @@
 """A tiny pure-torch hybrid model (sliding-window + full-attention layers) on a real ``SWAKVPool``.
 
-It exists to prove the cone replay exact (issue 5): every layer reads its keys and values from the
-KV pool, never from the forward's own tensors, like a paged attention backend. Sliding-window
-layers read ``SWAKVPool``'s SWA side through ``full_to_swa_index_mapping``; full-attention layers
-read the Full side through the request row of ``req_to_token``.
+It exists to prove the cone replay exact (issue 5), in two modes:
+
+* ``forward`` (the pool model): every layer writes its K/V, then reads keys and values from the KV
+  pool, never from the forward's own tensors. Sliding-window layers read ``SWAKVPool``'s SWA side
+  through ``full_to_swa_index_mapping``; full-attention layers read the Full side through the
+  request row of ``req_to_token``. The cone's effect is given as arguments (a Full-side write
+  mask and a window floor).
+* ``forward_extend`` (the production path): every layer's q/k/v go through a real
+  ``RadixAttention`` layer, so with cone replay installed through its ``RadixAttention.forward``
+  wrapper (``substitute_full_kv``), to :class:`ExtendBackend`, published with SGLang's own
+  ``forward_context``. Like SGLang's extend kernels, the backend writes the extend rows' K/V to the
+  pool (``set_kv_buffer``) and attends each row over the prefix K/V read from the pool and the
+  extend rows' K/V from the forward's own ``k``/``v``. No floor: no SGLang backend has one.
 
 Each row is computed with the same tensor shapes whatever else the forward holds (one row at a
 time, keys gathered per row), so two forwards that feed a row the same inputs give the same fp32
@@ -20,6 +29,7 @@ API::
     out = model.forward(kv, slots, tokens, start, end, floor=0, mask=None)
         # slots: Full-pool slot of every position [0, end); rows [start, end) are computed;
         # mask=(lo, hi): rows in [lo, hi) write nothing to the Full side (padding slot 0).
+    out = model.forward_extend(kv, slots, tokens, start, end)      # the production path (no floor, no mask)
 """
 
 from __future__ import annotations
@@ -28,6 +38,7 @@ import math
 from typing import Any
 
 import torch
+from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 
 class TinyHybrid:
@@ -99,3 +110,76 @@ class TinyHybrid:
                 y = h[i] + (att @ values) @ w["o"]
                 h[i] = y + torch.relu(self._norm(y) @ w["up"]) @ w["down"]
         return torch.stack(h) if h else torch.empty(0, self.d)
+
+    def _radix_layers(self) -> list[Any]:
+        from sglang.srt.layers.radix_attention import RadixAttention
+
+        if not hasattr(self, "_radix"):
+            self._radix = [RadixAttention(1, self.d, self.d**-0.5, 1, layer_id,
+                                          sliding_window_size=self.window if kind == "S" else -1)
+                           for layer_id, kind in enumerate(self.kinds)]
+        return self._radix
+
+    def forward_extend(self, kv: Any, slots: torch.Tensor, tokens: list[int], start: int, end: int) -> torch.Tensor:
+        """Rows ``[start, end)`` the way SGLang runs an extend: a real ``ForwardBatch``
+        (``ForwardMode.EXTEND``), each layer's attention through the real (installed)
+        ``RadixAttention.forward`` to :class:`ExtendBackend`. A cone's replay rows must be
+        published by the caller, as ``ModelRunner.forward`` does (``devkit.testkit.cone``)."""
+        from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+        from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+
+        slots = slots.to(torch.int64)
+        n = end - start
+        if n <= 0:
+            return torch.empty(0, self.d)
+        batch = ForwardBatch(forward_mode=ForwardMode.EXTEND, batch_size=1,
+                             input_ids=torch.tensor(tokens[start:end], dtype=torch.int64),
+                             req_pool_indices=torch.zeros(1, dtype=torch.int64), seq_lens=torch.tensor([end]),
+                             out_cache_loc=slots[start:end], seq_lens_sum=end,
+                             extend_prefix_lens_cpu=[start], extend_seq_lens_cpu=[n])
+        h = [self.emb[tokens[r] % self.vocab].clone() for r in range(start, end)]
+        with forward_context(ForwardContext(attn_backend=ExtendBackend(kv, slots[:end]))):
+            for layer_id, attention in enumerate(self._radix_layers()):
+                w = self.layers[layer_id]
+                xs = [self._norm(x) for x in h]
+                q, k, v = (torch.stack([x @ w[name] for x in xs]) for name in ("q", "k", "v"))
+                att = attention(q, k, v, batch)
+                for i in range(n):
+                    y = h[i] + att[i] @ w["o"]
+                    h[i] = y + torch.relu(self._norm(y) @ w["up"]) @ w["down"]
+        return torch.stack(h)
+
+
+class ExtendBackend(AttentionBackend):
+    """A CPU extend kernel for one request (one head): what SGLang's extend backends do, row by
+    row with fixed shapes so two forwards feeding a row the same inputs give the same fp32 bits.
+    ``slots``: the request row (Full-pool slot of every position ``[0, end)``). The real
+    ``AttentionBackend.forward`` dispatches an EXTEND batch here."""
+
+    def __init__(self, kv: Any, slots: torch.Tensor):
+        self.kv, self.slots = kv, slots
+
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+        from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
+        kv, start, n = self.kv, int(forward_batch.extend_prefix_lens_cpu[0]), q.shape[0]
+        mapping = kv.full_to_swa_index_mapping
+        is_swa = kv.layers_mapping[layer.layer_id][1]
+        if save_kv_cache:  # the backends translate the SWA write loc once per forward
+            loc = forward_batch.out_cache_loc
+            kv.set_kv_buffer(layer, KVWriteLoc.for_batch(forward_batch, swa_loc=mapping[loc].to(torch.int64)), k, v)
+        kbuf, vbuf = kv.get_key_buffer(layer.layer_id), kv.get_value_buffer(layer.layer_id)
+        prefix = self.slots[:start]
+        if is_swa:
+            prefix = mapping[prefix].to(torch.int64)
+        k, v, q = k.reshape(n, -1), v.reshape(n, -1), q.reshape(n, -1)
+        window = int(layer.sliding_window_size)
+        out = torch.empty(n, q.shape[1])
+        for i in range(n):
+            r = start + i
+            lo = max(r - window + 1, 0) if window > 0 else 0
+            keys = torch.cat([kbuf[prefix[lo:start], 0], k[max(lo, start) - start : i + 1]])
+            values = torch.cat([vbuf[prefix[lo:start], 0], v[max(lo, start) - start : i + 1]])
+            att = torch.softmax(keys @ q[i] / math.sqrt(q.shape[1]), dim=0)
+            out[i] = att @ values
+        return out

@@ -85,7 +85,7 @@ def test_reference_decode_writes_the_new_tokens_kv_at_cache_loc_before_attending
     assert torch.equal(k_buf[9], k_new[0]) and torch.equal(v_buf[9], v_new[0])
 
 
-def test_stand_in_raises_for_ops_it_does_not_implement_and_routes_backend_and_timer_to_cpu_paths():
+def test_the_sgl_kernel_stand_in_raises_for_missing_ops_and_routes_to_cpu_paths():
     code = (
         "import sgl_kernel, torch, time\n"
         "from sglang.srt.layers.attention import attention_registry as r\n"

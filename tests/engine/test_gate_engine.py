@@ -42,7 +42,7 @@ def test_idle_session_resumes_with_its_context_cached_under_swa_thin_and_not_und
     assert profile.cache["outputs"]["session_turn2"] == stock.cache["outputs"]["session_turn2"]
 
 
-def test_chunked_long_prompt_beside_streams_shows_the_yields_decode_steps_in_the_scheduler_log(boots):
+def test_the_scheduler_log_shows_decode_steps_between_the_chunks_of_a_long_prompt(boots):
     stock, profile, keys = boots
     if "DSV41_DECODE_YIELD" not in keys:
         pytest.skip("decode_yield is not in this build's registry")

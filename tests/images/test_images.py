@@ -51,9 +51,10 @@ def test_every_run_step_calls_a_script_that_exists_in_the_repo(name):
 
 
 @pytest.mark.parametrize("name", IMAGES)
-def test_each_image_installs_builds_and_verifies_the_module_and_runs_the_suite_in_that_order(name):
+def test_the_test_stage_installs_builds_the_module_runs_the_suite_then_stages_in_that_order(name):
     scripts = _run_scripts(name)
-    order = ["tools/image/install_overlay.sh", "runtime/build_native_decode.sh", "tools/image/run_cpu_tests.sh"]
+    order = ["tools/image/install_overlay.sh", "runtime/build_native_decode.sh", "tools/image/run_cpu_tests.sh",
+             "tools/image/stage_overlay.sh", "tools/image/install_overlay.sh"]  # the last: the serving stage's
     assert [s for s in scripts if s in order] == order
 
 
@@ -143,3 +144,51 @@ def test_the_healthcheck_passes_on_a_healthy_engine_and_fails_when_it_is_gone():
         server.server_close()
     gone = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=30)
     assert gone.returncode == 1 and "unhealthy" in gone.stderr
+
+
+def _stages(name: str) -> list[list[dockerfile.Command]]:
+    stages: list[list[dockerfile.Command]] = []
+    for command in _commands(name):
+        if command.cmd == "FROM":
+            stages.append([])
+        if stages:
+            stages[-1].append(command)
+    return stages
+
+
+@pytest.mark.parametrize("name", IMAGES)
+def test_the_serving_stage_carries_only_the_staged_overlay_and_runs_no_tests(name):
+    test_stage, serving = _stages(name)
+    assert test_stage[0].original.endswith("AS test") and serving[0].original.endswith("AS serving")
+    copies = [c.original for c in serving if c.cmd == "COPY"]
+    assert copies == ["COPY --from=test /opt/dsv41-serving /opt/dsv41"]
+    serving_runs = [shlex.split(" ".join(c.value))[1:] for c in serving if c.cmd == "RUN"]
+    assert ["tools/image/install_overlay.sh", "--serving"] in serving_runs
+    assert not any("run_cpu_tests" in " ".join(run) for run in serving_runs)
+    assert ["tools/image/stage_overlay.sh", "/opt/dsv41-serving"] in [
+        shlex.split(" ".join(c.value))[1:] for c in test_stage if c.cmd == "RUN"]
+
+
+def test_the_staged_overlay_has_no_tests_devkit_or_pytest_and_still_checks_and_pins(tmp_path):
+    out = tmp_path / "serving"
+    done = subprocess.run(["bash", "tools/image/stage_overlay.sh", str(out)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    top = {p.name for p in out.iterdir()}
+    assert {"sitecustomize.py", "adapter", "tools"} <= top
+    assert not {"tests", "devkit", ".venv", ".git"} & top
+    assert not list(out.rglob("test_*.py")) and not list(out.rglob("__pycache__"))
+    for script in ("install_overlay.sh", "install_roce.sh", "healthcheck.py"):
+        assert (out / "tools" / "image" / script).is_file()
+    # The serving stage's own steps work from the staged folder alone: pins verified, check runs,
+    # and the devkit commands say they are not here instead of crashing.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DSV41_")}
+    pins = subprocess.run([sys.executable, "-m", "adapter", "pins"], cwd=out, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert pins.returncode == 0 and "DRIFT" not in pins.stdout, pins.stdout[-2000:] + pins.stderr[-2000:]
+    gate = subprocess.run([sys.executable, "-m", "adapter", "gate"], cwd=out, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert gate.returncode == 2 and "devkit is not installed here" in gate.stderr
+    again = subprocess.run(["bash", "tools/image/stage_overlay.sh", str(out)], cwd=ROOT, capture_output=True,
+                           text=True, timeout=60)
+    assert again.returncode == 2 and "is not empty" in again.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
 import random
 import time
@@ -48,9 +49,29 @@ def test_the_formula_runs_with_every_clock_made_to_fail(monkeypatch):
 @settings(max_examples=300, deadline=None)
 def test_top_k_pairs_closed_form_equals_the_sum_it_describes(c, p, k):
     if c <= 2000:
+        # brute force: the query at position j (1-based) attends to keys 1..j, top-k to min(j, k) of them
         assert cost_model.topk_pairs(c, p, k) == sum(min(j, k) for j in range(p + 1, p + c + 1))
-    assert cost_model.pairs(c, p) == c * p + c * (c + 1) // 2
+        assert cost_model.pairs(c, p) == sum(range(p + 1, p + c + 1))
     assert cost_model.topk_pairs(c, p, k) <= cost_model.pairs(c, p)
+
+
+@pytest.mark.parametrize(("c", "p", "k", "pairs", "topk"), [
+    # counted by hand: queries at positions p+1..p+c, each sees its position's keys, at most k
+    (1, 0, 0, 1, 0), (3, 0, 2, 1 + 2 + 3, 1 + 2 + 2), (2, 5, 4, 6 + 7, 4 + 4), (4, 1, 3, 2 + 3 + 4 + 5, 2 + 3 + 3 + 3),
+    (0, 9, 4, 0, 0),
+])
+def test_pairs_match_hand_counted_cases(c, p, k, pairs, topk):
+    assert cost_model.pairs(c, p) == pairs and cost_model.topk_pairs(c, p, k) == topk
+
+
+def _simulated_window(pct, chunk, step, floor, cap):
+    """The window rule by simulation: add decode steps one at a time until the decode time is at
+    least ``pct`` % of the window (chunk + decode steps), then apply the floor and the cap."""
+    n, decoded = 0, 0
+    while n < cap and 100 * decoded < pct * (chunk + decoded):
+        n += 1
+        decoded += step
+    return max(floor, n)
 
 
 @given(
@@ -65,11 +86,21 @@ def test_every_cost_and_every_n_is_an_exact_integer(rows, lens, pct, floor):
     assert type(chunk) is int and type(step) is int and step > 0
     n = cost_model.yield_steps(pct, chunk, step, floor)
     assert type(n) is int
-    need = -(-pct * chunk // ((100 - pct) * step))  # ceil, integers only
-    assert n == max(floor, min(cost_model.MAX_YIELD_STEPS, need))
-    # the least N whose decode time reaches the share (before floor and cap)
-    assert need * step * (100 - pct) >= pct * chunk
-    assert need == 0 or (need - 1) * step * (100 - pct) < pct * chunk
+    assert n == _simulated_window(pct, chunk, step, floor, cost_model.MAX_YIELD_STEPS)
+
+
+@pytest.mark.parametrize(("pct", "chunk", "step", "floor", "n"), [
+    # worked by hand: n steps of `step` give n*step/(chunk + n*step) of the window
+    (50, 100, 100, 0, 1),  # 1 step: 100/200 = 50 %
+    (50, 101, 100, 0, 2),  # 1 step: 100/201 < 50 %; 2 steps: 200/301
+    (33, 1000, 100, 0, 5),  # 4 steps: 400/1400 = 28.6 %; 5 steps: 500/1500 = 33.3 %
+    (20, 1000, 300, 0, 1),  # 1 step: 300/1300 = 23 %
+    (20, 1000, 300, 3, 3),  # the floor
+    (99, 10**6, 1, 0, 128),  # the cap
+    (70, 0, 100, 0, 0),  # nothing to yield to
+])
+def test_the_window_matches_hand_worked_cases(pct, chunk, step, floor, n):
+    assert cost_model.yield_steps(pct, chunk, step, floor) == n
 
 
 @given(
@@ -175,9 +206,134 @@ def test_fit_recovers_known_coefficients_within_one_percent(tmp_path, noise):
     samples = fit_cost_model.read_log(str(_synthetic_log(tmp_path / "fpm.jsonl", KNOWN, noise)))
     assert samples.skipped["idle"] == 1 and samples.skipped["mixed"] == 1
     coef, notes = fit_cost_model.fit(samples, topk=KNOWN.topk)
-    assert notes == []
+    assert len(notes) == 1 and "no recv_time" in notes[0]  # forward-only log: the iteration terms stay 0
     for (name, got), (_, want) in zip(coef.items(), KNOWN.items()):
         assert abs(got - want) <= 0.01 * want, (name, got, want)
+
+
+WALL = dataclasses.replace(KNOWN, chunk_sched_us=3_000, token_sched_ns=20_000, step_sched_us=2_500,
+                           row_sched_ns=150_000, switch_us=1_800)
+
+
+def _timeline_log(path: Path, coef: cost_model.Coefficients, noise: float = 0.0) -> Path:
+    """A stamped log as the recorder writes it, from a simulated scheduler timeline: runs of
+    back-to-back chunks and of decode steps, windows that alternate them (the alternation costs
+    ``coef.switch_us``: 2/3 on the decode step after a chunk, 1/3 on the chunk after a decode), and
+    idle pauses between runs (a gap that holds idle time). Each message: forward ``wall_time`` from
+    the forward terms, ``recv_time`` = the end of its iteration (forward + iteration terms)."""
+    rng = random.Random(11)
+    forward = fit_cost_model.forward_only(coef)
+    clock, counter, lines = 1000.0, 0, []
+
+    def emit(forward_fs: int, iteration_fs: int, **scheduled: int) -> None:
+        import msgspec
+        from sglang.srt.observability.forward_pass_metrics import ForwardPassMetrics, ScheduledRequestMetrics
+
+        nonlocal clock, counter
+        clock += iteration_fs / 1e15 * (1 + rng.uniform(-noise, noise))
+        line = msgspec.json.encode(ForwardPassMetrics(
+            counter_id=counter, wall_time=forward_fs / 1e15 * (1 + rng.uniform(-noise, noise)),
+            scheduled_requests=ScheduledRequestMetrics(**scheduled)))
+        lines.append(line[:-1] + b',"recv_time":%r}' % clock)  # as devkit.engine_kit.fpm writes it
+        counter += 1
+
+    def chunk(extra_fs: int = 0) -> None:
+        c, p = rng.choice([64, 512, 1024, 4096, 8192]), rng.choice([64, 1000, rng.randrange(64, 1 << 20, 64)])
+        emit(cost_model.chunk_cost([(c, p)], forward), cost_model.chunk_cost([(c, p)], coef) + extra_fs,
+             num_prefill_requests=1, sum_prefill_tokens=c, sum_prefill_kv_tokens=p)
+
+    def decode(b: int, extra_fs: int = 0) -> None:
+        length = rng.choice([300, 1500, rng.randint(100, 200_000)])
+        emit(cost_model.step_cost([length] * b, forward), cost_model.step_cost([length] * b, coef) + extra_fs,
+             num_decode_requests=b, sum_decode_kv_tokens=b * length)
+
+    switch_fs = coef.switch_us * 10**9
+    for run in range(120):
+        clock += rng.choice([0.0, 0.0, 2.0])  # an idle pause: the next gap holds it
+        b = rng.randint(1, 64)
+        if run % 3 == 0:
+            for _ in range(5):
+                chunk()
+        elif run % 3 == 1:
+            for _ in range(5):
+                decode(b)
+        else:  # a window: decode, chunk, decode, chunk ... with the same rows
+            decode(b)
+            for _ in range(3):
+                chunk(switch_fs // 3)
+                decode(b, switch_fs - switch_fs // 3)
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path
+
+
+@pytest.mark.parametrize("noise", [0.0, 0.002])
+def test_fit_recovers_the_iteration_terms_from_arrival_times_with_idle_gaps_in_the_log(tmp_path, noise):
+    """The iteration terms come from gaps between consecutive messages; gaps holding idle time are
+    left out, so they do not inflate what a step costs."""
+    samples = fit_cost_model.read_log(str(_timeline_log(tmp_path / "fpm.jsonl", WALL, noise)))
+    assert samples.stamped == len(samples.prefill) + len(samples.decode)
+    assert samples.switch_decode_gaps and samples.switch_chunk_gaps
+    coef, notes = fit_cost_model.fit(samples, topk=WALL.topk)
+    assert notes == []
+    for name in cost_model.FORWARD_TERMS + cost_model.WALL_TERMS:
+        got, want = getattr(coef, name), getattr(WALL, name)
+        assert abs(got - want) <= 0.02 * want, (name, got, want)
+    whole, forward_only = fit_cost_model.iteration_errors(samples, coef)["decode"]
+    assert abs(whole) < 0.01 and forward_only < -0.01  # the forward alone under-charges a step
+
+
+def test_the_recorder_stamps_each_message_with_its_arrival_and_fit_reads_it(tmp_path):
+    """devkit.engine_kit.fpm on a real ZMQ PUB socket with the upstream encoder: one line per
+    message, the upstream fields intact, ``recv_time`` appended and increasing."""
+    import json
+
+    import zmq
+    from sglang.srt.observability.forward_pass_metrics import ForwardPassMetrics, ScheduledRequestMetrics, encode
+
+    from devkit.engine_kit import fpm
+
+    ipc = f"ipc://{tmp_path}/fpm"
+    pub = zmq.Context.instance().socket(zmq.PUB)
+    pub.bind(f"{ipc}.0")
+    recorder = fpm.Recorder(ipc, tmp_path / "fpm.jsonl").start()
+    try:
+        time.sleep(0.5)  # the subscription reaches the publisher
+        for i in range(3):
+            m = ForwardPassMetrics(counter_id=i, wall_time=0.01 * (i + 1),
+                                   scheduled_requests=ScheduledRequestMetrics(num_decode_requests=4, sum_decode_kv_tokens=400))
+            pub.send_multipart((b"", i.to_bytes(8, "big"), encode(m)))
+            time.sleep(0.05)
+        deadline = time.monotonic() + 5
+        while recorder.messages < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        recorder.stop()
+        pub.close(linger=0)
+    rows = [json.loads(line) for line in (tmp_path / "fpm.jsonl").read_text().splitlines()]
+    assert [r["counter_id"] for r in rows] == [0, 1, 2] and [r["wall_time"] for r in rows] == [0.01, 0.02, 0.03]
+    assert rows[0]["recv_time"] < rows[1]["recv_time"] < rows[2]["recv_time"]
+    samples = fit_cost_model.read_log(str(tmp_path / "fpm.jsonl"))
+    assert samples.stamped == 3 and len(samples.decode_gaps) == 2
+    assert all(g[3] >= 0.04 for g in samples.decode_gaps)  # the gap: the 50 ms between sends
+
+
+def test_a_stock_log_with_no_alternation_fits_no_switch_cost_and_says_so(tmp_path):
+    samples = fit_cost_model.read_log(str(_timeline_log(tmp_path / "fpm.jsonl", WALL)))
+    samples.switch_decode_gaps, samples.switch_chunk_gaps = [], []  # what a stock boot records
+    coef, notes = fit_cost_model.fit(samples, topk=WALL.topk)
+    assert coef.switch_us == 0 and sum("SWITCH_US" in n for n in notes) == 1
+    assert abs(coef.step_sched_us - WALL.step_sched_us) <= 0.02 * WALL.step_sched_us
+
+
+def test_the_iteration_terms_raise_the_window_by_what_a_step_really_costs():
+    """With the iteration terms, N is the window rule on iteration wall time: a step that costs more
+    than its forward needs fewer steps for the same share; the alternation is charged once."""
+    rows, lens = [(64, 3000)], [500] * 4
+    forward = fit_cost_model.forward_only(WALL)
+    assert cost_model.step_cost(lens, WALL) - cost_model.step_cost(lens, forward) == (2_500 * 10**9 + 4 * 150_000 * 10**6)
+    assert cost_model.chunk_cost(rows, WALL) - cost_model.chunk_cost(rows, forward) == 3_000 * 10**9 + 64 * 20_000 * 10**6
+    assert cost_model.window_cost(rows, WALL) - cost_model.chunk_cost(rows, WALL) == 1_800 * 10**9
+    assert cost_model.window_cost(rows, forward) == cost_model.chunk_cost(rows, forward)
 
 
 def test_fit_command_prints_the_profile_line(tmp_path, capsys):

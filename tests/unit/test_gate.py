@@ -33,7 +33,7 @@ def _boot(label, resume=1.0, cone=0, share=0.5, outputs=None, logprobs=(-0.5, -1
     return boot
 
 
-def test_outputs_are_compared_only_where_the_controls_agree_and_streams_on_their_common_prefix():
+def test_outputs_are_compared_only_where_the_two_controls_agree():
     a1 = {"a": [1, 2], "b": [3], "stream0": [5, 6, 7]}
     a2 = {"a": [1, 2], "b": [4], "stream0": [5, 6]}
     b = {"a": [1, 2], "b": [9], "stream0": [5, 6, 7, 8]}
@@ -94,7 +94,7 @@ def test_thin_row_passes_only_when_the_profile_resumes_cached_and_both_controls_
     assert row["status"].startswith("FAIL")
 
 
-def test_a_switch_refused_at_boot_is_not_available_naming_the_receipt_gap_and_never_a_pass():
+def test_a_switch_refused_at_boot_shows_its_receipt_gap_and_never_passes():
     gaps = ["swa_thin refused on tp0: engine drifted"]
     table = {r["switch"]: r["status"] for r in gate.rows(_boot("A1"), _boot("B"), _boot("A2"), gaps, True)}
     assert table["swa_thin"] == "not available in this build: refused at boot: swa_thin refused on tp0: engine drifted"
@@ -115,7 +115,7 @@ def test_cone_row_needs_the_switchs_own_plan_lines_not_only_fewer_recomputed_tok
     assert gate._effect_row("cone_replay", a1, b, a2, True)["status"] == "pass"
 
 
-def test_cone_row_fails_when_the_branchs_logprobs_drift_beyond_float_noise_even_with_equal_tokens():
+def test_the_cone_row_fails_when_branch_logprobs_drift_beyond_float_noise():
     a1, a2 = _boot("A1", cone=700), _boot("A2", cone=700)
     b = _boot("B", cone=60, logprobs=(-0.5 + 2e-7, -1.25 - 1e-6))
     b.log_lines = ["[dsv41] cone_replay DSV41_SWA_CONE plan rid=x F=700 s=636 N=64 P=0 rank=tp0"]

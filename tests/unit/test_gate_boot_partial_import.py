@@ -15,7 +15,7 @@ def install(ctx):
     return {}
 
 
-def test_switch_waits_for_a_target_module_that_is_still_executing_when_another_target_finishes(tmp_path, monkeypatch):
+def test_a_switch_waits_while_one_of_its_target_modules_is_still_executing(tmp_path, monkeypatch):
     # outer imports inner before it defines Ready: inner finishing must not install the switch.
     (tmp_path / "dsv41_gate_inner.py").write_text("VALUE = 1\n")
     (tmp_path / "dsv41_gate_outer.py").write_text("import dsv41_gate_inner\n\n\nclass Ready:\n    pass\n")

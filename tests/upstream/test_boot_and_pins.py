@@ -5,8 +5,10 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
+import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -121,7 +123,7 @@ def _install_second(ctx):
     return {"order": "2"}
 
 
-def test_two_switches_wrapping_one_function_both_pin_the_original_and_install_in_registry_order(
+def test_two_switches_on_one_function_pin_its_original_and_install_in_registry_order(
     autotune_module, monkeypatch
 ):
     base = registry.by_name("autotune_keep")
@@ -230,7 +232,8 @@ def test_a_switch_waits_until_every_target_module_has_finished_executing(monkeyp
 
 
 def test_a_switch_cannot_wrap_a_target_its_record_only_relies_on_or_does_not_list(autotune_module, monkeypatch):
-    relied = registry.by_name("decode_yield").relies_on[0]
+    relied = "sglang.srt.managers.scheduler:Scheduler._arm_prefill_decode_interval"
+    assert relied in registry.by_name("decode_yield").relies_on
 
     def overreaching_install(ctx):
         ctx.wrap(DIGEST, lambda wrapped, instance, args, kwargs: wrapped(*args, **kwargs))
@@ -251,3 +254,21 @@ def test_the_patch_refuses_a_target_outside_the_switchs_wraps():
     patch = patching.Patch("autotune_keep", allowed=registry.by_name("autotune_keep").wraps)
     with pytest.raises(patching.UndeclaredTarget, match="not in the record's wraps"):
         patch.wrap(registry.by_name("swa_thin").wraps[0], lambda *a: None)
+
+
+@pytest.mark.parametrize(("raw", "debug"), [("1", True), ("true", True), ("ON", True), ("yes", True),
+                                             ("0", False), ("off", False), ("maybe", False)])
+def test_debug_log_is_read_with_its_flag_parser_so_every_true_spelling_turns_debug_on(raw, debug):
+    assert receipts.debug_log_enabled({"DSV41_DEBUG_LOG": raw}) is debug
+    assert receipts.debug_log_enabled({}) is False
+
+
+def test_a_debug_line_is_logged_when_debug_log_is_spelled_true(tmp_path):
+    script = "from adapter.core import receipts\nreceipts.event('decode_yield', 'window', level=10, n=3)\n"
+    root = str(Path(boot.__file__).resolve().parents[2])
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DSV41_")}
+    for raw, shown in (("true", True), ("0", False)):
+        out = subprocess.run([sys.executable, "-c", script], env={**env, "DSV41_DEBUG_LOG": raw}, cwd=root,
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert ("[dsv41] decode_yield window n=3" in out.stderr) is shown

@@ -40,9 +40,11 @@ def _plan(s: int, F: int) -> ConePlan:
 
 
 def test_copy_moves_every_registered_full_side_page_of_a_real_dsv4_pool(dsv4_pool):
-    from adapter.switches.cone_replay.switch import _full_side_buffers, cone_bound, swa_layer_count
+    from adapter.switches.cone_replay.switch import _full_side_buffers, bound_for, swa_layer_count
 
-    assert swa_layer_count(dsv4_pool) == 4 and cone_bound(W, PAGE, swa_layer_count(dsv4_pool)) == 1024
+    assert swa_layer_count(dsv4_pool) == 4
+    # layers C4/C128/C4/C128: max(512 + 4 + 0, 512 + W, 512 + 4 + 2W, 512 + 3W) = 896 -> 1024
+    assert bound_for(dsv4_pool, W, PAGE, swa_layer_count(dsv4_pool)) == 1024
     bufs = _full_side_buffers(dsv4_pool)
     ptrs, _, _ = dsv4_pool.get_contiguous_buf_infos()
     assert sorted(b.data_ptr() for b, _ in bufs) == sorted(ptrs)  # the PD transfer's buffers, all of them
@@ -75,6 +77,17 @@ def test_copy_refuses_slots_that_are_not_whole_pages(dsv4_pool):
         copy_full_pages(dsv4_pool, src, src.flip(0))
 
 
+def test_the_dsv4_bound_takes_the_largest_per_layer_need_and_names_a_bad_ratio_list():
+    from adapter.switches.cone_replay.geometry import cone_bound_dsv4
+
+    assert cone_bound_dsv4(W, PAGE, 3, ratios=[0, 4, 128]) == 768  # the kit's model: C128 last
+    assert cone_bound_dsv4(W, PAGE, 3, ratios=[0, 128, 4]) == 1024  # a C4 layer last pools 4 rows more
+    assert cone_bound_dsv4(W, PAGE, 61, ratios=[4] * 60 + [128]) == 8192  # the profile's N covers it
+    assert cone_bound_dsv4(W, PAGE, 61) == 8448  # ratios unknown: every layer taken as C4
+    with pytest.raises(ValueError, match=r"ratios=\[0, 4\] has 2 entries, expected layers=3"):
+        cone_bound_dsv4(W, PAGE, 3, ratios=[0, 4])
+
+
 def test_write_mask_sends_masked_replay_rows_to_slot_zero_through_compressor_out_loc():
     from sglang.srt.layers.attention.deepseek_v4_backend import DeepseekV4AttnBackend
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
@@ -90,10 +103,11 @@ def test_write_mask_sends_masked_replay_rows_to_slot_zero_through_compressor_out
     loc = DeepseekV4AttnBackend._compressor_out_loc(fb)
     pos = torch.cat([torch.arange(1000, 1050), torch.arange(s, L)])
     masked = torch.zeros(n, dtype=torch.bool)
-    masked[50:] = (pos[50:] >= s) & (pos[50:] < F - align_up(W, PAGE))
-    assert masked.sum() == F - PAGE - s
+    masked[50:] = (pos[50:] >= s) & (pos[50:] < F - align_up(W, PAGE) - PAGE)
+    assert masked.sum() == F - 2 * PAGE - s
     assert (loc[masked] == 0).all()  # replay rows keep the copied latents: their writes go to the padding slot
-    assert torch.equal(loc[~masked], fb.out_cache_loc[~masked])  # the last page before F and rows >= F write
+    # the last two pages before F (re-published with their C4 state rings) and rows >= F write
+    assert torch.equal(loc[~masked], fb.out_cache_loc[~masked])
     assert (floor[:50] == 0).all() and (floor[50:] == s).all()
 
 
@@ -121,7 +135,38 @@ def test_window_floor_through_build_causal_swa_page_indices_only_cuts_keys_below
     assert torch.equal(floored[q >= F], plain[q >= F])  # rows >= F read what a prefix hit at F reads
 
 
-def test_a_real_dsv4_pool_refuses_the_forward_side_as_gpu_unverified(dsv4_pool):
-    from adapter.switches.cone_replay.switch import _forward_unsupported
+def test_a_real_dsv4_paged_pool_of_the_v4_layout_acts_and_other_layouts_refuse_naming_the_layout(dsv4_pool):
+    from sglang.kernels.ops.attention.dsv4.kv_layout import KVLayout
 
-    assert "GPU-unverified" in _forward_unsupported(dsv4_pool)
+    from adapter.switches.cone_replay import switch
+
+    assert dsv4_pool.kv_layout is KVLayout.V4 and switch._forward_unsupported(dsv4_pool) is None
+    dsv4_pool.kv_layout = KVLayout.V41
+    try:
+        why = switch._forward_unsupported(dsv4_pool)
+        assert why.startswith("DeepSeek-V4 KV layout v41:") and "\n" not in why
+        switch._STANDIN[0] = True
+        assert switch._forward_unsupported(dsv4_pool) is None  # the test-only key: act anyway
+    finally:
+        switch._STANDIN[0] = False
+        dsv4_pool.kv_layout = KVLayout.V4
+
+
+def test_dsv4_layouts_the_cone_cannot_replay_are_refused_with_one_line_naming_the_feature(dsv4_pool):
+    from adapter.switches.cone_replay import dsv4
+
+    class Cache:
+        decoder_swa_bounded_replay = False
+
+    cases = {"_unified_kv": "unified KV ring", "request_window": "--enable-encoder-swa-bounded-replay"}
+    for attr, named in cases.items():
+        old = getattr(dsv4_pool, attr)
+        setattr(dsv4_pool, attr, object())
+        try:
+            assert named in dsv4.unsupported(dsv4_pool, Cache(), True)
+        finally:
+            setattr(dsv4_pool, attr, old)
+    Cache.decoder_swa_bounded_replay = True
+    assert "--enable-decoder-swa-bounded-replay" in dsv4.unsupported(dsv4_pool, Cache(), True)
+    Cache.decoder_swa_bounded_replay = False
+    assert dsv4.unsupported(dsv4_pool, Cache(), True) is None

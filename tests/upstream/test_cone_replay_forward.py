@@ -2,10 +2,15 @@
 the resident Full KV of ``[s, F)``, sliding-window layers are untouched, nothing changes outside a
 replay forward, and a replay forward never runs in a prefill graph.
 
-Real ``SWAKVPool`` and ``RadixAttention`` layers; the attention backend behind
-``RadixAttention.forward`` is replaced by a recorder (it cannot run without a model runner), so
-what the tests see is exactly what the backend would receive. The end-to-end check (the real
-engine's branch tokens and logprobs equal a re-prefill's) is ``tests/test_gate_engine.py``.
+The switch is installed and the real, wrapped ``RadixAttention.forward`` runs on real
+``RadixAttention`` layers over a real ``SWAKVPool``, with a real ``ForwardBatch`` in
+``ForwardMode.EXTEND``. The attention backend it dispatches to (``get_attn_backend()``, published
+with SGLang's own ``forward_context``) is a recording ``AttentionBackend`` subclass: the real
+``AttentionBackend.forward`` routes the extend batch to its ``forward_extend``, so what the tests
+see is exactly what an extend kernel would receive. The replay rows are published in ``_ACTIVE``
+as ``ModelRunner.forward`` does for its duration (that publication is tested on its own below).
+The end-to-end check (the real engine's branch tokens and logprobs equal a re-prefill's) is
+``tests/test_gate_engine.py``.
 """
 
 from __future__ import annotations
@@ -39,20 +44,64 @@ def _layer(layer_id: int, window: int = -1):
     return RadixAttention(HEADS, DIM, DIM**-0.5, HEADS, layer_id, sliding_window_size=window)
 
 
+@pytest.fixture()
+def installed():
+    """The switch installed: ``RadixAttention.forward`` is its wrapper around the stock method."""
+    from sglang.srt.layers.radix_attention import RadixAttention
+
+    from devkit.testkit.cone import install
+
+    state = install(64)
+    assert state.outcomes["cone_replay"].status == "armed"
+    assert hasattr(RadixAttention.forward, "__wrapped__")
+    yield state
+    boot.uninstall()
+
+
+def _recording_backend():
+    from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+
+    class Recording(AttentionBackend):
+        """Records each ``forward_extend`` call; the real ``AttentionBackend.forward`` dispatches."""
+
+        def __init__(self):
+            self.calls = []
+
+        def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+            self.calls.append(dict(q=q, k=k, v=v, layer=layer, forward_batch=forward_batch,
+                                   save_kv_cache=save_kv_cache, **kwargs))
+            return torch.zeros(q.shape[0], layer.tp_q_head_num * layer.v_head_dim)
+
+    return Recording()
+
+
+def _extend_batch(tokens: int):
+    """A real ``ForwardBatch`` of one request extending ``tokens`` rows (no MLP-sync padding:
+    ``global_num_token_non_padded_cpu`` is None, so ``padded_extend_real_tokens`` passes it whole)."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+    return ForwardBatch(forward_mode=ForwardMode.EXTEND, batch_size=1,
+                        input_ids=torch.zeros(tokens, dtype=torch.int64),
+                        req_pool_indices=torch.zeros(1, dtype=torch.int64), seq_lens=torch.tensor([tokens]),
+                        out_cache_loc=torch.arange(tokens), seq_lens_sum=tokens)
+
+
 def _call(layer, q, k, v, cone):
-    """``RadixAttention.forward`` through the switch's wrapper, with a recording backend."""
-    seen = {}
+    """The installed ``RadixAttention.forward`` on ``layer`` inside a forward whose replay rows are
+    ``cone``; returns what the attention backend's ``forward_extend`` received."""
+    from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 
-    def backend(q, k, v, forward_batch, save_kv_cache=True, **kw):
-        seen.update(q=q, k=k, v=v, forward_batch=forward_batch, save_kv_cache=save_kv_cache, **kw)
-        return "out"
-
+    backend, forward_batch = _recording_backend(), _extend_batch(q.shape[0])
     cone_replay._ACTIVE[0] = cone
     try:
-        assert cone_replay._attention_forward(backend, layer, (q, k, v, "fb"), {"save_kv_cache": False}) == "out"
+        with forward_context(ForwardContext(attn_backend=backend)):
+            out = layer(q, k, v, forward_batch, save_kv_cache=False)
     finally:
         cone_replay._ACTIVE[0] = None
-    assert seen["forward_batch"] == "fb" and seen["save_kv_cache"] is False and seen["q"] is q
+    [seen] = backend.calls
+    assert out.shape == (q.shape[0], HEADS * DIM)
+    assert seen["layer"] is layer and seen["forward_batch"] is forward_batch and seen["q"] is q
+    assert seen["save_kv_cache"] is False
     return seen
 
 
@@ -61,7 +110,7 @@ def _qkv(tokens: int):
     return tuple(torch.randn(tokens, HEADS * DIM, generator=gen) for _ in range(3))
 
 
-def test_full_layer_replay_rows_read_the_resident_kv_of_f_and_other_rows_keep_their_own(pool):
+def test_full_layer_replay_rows_read_the_resident_kv_of_f_and_other_rows_keep_their_own(installed, pool):
     q, k, v = _qkv(12)
     rows = torch.tensor([3, 4, 5, 6, 7, 8, 9, 10])  # a request's replay rows in the batch's token order
     slots = torch.arange(20, 28)  # F's tree slots of [s, F)
@@ -74,13 +123,21 @@ def test_full_layer_replay_rows_read_the_resident_kv_of_f_and_other_rows_keep_th
     assert cone_replay.COUNTERS.substituted_layers >= 1
 
 
-def test_sliding_window_layers_and_forwards_without_a_replay_pass_k_and_v_through_untouched(pool):
+def _untouched(seen, k, v) -> bool:
+    """The backend got the forward's own K/V: ``RadixAttention.forward``'s head views of them."""
+    return all(got.data_ptr() == own.data_ptr() and torch.equal(got.flatten(1), own)
+               for got, own in ((seen["k"], k), (seen["v"], v)))
+
+
+def test_sliding_window_layers_pass_their_own_k_and_v_to_the_backend_in_a_replay_forward(installed, pool):
     q, k, v = _qkv(12)
     cone = (torch.arange(2, 6), torch.arange(20, 24), pool)
-    seen = _call(_layer(SWA_LAYER, window=7), q, k, v, cone)
-    assert seen["k"] is k and seen["v"] is v
-    seen = _call(_layer(FULL_LAYER), q, k, v, None)
-    assert seen["k"] is k and seen["v"] is v
+    assert _untouched(_call(_layer(SWA_LAYER, window=7), q, k, v, cone), k, v)
+
+
+def test_full_layers_pass_their_own_k_and_v_to_the_backend_outside_a_replay_forward(installed, pool):
+    q, k, v = _qkv(12)
+    assert _untouched(_call(_layer(FULL_LAYER), q, k, v, None), k, v)
 
 
 def test_model_forward_publishes_the_replay_rows_only_for_its_own_duration():

@@ -114,8 +114,26 @@ def test_stock_trace_is_unchanged_when_the_switch_is_off():
     assert _decisions(_stock_trace()) == _decisions(never)
 
 
-def test_with_the_switch_on_chunks_and_outputs_are_the_engines_own():
-    """Only when the next chunk runs changes: boundaries, prefixes and outputs are stock's."""
+def _forward_with_distinct_tokens(batch):
+    """The simulated forward, but as a model's: each row's token comes from the row's own tensors
+    (its KV slot ``req_pool_indices`` and length ``seq_lens``), so it names the request and the
+    position, and a result handed to another row shows (``SIM_TOKEN`` is the same for every row,
+    so comparing outputs with it shows nothing)."""
+    import torch
+    from sglang.srt.managers.utils import GenerationBatchResult
+
+    rows = zip(batch.req_pool_indices.tolist(), batch.seq_lens.tolist())
+    tokens = [1000 + int(slot) * 97 + int(length) % 89 for slot, length in rows]
+    return GenerationBatchResult(logits_output=None, next_token_ids=torch.tensor(tokens, dtype=torch.int64),
+                                 can_run_cuda_graph=False)
+
+
+def test_with_the_switch_on_chunks_and_outputs_are_the_engines_own(monkeypatch):
+    """Only when the next chunk runs changes: boundaries, prefixes and outputs are stock's (each
+    request's tokens are its own, so a row given another row's result shows)."""
+    from devkit.testkit import scheduler as harness
+
+    monkeypatch.setattr(harness, "simulated_forward", _forward_with_distinct_tokens)
 
     def run():
         h = _harness()
@@ -133,14 +151,16 @@ def test_with_the_switch_on_chunks_and_outputs_are_the_engines_own():
     rows, long, steps, gained = run()
     assert _chunks(steps, long.rid) == _chunks(stock, stock_long.rid)
     assert len(_chunks(steps, long.rid)) == 8
-    assert list(long.output_ids) == list(stock_long.output_ids)
+    assert list(long.output_ids) == list(stock_long.output_ids) and len(set(long.output_ids)) == 2
     assert all(s.kind != "idle" for s in steps)
     decode_steps = sum(s.kind == "decode" for s in steps)
     assert decode_steps > 7 * 4  # streams got steps between every pair of chunks
     # one token per decode pass per stream, the same tokens as stock
     assert stock_gained == [sum(s.kind == "decode" for s in stock)] * 16
     assert gained == [decode_steps] * 16
-    assert all(set(r.output_ids) == set(s.output_ids) for r, s in zip(rows, stock_rows))
+    # the streams decoded more steps than stock: stock's outputs are a prefix of theirs
+    assert all(list(r.output_ids[: len(s.output_ids)]) == list(s.output_ids) for r, s in zip(rows, stock_rows))
+    assert len({tuple(r.output_ids[:8]) for r in rows + [long]}) == 17  # every request its own tokens
 
 
 @pytest.mark.parametrize("pct", [33, 50])

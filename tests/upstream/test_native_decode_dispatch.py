@@ -90,7 +90,11 @@ def test_a_decode_sized_dsv4_call_on_256_token_pages_reads_the_pool_in_place(ins
     assert kv.stride() == (149760, 584, 584, 1)
     assert call["indices"].shape == case.indices.shape and call["extra_indices"].shape == case.extra_indices.shape
     assert call["num_splits"] == 128 // 64 + 512 // 64
-    assert call["mid_out"].shape == (3, 16, 10, 512) and call["mid_lse"].shape == (3, 16, 10)
+    # split-K scratch is sized by the loaded module's own decode_scratch_heads (FlashInfer's C++ rule in
+    # the real .so; the stand-in answers heads + 5, a value no rule of the switch's would give)
+    scratch = 16 + kit.SCRATCH_HEADS_MARK
+    assert call["mid_out"].shape == (3, scratch, 10, 512) and call["mid_lse"].shape == (3, scratch, 10)
+    assert installed.stub.scratch_queries[0] == 16
     assert call["cpb"] == -1, "no FlashInfer calibration on CPU: the C++ wave heuristic, as the stock planner"
     assert call["lse_scale"] == 1.0 and call["sm_scale"] == case.sm_scale
     assert out.shape == (3, 1, 16, 512) and lse is None
@@ -115,9 +119,6 @@ def _variant(case: ref.DecodeCase, name: str) -> dict:
     kwargs = kit.sglang_kwargs(case)
     if name == "page-size-64":
         kwargs["k_cache"] = ref.kernel_view(ref.split_pages(case.pool, 256), 64)
-    elif name == "kv-layout-528":
-        pool = torch.zeros(case.pool.shape[0], 256 * 528, dtype=torch.uint8)
-        kwargs["k_cache"] = pool.view(pool.shape[0], 256, 1, 528)
     elif name == "page-stride-149768":
         pool = torch.zeros(case.pool.shape[0], 149768, dtype=torch.uint8)
         pool[:, :149760] = case.pool
@@ -138,7 +139,7 @@ def _variant(case: ref.DecodeCase, name: str) -> dict:
 
 @pytest.mark.parametrize(
     "reason",
-    ["page-size-64", "kv-layout-528", "page-stride-149768", "q-dtype", "indices-dtype", "heads-130", "attn-sink"],
+    ["page-size-64", "page-stride-149768", "q-dtype", "indices-dtype", "heads-130", "attn-sink"],
 )
 def test_a_call_the_module_does_not_serve_keeps_the_stock_copy_path_and_logs_its_reason_once(installed, case, log, reason):
     kwargs = _variant(case, reason)
@@ -149,6 +150,40 @@ def test_a_call_the_module_does_not_serve_keeps_the_stock_copy_path_and_logs_its
     assert snd.stats[f"fallback:{reason}"] == 2
     lines = _fallbacks(log)
     assert len(lines) == 1 and f"reason={reason} " in lines[0]
+
+
+def _v41_pool(pages: int, width: int) -> torch.Tensor:
+    pool = torch.zeros(pages, 256 * width, dtype=torch.uint8)
+    return pool.view(pages, 256, 1, width)
+
+
+@pytest.mark.parametrize("width", [528, 288])
+@pytest.mark.parametrize("rows", [3, 65])
+def test_a_pool_with_v41_rows_is_refused_loudly_and_never_reaches_the_stock_copy(installed, case, log, width, rows):
+    big = case if rows == 3 else ref.decode_case(65, heads=8, window=16, topk=64, pages_per_request=1, seed=3)
+    kwargs = kit.sglang_kwargs(big)
+    kwargs["k_cache"] = _v41_pool(big.pool.shape[0], width)
+    for _ in range(2):
+        with pytest.raises(snd.UnsupportedKVLayout, match=f"{width}-byte") as raised:
+            installed.target.flash_mla_with_kvcache_sm120(**kwargs)
+    assert "584-byte" in str(raised.value) and "select_dsv4_kv_layout" in str(raised.value)
+    assert installed.stock.split_calls == [] and installed.stock.attention_calls == [] and installed.stub.calls == []
+    refused = [line for line in log.lines if "swa_native_decode refused:" in line]
+    assert len(refused) == 1 and f"{width}-byte" in refused[0]
+    assert snd.stats[f"refused:kv-layout-{width}"] == 2 and _fallbacks(log) == []
+
+
+def test_decode_form_calls_of_more_than_64_rows_keep_the_stock_prefill_copy_and_log_it_once(installed, log):
+    big = ref.decode_case(65, heads=8, window=16, topk=64, pages_per_request=1, seed=3)
+    kwargs = kit.sglang_kwargs(big)
+    outs = [installed.target.flash_mla_with_kvcache_sm120(**kwargs)[0] for _ in range(2)]
+    assert installed.stub.calls == [] and len(installed.stock.split_calls) == 2
+    assert installed.stock.attention_calls[0]["kv"].shape[1] == 64, "the stock prefill reads the 64-token copy"
+    assert installed.stock.attention_calls[0]["mid_out"] is None, "the prefill form: no split-K scratch"
+    assert snd.stats["fallback:rows-over-64"] == 2
+    lines = _fallbacks(log)
+    assert len(lines) == 1 and "reason=rows-over-64" in lines[0]
+    assert torch.equal(outs[0], outs[1]) and torch.count_nonzero(outs[0]) > 0
 
 
 def test_more_rows_than_the_decode_kernel_takes_fall_back(installed):
@@ -195,6 +230,7 @@ def test_a_call_the_module_guard_refuses_runs_the_stock_path_and_logs_the_guard_
 def test_uninstall_restores_the_stock_entry(installed, case):
     boot.uninstall()
     assert not hasattr(installed.target._flash_mla_flashinfer, "__wrapped__")
+    assert not hasattr(installed.target._flash_mla_sm120_prefill, "__wrapped__")
     installed.target.flash_mla_with_kvcache_sm120(**kit.sglang_kwargs(case))
     assert installed.stub.calls == [] and len(installed.stock.attention_calls) == 1
 
@@ -226,3 +262,27 @@ def test_install_refuses_a_module_whose_sha256_does_not_match_and_never_loads_it
     assert outcome.status == "refused" and outcome.reason.startswith("sha256 mismatch for dsv4_native_p256_sm120a.so")
     assert loads == [] and not hasattr(seams.target._flash_mla_flashinfer, "__wrapped__")
 
+
+
+@pytest.fixture
+def sm120(monkeypatch):
+    """SGLang's DSV4 pool-layout choice as it runs on an SM120 device (its only device probe, faked)."""
+    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+    set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=256))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (12, 0))
+    monkeypatch.delenv("SGLANG_DSV4_KV_LAYOUT", raising=False)
+    return importlib.import_module("sglang.srt.mem_cache.deepseek_v4_memory_pool")
+
+
+def test_on_sm120_every_dsv4_family_pool_is_the_584_byte_v4_layout_the_switch_serves(sm120, monkeypatch):
+    KVLayout = sm120.KVLayout
+    layout, option = sm120.select_dsv4_kv_layout()  # no checkpoint input: V4 and V4.1 alike
+    assert layout is KVLayout.V4 and option is None
+    assert sm120.DeepSeekV4SingleKVPool.kv_layout is KVLayout.V4
+    for mode in ("v41", "v41_new"):  # the 528/288-byte layouts need an SM100/SM103 GPU
+        monkeypatch.setenv("SGLANG_DSV4_KV_LAYOUT", mode)
+        with pytest.raises(AssertionError, match="SM100 / SM103"):
+            sm120.select_dsv4_kv_layout()

@@ -58,7 +58,7 @@ def test_a_so_whose_sha256_differs_from_the_manifest_is_refused_before_loading(m
     assert loader.paths == []
 
 
-def test_a_missing_so_is_refused(module_dir):
+def test_a_missing_module_file_refuses_the_switch(module_dir):
     (module_dir / "dsv4_native_p256_sm120a.so").unlink()
     with pytest.raises(ndm.LoadRefused, match=r"module file .*dsv4_native_p256_sm120a\.so is missing"):
         ndm.load(module_dir, "sm_120a", loader=Recorder())

@@ -173,11 +173,23 @@ def test_never_fits_gate_clips_max_new_to_what_admission_accepts_on_an_empty_poo
     assert one_more.step().kind == "idle"  # one token more would never be admitted
 
 
-def test_stock_gate_clips_two_pages_shorter():
-    h = _gate_harness(64, 40 * 64)
-    req = h.make_request(30 * 64 + 5, 10_000)
-    h.scheduler.init_req_max_new_tokens(req)
-    assert req.sampling_params.max_new_tokens == 40 * 64 - 31 * 64 - 64 - 1
+def test_the_stock_gate_clips_more_than_a_page_below_what_the_empty_pool_admits_and_finishes():
+    """Measured, not restated: stock's clip, then a page more run to the end with the switch on."""
+    page, pool, prompt = 64, 40 * 64, 30 * 64 + 5
+    stock = _gate_harness(page, pool)
+    req = stock.make_request(prompt, 10_000)
+    stock.scheduler.init_req_max_new_tokens(req)
+    clipped = req.sampling_params.max_new_tokens
+    assert 0 < clipped < pool - prompt
+    install_switch()
+    h = _gate_harness(page, pool)
+    longer = h.make_request(prompt, clipped + page)
+    h.scheduler.init_req_max_new_tokens(longer)
+    assert longer.sampling_params.max_new_tokens == clipped + page  # not clipped: it fits
+    h.add_request(longer)
+    assert h.step().rids == (longer.rid,)
+    h.run_until(longer.finished, max_passes=2 * pool)
+    assert longer.retraction_count == 0 and len(longer.output_ids) == clipped + page
 
 
 def test_hybrid_swa_budget_keeps_the_stock_charges(switch_on):

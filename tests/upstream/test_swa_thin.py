@@ -350,7 +350,7 @@ def test_session_radix_cache_keeps_its_partition_and_referenced_nodes(thin):
     assert kit.leak_check() == {"full": 0, "swa": 0}
 
 
-def test_receipt_every_1024_hooked_inserts(thin, caplog):
+def test_a_demotion_receipt_is_logged_once_every_1024_hooked_inserts(thin, caplog):
     tok = rc.Tokens()
     kit = rc.build(rc.SMALL, backend=None)
     swa_thin.STATS.hooked = swa_thin.RECEIPT_EVERY - 3
@@ -369,3 +369,33 @@ def test_receipt_every_1024_hooked_inserts(thin, caplog):
     assert demoted[0].params["hooked"] == str(swa_thin.RECEIPT_EVERY)
     # chunks 2 and 3 passed their predecessor (2 SWA-bearing nodes each: W + page spans two pages)
     assert int(demoted[0].params["demoted_nodes"]) == 4
+
+
+def test_a_scheduler_process_inheriting_the_overlays_choice_reports_backend_set_by_overlay(monkeypatch):
+    """The launcher's overlay sets the tree-core variable; the scheduler process inherits it and must
+    not report it as the operator's choice."""
+    import os
+    import subprocess
+    import sys
+
+    monkeypatch.delenv(swa_thin.BACKEND_ENV, raising=False)
+    state = boot.install({"DSV41_SWA_THIN": "1"})
+    importlib.import_module(swa_thin.SWITCH.module_of("checkpoint_into_tree"))
+    assert state.outcomes["swa_thin"].params["backend_set_by"] == "overlay"
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith("DSV41_")}  # what a child inherits
+    assert child_env[swa_thin.BACKEND_ENV] == "python"
+    script = (
+        "import importlib\n"
+        "from adapter.core import boot\n"
+        "from adapter.switches import swa_thin\n"
+        "state = boot.install({'DSV41_SWA_THIN': '1'})\n"
+        "importlib.import_module(swa_thin.SWITCH.module_of('checkpoint_into_tree'))\n"
+        "print(state.outcomes['swa_thin'].params['backend_set_by'])\n"
+    )
+    root = str(boot.__file__).rsplit("/adapter/", 1)[0]
+    for env, expected in ((child_env, "overlay"),
+                          ({k: v for k, v in child_env.items() if k != swa_thin.SET_BY_OVERLAY_ENV}, "operator")):
+        out = subprocess.run([sys.executable, "-c", script], env=env, cwd=root, capture_output=True, text=True,
+                             timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.strip().splitlines()[-1] == expected

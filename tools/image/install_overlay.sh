@@ -6,8 +6,15 @@
 # PYTHON picks the interpreter (default python3; CI passes the repo's .venv).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+# --serving (the final image stage): only what a serving process needs (wrapt); the test stage also
+# gets the test tools.
 PYTHON="${PYTHON:-python3}"
-"$PYTHON" -m pip install --disable-pip-version-check --no-cache-dir -q -c "$ROOT/constraints.txt" \
-  wrapt nvidia-ml-py pytest hypothesis
+packages=(wrapt nvidia-ml-py pytest hypothesis)
+case "${1:-}" in
+  --serving) packages=(wrapt) ;;
+  "") ;;
+  *) echo "install_overlay: unknown argument ${1@Q}; expected --serving or nothing" >&2; exit 2 ;;
+esac
+"$PYTHON" -m pip install --disable-pip-version-check --no-cache-dir -q -c "$ROOT/constraints.txt" "${packages[@]}"
 cd "$ROOT"
 "$PYTHON" -m adapter pins

@@ -154,6 +154,9 @@ PINS: dict[str, str] = {
     "sglang.kernels.ops.attention.flash_mla_sm120:_flash_mla_flashinfer": (
         "dc287221ffafd0d4311863acfc34ba8183c8230f03508e191db96b3bc97a4acb"
     ),
+    "sglang.kernels.ops.attention.flash_mla_sm120:_flash_mla_sm120_prefill": (
+        "760ccf6f7b8e24661a14b8e0a93d3f692f47ceaba97ed0f4c73b4b88b157e421"
+    ),
     # kv_park (also wraps Scheduler.get_next_batch_to_run, pinned above under decode_yield)
     "sglang.srt.managers.schedule_batch:release_req": (
         "e9a690b5c7084bb5f69496e1b8e200a75a05db87a7232dc66bdbb5feba112c43"
@@ -208,6 +211,116 @@ PINS: dict[str, str] = {
     ),
     "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.path_device_indices": (
         "c32a8f4f29a0983a7a0550a31dbdaad8aed809d6a0d62c7e0853d3120c6ecf25"
+    ),
+    # autotune_keep (relied on: called with a fixed signature)
+    "sglang.srt.model_executor.runner.flashinfer_autotune:flashinfer_autotune_cache_path": (
+        "ec0dfed9ee017eaa1e555dd6596cc32f115d4f7af6bc83767f4d6105859c0814"
+    ),
+    # decode_yield (relied on: called with a fixed signature)
+    "sglang.srt.model_executor.forward_batch_info:ForwardMode.is_extend": (
+        "6701c016b33e7c71c59e999fd0a33d7dafdd9832110d7b3a28875f47f983277c"
+    ),
+    "sglang.srt.managers.schedule_batch:Req.finished": (
+        "e9520ce0af62f8c7ecd751d9f603a65cff9cfc3752c13e4f7a656d74021384fc"
+    ),
+    "sglang.srt.managers.schedule_batch:ScheduleBatch.is_empty": (
+        "d54771bae682d3f8e5c4e967e3d12a3d13bf17569f3a819cf1a11b5e2fd25c54"
+    ),
+    "sglang.srt.managers.schedule_batch:ScheduleBatch.batch_size": (
+        "6c1a4da7e1599462dc937a51cf49070e3eb130179d1308a45322ba00f66f4f5f"
+    ),
+    # fast_tree_core (relied on: called with a fixed signature)
+    "sglang.srt.mem_cache.unified_cache.components.swa:SWAComponent.recover_after_unevict": (
+        "e7f4f68e006db530c55e2f84ca31d069cc9a1d7ed716191bf176ad4933f974b5"
+    ),
+    "sglang.srt.mem_cache.unified_cache.components.base:TreeComponent.recover_after_unevict": (
+        "a3f14d58e0aee51e1356e52ea40a94550b1b7c78c3209b2b1286165b3994f92c"
+    ),
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._unevict_node_on_insert": (
+        "33279cd4c9cc81107cfa46871fa6bb3f254b2778115607421743e87d1ff190bd"
+    ),
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._match_post_processor": (
+        "1e99a48a0b7a70b4a318209dba44c8697a0067ea5ac5ac8611e825f317209b00"
+    ),
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._create_match_validators": (
+        "fe1759b435032eeb1f1408c247373b946ded6a73a990d73631b09d45590b1ecb"
+    ),
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._build_backup_kv_action": (
+        "f6914f4e94b5bd3e2e91d73d5aad3b9459f764004e7a5b67ec010f67acde0f93"
+    ),
+    # swa_thin (relied on: called with a fixed signature)
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore.node_by_id": (
+        "59322165f943bea001822f59f2328d5a7457b68b62e4515caeb05c5860c94469"
+    ),
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore.is_root": (
+        "2f25b7d769e668bc3ba96ebe483ba1d5f0179db1ee4f0d9e88000bbe31708a24"
+    ),
+    # cone_replay (relied on, DeepSeek-V4: the compressor write mask; store-then-read in every layer)
+    "sglang.srt.layers.attention.deepseek_v4_backend:DeepseekV4AttnBackend._compressor_out_loc": (
+        "bc820d2c6b43e31313e4da5944edb54441d9aae013b2140d63a6f0a43868fd32"
+    ),
+    "sglang.srt.layers.attention.deepseek_v4_backend:DeepseekV4AttnBackend._forward_attention": (
+        "6e3dd09145897339bfdef95cf0a20f8f728182ad53b4ca4481b47cb6ff005e87"
+    ),
+    # cone_replay (relied on: called with a fixed signature)
+    "sglang.srt.mem_cache.allocator.swa:SWATokenToKVPoolAllocator.get_kvcache": (
+        "5202e7dfdfe1c33e92ababe7a673ea3ba5f724999466889183b826cc1fd334dc"
+    ),
+    "sglang.srt.mem_cache.swa_memory_pool:SWAKVPool.get_value_buffer": (
+        "dea59edd08407dab8cb0720745d34a0816a60d776af7b714f4bc2af8924a9519"
+    ),
+    "sglang.srt.mem_cache.swa_memory_pool:SWAKVPool.get_key_buffer": (
+        "6c0abee24fc66cde1d444458259383f33c1c77f4369d51571e6183ae4cae8b8b"
+    ),
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore.match_full_device_prefix": (
+        "72b28eb6114dcec72450c87fd9555abe07561bda6b8ece52cbdfa8ed4cf955a7"
+    ),
+    # page_rounded_admission (relied on: called with a fixed signature)
+    "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.supports_mamba": (
+        "dc5bc0d6149525f16368586d8864155b82e5be1671a452be8ce29c4b83434aaa"
+    ),
+    # kv_park (relied on: called with a fixed signature)
+    "sglang.srt.mem_cache.deepseek_v4_memory_pool:DeepSeekV4IndexerPool.contiguous_page_row_buffers": (
+        "d9895e530c1d4e5e365407b8f9b6cba0bb04b873f298325f0dd7376c2e1b5186"
+    ),
+    "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.supports_swa": (
+        "04e4ad4e7e47c818d199e1256d87f08344a1b3deee07d35b52d97802907ff724"
+    ),
+    "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.supports_prefix_sharing": (
+        "c24dd42b365a9810f08401bc2aa2ea0c27d4a0027ebd8bee526dbb3b3c0f807f"
+    ),
+    "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.unlock": (
+        "d991ce36e5f47b7fc5284cd58959bca32e162a25eef9323871a9a9670bc561f6"
+    ),
+    "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.lock": (
+        "e3802e4c275190aa65cbab0b4b6e9a722313c181e14c214a6e1cad47e58116d0"
+    ),
+    "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.insert": (
+        "d52f1e426adef13cd320240d1cb64dab81c840501d20c12d5b09dc92bbe0beac"
+    ),
+    "sglang.srt.mem_cache.common:evict_from_tree_cache": (
+        "7ce32fb173d53a7db266de99189248cdb067add9ca81474347c6bcaa6812fb58"
+    ),
+    "sglang.srt.mem_cache.allocator.swa:SWATokenToKVPoolAllocator.free_swa": (
+        "a8100b2320e9ea2790b1de78629f62ca2da884d3d88486b11d00c97c0408ee13"
+    ),
+    "sglang.srt.mem_cache.allocator.swa:SWATokenToKVPoolAllocator.free": (
+        "b3c3992b897bd755918e3b775e777d2c421b94300c3c9cfa488dd3e0c389c988"
+    ),
+    "sglang.srt.mem_cache.allocator.swa:SWATokenToKVPoolAllocator.alloc": (
+        "032787c875adb9d6fb4acd6fbc19f6f9c0fb47c30acc004f747165fa3d42a4e5"
+    ),
+    "sglang.srt.mem_cache.allocator.swa:SWATokenToKVPoolAllocator.available_size": (
+        "8e3b461664c8107cea6ad90d85cf65d80584167a3ed90b1d7563ce383fc5b132"
+    ),
+    "sglang.srt.mem_cache.allocator.swa:SWATokenToKVPoolAllocator.alloc_extend_swa_tail": (
+        "6ad248b0488145f9a05e16a4370813a5c3b06940e9b12100ddb8c9b920685919"
+    ),
+    "sglang.srt.managers.schedule_batch:ReqKvInfo.set_evicted_seqlen": (
+        "4500564864183d82c6cafb7acae4de84f4ef5646943f01c0dfa66189e2b4cdac"
+    ),
+    "sglang.srt.managers.schedule_batch:Req._compute_max_prefix_len": (
+        "28ac28ced09b6cb7bbf0f69febbcba4103cd96b90c362a9ae354093a58686a74"
     ),
     # -- end of pins (add new pins above this line, grouped under a comment naming the switch) --
 }

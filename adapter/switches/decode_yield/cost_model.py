@@ -10,10 +10,12 @@ as an integer; one forward of the model)::
 
     pairs(c, p)      = c*p + c*(c+1)//2                  # causal (query, key) pairs of a c-token extend on prefix p
     topk_pairs(c, p) = sum_{j=p+1}^{p+c} min(j, K)       # the same with each query capped at K keys (sparse top-k)
-    chunk_fs = CHUNK_US*10**9 + sum over extend rows (c, p) of
-               ( TOKEN_NS*10**6*c + PAIR_FS*pairs(c, p) + TOPK_PAIR_PS*1000*topk_pairs(c, p) )
-    step_fs  = STEP_US*10**9 + ROW_NS*10**6*B + KV_PS*1000*sum(L_i) + TOPK_KV_PS*1000*sum(min(L_i, K))
-    N        = max(floor, min(128, ceil((pct*chunk_fs - carry) / ((100-pct)*step_fs))))
+    chunk_fs = (CHUNK_US + CHUNK_SCHED_US)*10**9 + sum over extend rows (c, p) of
+               ( (TOKEN_NS + TOKEN_SCHED_NS)*10**6*c + PAIR_FS*pairs(c, p) + TOPK_PAIR_PS*1000*topk_pairs(c, p) )
+    step_fs  = (STEP_US + STEP_SCHED_US)*10**9 + (ROW_NS + ROW_SCHED_NS)*10**6*B
+               + KV_PS*1000*sum(L_i) + TOPK_KV_PS*1000*sum(min(L_i, K))
+    window   = chunk_fs + SWITCH_US*10**9        # what one chunk-and-window cycle costs besides its N steps
+    N        = max(floor, min(128, ceil((pct*window - carry) / ((100-pct)*step_fs))))
     carry    = the rounding surplus the previous windows of the same prompt gave (0 for the first;
                see :func:`yield_window`), so the prompt's total decode time tracks its share
 
@@ -23,6 +25,16 @@ DSA-style indexer over the whole prefix; ``TOPK_PAIR_PS`` the sparse top-k atten
 launch of a decode step, ``ROW_NS`` per-row work, ``KV_PS`` the per-KV-token read (indexer or dense
 attention), ``TOPK_KV_PS`` the sparse top-k read. ``N`` decode steps then give running streams
 ``pct`` percent of the modelled time around one chunk.
+
+The ``*_SCHED_*`` terms and ``SWITCH_US`` charge what an iteration costs besides its forward: the
+scheduler pass, batch building and output processing (``_SCHED_``: per prefill / decode iteration,
+per token / row), and the extra time of alternating between a chunk and decode steps that
+back-to-back iterations of one kind do not pay (``SWITCH_US``: once per window). The forward terms
+alone model the forward only; on a CPU engine an interleaved decode step costs milliseconds more
+(issue 17), which the prompt's TTFT and the streams' rate pay. ``fit-cost-model`` fits them from
+the iteration wall times of a forward-pass-metrics log (``recv_time`` of
+:mod:`devkit.engine_kit.fpm`); their defaults are 0 (the forward terms then stand for the whole
+iteration, as the fleet placeholders did).
 
 Defaults (:data:`DEFAULTS`) are placeholders shaped to the one fleet figure we have (issue 3:
 with one decode step per chunk, streams kept 8 % of their decode rate while a cold 500K-token
@@ -54,7 +66,12 @@ class Coefficients:
     kv_ps: int  # per KV token read by a decode row [ps]
     topk_kv_ps: int  # per top-k KV token read by a decode row [ps]
     topk: int  # K of the sparse attention (0: no sparse terms)
-    source: str = "default"  # "default", or "env:<keys set>"
+    chunk_sched_us: int = 0  # per prefill iteration besides its forward (scheduling, output) [µs]
+    token_sched_ns: int = 0  # per prefill token besides the forward [ns]
+    step_sched_us: int = 0  # per decode iteration besides its forward [µs]
+    row_sched_ns: int = 0  # per decode row besides the forward [ns]
+    switch_us: int = 0  # per window: alternating chunk and decode steps beyond back-to-back iterations [µs]
+    source: str = "default"  # "default", "fit", or "env:<keys set>"
 
     def items(self) -> list[tuple[str, int]]:
         return [(f.name, getattr(self, f.name)) for f in fields(self) if f.name != "source"]
@@ -83,7 +100,14 @@ _UNITS = {
     "kv_ps": "ps per KV token read in decode",
     "topk_kv_ps": "ps per top-k KV token read in decode",
     "topk": "keys per query of the sparse attention; 0 = dense",
+    "chunk_sched_us": "µs per prefill iteration besides its forward",
+    "token_sched_ns": "ns per prefill token besides the forward",
+    "step_sched_us": "µs per decode iteration besides its forward",
+    "row_sched_ns": "ns per decode row besides the forward",
+    "switch_us": "µs per window of alternating chunk and decode steps",
 }
+FORWARD_TERMS = ("chunk_us", "token_ns", "pair_fs", "topk_pair_ps", "step_us", "row_ns", "kv_ps", "topk_kv_ps")
+WALL_TERMS = ("chunk_sched_us", "token_sched_ns", "step_sched_us", "row_sched_ns", "switch_us")
 
 
 def key_name(field_name: str) -> str:
@@ -121,9 +145,10 @@ def topk_pairs(c: int, p: int, k: int) -> int:
 
 def chunk_cost(rows: Iterable[tuple[int, int]], coef: Coefficients = DEFAULTS) -> int:
     """Cost in fs of one prefill forward; ``rows`` are its ``(extend_len, prefix_len)`` pairs."""
-    total = coef.chunk_us * 10**9
+    total = (coef.chunk_us + coef.chunk_sched_us) * 10**9
+    per_token = (coef.token_ns + coef.token_sched_ns) * 10**6
     for c, p in rows:
-        total += coef.token_ns * 10**6 * c + coef.pair_fs * pairs(c, p)
+        total += per_token * c + coef.pair_fs * pairs(c, p)
         if coef.topk:
             total += coef.topk_pair_ps * 1000 * topk_pairs(c, p, coef.topk)
     return total
@@ -137,10 +162,16 @@ def step_cost(context_lens: Iterable[int], coef: Coefficients = DEFAULTS) -> int
 
 def decode_cost(rows: int, kv_tokens: int, topk_kv_tokens: int, coef: Coefficients = DEFAULTS) -> int:
     """Cost in fs of one decode step from its sums (what forward-pass metrics carry)."""
-    total = coef.step_us * 10**9 + coef.row_ns * 10**6 * rows + coef.kv_ps * 1000 * kv_tokens
+    total = ((coef.step_us + coef.step_sched_us) * 10**9 + (coef.row_ns + coef.row_sched_ns) * 10**6 * rows
+             + coef.kv_ps * 1000 * kv_tokens)
     if coef.topk:
         total += coef.topk_kv_ps * 1000 * topk_kv_tokens
     return total
+
+
+def window_cost(rows: Iterable[tuple[int, int]], coef: Coefficients = DEFAULTS) -> int:
+    """What a chunk-and-window cycle costs besides its decode steps: the chunk and the alternation."""
+    return chunk_cost(rows, coef) + coef.switch_us * 10**9
 
 
 def yield_steps(pct: int, chunk: int, step: int, floor: int = 0, cap: int = MAX_YIELD_STEPS) -> int:

@@ -4,7 +4,8 @@ long prompt prefills in chunks.
 What it changes: after each *non-final* chunk of a chunked prompt, while decode rows are running,
 the next prefill is deferred for ``N`` decode steps through the engine's own
 ``Scheduler._should_defer_prefill`` counter (``_prefill_decode_interval_remaining``), where
-``N = ceil(pct*chunk_cost / ((100-pct)*step_cost))`` from :mod:`adapter.switches.decode_yield.cost_model` (less the
+``N = ceil(pct*window_cost / ((100-pct)*step_cost))`` (the chunk's iteration and the alternation
+against one decode iteration, forward and scheduling both) from :mod:`adapter.switches.decode_yield.cost_model` (less the
 rounding surplus earlier windows of the same prompt gave, so the prompt's total tracks the share),
 never shorter than ``--prefill-decode-interval``, never longer than 128 steps. Only *when* the
 next chunk runs changes: chunk boundaries, batch contents and outputs stay the engine's own.
@@ -143,7 +144,7 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
             kv_topk += context if context < topk else topk
         if not rows:  # a lone prompt prefills exactly as stock
             return plan
-        chunk_fs = cost_model.chunk_cost(zip(batch.extend_lens, batch.prefix_lens), coef)
+        chunk_fs = cost_model.window_cost(zip(batch.extend_lens, batch.prefix_lens), coef)
         step_fs = cost_model.decode_cost(rows, kv, kv_topk, coef)
         floor = instance._prefill_decode_interval_remaining  # what the engine's own arm wrote
         carry = state.carry if state.carry_req is chunked else 0
@@ -182,7 +183,7 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
             state.window = None
             if ended != "served":  # the window did not give what it planned: carry nothing over
                 state.carry, state.carry_req = 0, None
-            if debug:  # skip formatting the line when it is not logged
+            if debug or api.metrics_on():  # skip formatting the line when nothing reads it
                 ctx.event(
                     "window", level=logging.DEBUG, chunk=window.chunk, prefix=window.prefix,
                     rows=window.rows, n=window.n, floor=window.floor, given=given, ended=ended,

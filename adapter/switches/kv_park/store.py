@@ -21,6 +21,7 @@ import atexit
 import logging
 import queue
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
@@ -152,7 +153,7 @@ class ParkStore:
         why = self._make_room(key, nbytes)
         if why:
             self.stats.refused += 1
-            SWITCH.event("refused", level=logging.DEBUG, key=_label(key), bytes=nbytes, why=why.replace(" ", "_"))
+            SWITCH.event("declined", level=logging.DEBUG, key=_label(key), bytes=nbytes, why=why.replace(" ", "_"))
             if on_landed is not None:
                 on_landed()
             return f"refused: {why}"
@@ -193,8 +194,10 @@ class ParkStore:
     def _run(job: _Job) -> None:
         try:
             job.engine.save(job.page_ids, out=job.entry.data, after=job.after)
-        except Exception as exc:  # any failure disables parking; it never reaches the engine
-            job.error = exc
+        except BaseException as exc:  # any failure disables parking; it never reaches the engine
+            job.error = exc  # a BaseException too: the copy is unfinished, never a saved entry
+            if not isinstance(exc, Exception):
+                raise  # it ends the thread (or reaches the caller of a synchronous save)
         finally:
             job.done.set()
 
@@ -218,7 +221,39 @@ class ParkStore:
                 continue
             if job is None:  # stop_worker()
                 return
-            self._run(job)
+            try:
+                self._run(job)
+            except BaseException as exc:  # the worker dies: no queued copy may be waited for forever
+                self._orphan_queue(f"the park worker died: {type(exc).__name__}: {exc}")
+                return
+
+    def _orphan_queue(self, why: str) -> None:
+        """Fail every copy still queued (no thread will run them): each lands as a failed copy,
+        which disables parking; later offers save synchronously."""
+        with self._lock:
+            self._thread = None
+            self.worker = False
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if job is not None:
+                job.error = RuntimeError(why)
+                job.done.set()
+
+    def _wait(self, job: _Job, timeout: float | None) -> bool:
+        """Wait for one copy; a copy left without a live worker fails instead of hanging the caller."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
+            if job.done.wait(max(left, 0.0)):
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            thread = self._thread
+            if thread is None or not thread.is_alive():
+                self._orphan_queue("a queued copy has no live park worker to run it")
 
     def stop_worker(self, timeout: float = 10.0) -> None:
         """Land what is in flight and stop the worker thread; later offers save synchronously."""
@@ -269,7 +304,7 @@ class ParkStore:
         """
         jobs = list(self._pending.values()) if key is None else [j for k, j in self._pending.items() if k == key]
         for job in jobs:
-            if not job.done.wait(timeout):
+            if not self._wait(job, timeout):
                 return False
         self.poll()
         return True
@@ -286,7 +321,7 @@ class ParkStore:
                 continue
             if job.done.is_set() or not pages.intersection(job.page_ids.tolist()):
                 continue
-            if not job.done.wait(timeout):
+            if not self._wait(job, timeout):
                 return False
         self.poll()
         return True

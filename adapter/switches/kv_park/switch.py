@@ -213,7 +213,11 @@ def _park(state: _State, req: Any, req_to_token_pool: Any, allocator: Any, tree_
         if swa_outcome.startswith("refused"):
             state.store.discard(req.rid)  # the full pages alone cannot be restored
             outcome = swa_outcome
-    SWITCH.event("parked", level=logging.DEBUG, rid=req.rid, pages=pages.numel(), outcome=outcome.split(":")[0])
+    if SWITCH.debug or api.metrics_on():  # the line and the metrics: skip the sums when nothing reads them
+        nbytes = 0 if outcome.startswith("refused") else pages.numel() * engines.full.page_bytes + (
+            0 if swa_pages is None or engines.swa is None else swa_pages.numel() * engines.swa.page_bytes)
+        SWITCH.event("parked", level=logging.DEBUG, rid=req.rid, pages=pages.numel(), outcome=outcome.split(":")[0],
+                     bytes=nbytes, held=state.store.used_bytes + state.store.reserved_bytes)
 
 
 # -- fencing and restoring around each scheduler pass -------------------------------------------
@@ -364,5 +368,7 @@ def _restore_one(state: _State, scheduler: Any, req: Any, *, may_evict: bool) ->
         tree.insert(params)
     finally:
         tree.unlock(lock)
-    SWITCH.event("restored", level=logging.DEBUG, rid=req.rid, pages=pages.numel(), tokens=n, cached=have)
+    if SWITCH.debug or api.metrics_on():  # the line and the metrics: skip the sums when nothing reads them
+        SWITCH.event("restored", level=logging.DEBUG, rid=req.rid, pages=pages.numel(), tokens=n, cached=have,
+                     held=store.used_bytes + store.reserved_bytes)
     return True

@@ -15,8 +15,19 @@ Served: up to FlashInfer's decode row limit (64) of bf16 ``[B, 1, H, 512]`` quer
 in FlashInfer's DSV4 decode envelope, a ``KVLayout.V4`` pool view ``[pages, 256, 1, 584]`` with
 packed 584-byte rows and a 16-byte-aligned page pitch of at least ``256 x 584`` bytes, int32
 indices, and an optional FP8 extra (C4A / C128A) cache passed through as the stock path passes it.
-Not served (stock path): FlashInfer autotune passes (calibration runs through stock), V4.1
-layouts, any other page size, and anything the module's own guard refuses at call time.
+That includes DeepSeek-V4.1 checkpoints: on SM120/SM121 SGLang 0.5.23's
+``select_dsv4_kv_layout()`` gives every DeepSeek-V4-family checkpoint the 584-byte ``KVLayout.V4``
+pool (its V4.1 layouts, 528-byte FP8 and 288-byte FP4 rows, assert an SM100/SM103 GPU), so V4.1
+decode is served here like V4's.
+Not served (stock copy path, logged once per reason): FlashInfer autotune passes (calibration runs
+through stock), any other page size or pitch, anything the module's own guard refuses at call time,
+and decode-form calls of more than 64 rows (``--max-running-requests`` above 64, or speculative
+verify blocks past 64 rows): SGLang sends those to ``_flash_mla_sm120_prefill``, which also copies
+the touched pages; the switch wraps it only to log ``fallback reason=rows-over-64`` once (the
+prefill kernel is not in the module).
+Refused loudly (``refused:`` line, then an error, never the stock path): a pool of 528- or 288-byte
+rows (or any row width but 584). The stock split hard-codes the 584-byte geometry, so on such a pool
+the stock path would read the wrong bytes and compute garbage without an error.
 
 Why: the copies cost tens of launches per decode step (reference fleet: +1.4 / +1.9 % greedy c1
 with identical output bits; not measured here). The upstream docstring's "requires
@@ -30,7 +41,13 @@ sha256 mismatch, tampered manifest, other FlashInfer).
 Receipts: ``swa_native_decode installed arch=sm_120a page=256 so_sha256=<16 hex> max_rows=64``
 at install; ``swa_native_decode serving arch=.. rows=.. heads=.. page=256`` on the first served
 call; ``swa_native_decode fallback reason=<reason> [detail=<guard message>]`` once per distinct
-reason; ``swa_native_decode refused: <reason>`` when it cannot install.
+reason; ``swa_native_decode refused: <reason>`` when it cannot install, or at the first call on a
+pool whose rows are not 584 bytes (that call then raises :class:`UnsupportedKVLayout`).
+
+Test-only stand-in (``DSV41_NATIVE_DECODE_STANDIN``, never in a profile): on the CPU engine the
+named stand-in replaces the device check and the module load; it routes the DSV4 backend's decode to
+SGLang's SM120 entry and returns a module stand-in (served) or None (the switch then does not
+install: the stock copy path). The switch imports it by the key's value only.
 
 Rollback: unset ``DSV41_SWA_NATIVE_DECODE``.
 """
@@ -57,9 +74,12 @@ SWITCH = api.handle(__name__)
 ENTRY = SWITCH.target("_flash_mla_flashinfer")
 TARGET_MODULE = SWITCH.module_of("_flash_mla_flashinfer")
 DIR_KEY = "DSV41_NATIVE_DECODE_DIR"
+STANDIN_KEY = "DSV41_NATIVE_DECODE_STANDIN"
+PREFILL_ENTRY = SWITCH.target("_flash_mla_sm120_prefill")
 
 PAGE = native_decode_module.NATIVE_PAGE_SIZE  # 256
 BYTES_PER_TOKEN = 584  # KVLayout.V4: 448 e4m3 nope + 64 bf16 rope + 7 UE8M0 scales + 1 pad
+OTHER_LAYOUTS = {528: "KVLayout.V41 (528-byte FP8 rows)", 288: "KVLayout.V41 FP4 (288-byte rows)"}
 D_QK = 512
 D_V = 512
 CHUNK = 64  # DSV4 decode candidates per split (FlashInfer _BI)
@@ -79,6 +99,11 @@ class Native:
     scratch_heads: Callable[[int], int]  # split-K scratch head stride for a head count
     chunks_per_block: Callable[[torch.device, int, int, int, int], int]  # FlashInfer's cpb choice
     tuning: Callable[[], bool]  # FlashInfer autotune in progress
+
+
+class UnsupportedKVLayout(RuntimeError):
+    """The SWA pool's rows are not KVLayout.V4's 584 bytes: neither the stock SM120 path nor the module
+    can read it (the stock split would copy the wrong bytes), so the call stops here."""
 
 
 _native: Native | None = None
@@ -131,8 +156,8 @@ def unserved_reason(
         return "kv-shape"
     if k_cache.dtype not in KV_DTYPES:
         return "kv-dtype"
-    if k_cache.shape[3] != BYTES_PER_TOKEN:
-        return f"kv-layout-{k_cache.shape[3]}"  # V4.1 (528 / 288 B) is served elsewhere
+    if k_cache.shape[3] != BYTES_PER_TOKEN:  # the wrappers refuse these loudly before asking
+        return f"kv-layout-{k_cache.shape[3]}"
     if k_cache.stride(3) != 1 or k_cache.stride(1) != BYTES_PER_TOKEN:
         return "kv-row-stride"
     if k_cache.shape[1] != PAGE:
@@ -217,12 +242,48 @@ def _fallback(reason: str, detail: str = "") -> None:
     detail = "_".join(detail.split())[:160]  # one word: receipts are space-separated key=value
     seen = f"{reason}:{detail}"
     if seen in _logged:
+        if api.metrics_on():  # the line is logged once; the metrics count every call
+            SWITCH.tally("fallback", reason=reason)
         return
     _logged.add(seen)
     fields: dict[str, object] = {"reason": reason}
     if detail:
         fields["detail"] = detail
     SWITCH.event("fallback", **fields)
+
+
+def check_layout(k_cache: Any) -> None:
+    """Raise :class:`UnsupportedKVLayout` (after one ``refused`` line) for a 4-D pool view whose rows are
+    not 584 bytes: SGLang's SM120 split and the module both address 584-byte rows, so stock would
+    silently compute on the wrong bytes."""
+    if not isinstance(k_cache, torch.Tensor) or k_cache.ndim != 4 or k_cache.shape[3] == BYTES_PER_TOKEN:
+        return
+    width = int(k_cache.shape[3])
+    layout = OTHER_LAYOUTS.get(width, f"{width}-byte rows")
+    reason = (f"the DSV4 SWA pool has {layout}; SGLang 0.5.23's SM120 decode (stock page split and this module) "
+              f"reads only KVLayout.V4 584-byte rows, so the stock path would compute on the wrong bytes. On "
+              f"SM120/SM121 select_dsv4_kv_layout() gives every DeepSeek-V4-family checkpoint V4: this pool "
+              f"comes from a changed layout selection, and unsetting DSV41_SWA_NATIVE_DECODE does not make it readable")  # fmt: skip
+    key = f"layout:{width}"
+    if key not in _logged:
+        _logged.add(key)
+        SWITCH.refuse_late(reason)
+    stats[f"refused:kv-layout-{width}"] += 1
+    raise UnsupportedKVLayout(f"swa_native_decode: k_cache {tuple(k_cache.shape)}: {reason}")
+
+
+def _prefill_wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """Decode-form calls of more than 64 rows: the stock prefill kernel on the 64-token copy, logged once."""
+    if _native is None:
+        return wrapped(*args, **kwargs)
+    try:
+        call = _bind(*args, **kwargs)
+    except TypeError:
+        _fallback("signature")
+        return wrapped(*args, **kwargs)
+    check_layout(call[1])
+    _fallback("rows-over-64")
+    return wrapped(*args, **kwargs)
 
 
 def _entry_wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -234,6 +295,7 @@ def _entry_wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> An
     except TypeError:
         _fallback("signature")
         return wrapped(*args, **kwargs)
+    check_layout(call[1])
     q, k_cache, indices, topk_length, attn_sink, head_dim_v, _scale, extra_k, extra_i, extra_len = call
     reason = unserved_reason(native, q, k_cache, indices, topk_length, attn_sink, head_dim_v, extra_k, extra_i,
                              extra_len)  # fmt: skip
@@ -247,6 +309,8 @@ def _entry_wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> An
             if "served" not in _logged:
                 _logged.add("served")
                 SWITCH.event("serving", arch=native.arch, rows=q.shape[0], heads=q.shape[2], page=PAGE)
+            if api.metrics_on():  # `serving` is logged once; the metrics count every call served in place
+                SWITCH.tally("served")
             return result
     else:
         _fallback(reason)
@@ -304,13 +368,15 @@ def _flashinfer_policy() -> dict[str, Any]:
 
 
 def install(ctx: api.SwitchContext) -> dict[str, object]:
-    global _native
     SWITCH.bind(ctx)
     reset()
     target = sys.modules[TARGET_MODULE]
     backend = getattr(target, "_sm120_default_backend", None)
     if backend != "flashinfer":
         raise Refusal(f"SM120 decode backend is {backend!r} (SGLANG_SM120_FLASHMLA_BACKEND), not flashinfer")
+    standin = ctx.option(STANDIN_KEY)
+    if standin:
+        return _install_standin(ctx, standin)
     arch = _device_arch()
     policy = _flashinfer_policy()
     directory = Path(ctx.option(DIR_KEY) or native_decode_module.DEFAULT_DIR)
@@ -318,9 +384,26 @@ def install(ctx: api.SwitchContext) -> dict[str, object]:
         loaded = native_decode_module.load(directory, arch, loader=_load_module)
     except native_decode_module.LoadRefused as exc:
         raise Refusal(str(exc)) from None
-    module = loaded.module
-    _native = Native(module=module, arch=arch, sha256=loaded.sha256,
-                     scratch_heads=lambda heads: int(module.decode_scratch_heads(heads)), **policy)  # fmt: skip
-    ctx.wrap(ENTRY, _entry_wrapper)
+    _activate(ctx, loaded.module, arch, loaded.sha256, policy)
     ctx.event("module", level=logging.DEBUG, path=loaded.path)
     return {"arch": arch, "page": PAGE, "so_sha256": loaded.sha256[:16], "max_rows": policy["max_rows"]}
+
+
+def _activate(ctx: api.SwitchContext, module: Any, arch: str, sha256: str, policy: dict[str, Any]) -> None:
+    global _native
+    _native = Native(module=module, arch=arch, sha256=sha256,
+                     scratch_heads=lambda heads: int(module.decode_scratch_heads(heads)), **policy)  # fmt: skip
+    ctx.wrap(ENTRY, _entry_wrapper)
+    ctx.wrap(PREFILL_ENTRY, _prefill_wrapper)
+
+
+def _install_standin(ctx: api.SwitchContext, spec: str) -> dict[str, object]:
+    """Tests only (the CPU engine): the stand-in named by the test-only key replaces the device check and
+    the module load. It returns the module stand-in, or None for the stock copy path (not installed)."""
+    module_name, _, function = spec.partition(":")
+    module = getattr(importlib.import_module(module_name), function)()
+    if module is None:
+        raise NotApplicable(f"{STANDIN_KEY} stand-in {spec} keeps the stock copy path")
+    policy = _flashinfer_policy()
+    _activate(ctx, module, "standin", "", policy)
+    return {"arch": "standin", "page": PAGE, "so_sha256": "none", "max_rows": policy["max_rows"]}

@@ -7,6 +7,14 @@ they are already imported). Tests and the gate only.
   forward-pass metrics (``--enable-forward-pass-metrics``) time each forward with
   ``torch.get_device_module().Event``, which initialises CUDA and kills the CPU scheduler; on CPU
   the forward is synchronous, so a ``perf_counter`` pair around it is its span.
+
+What each route replaces or builds is pinned in :data:`PINS` (one finder, one pin rule with the
+overlay's own): a route whose upstream source drifted raises :class:`RouteRefused` naming it, so
+the kit never stands in for code it was not written for.
+
+With ``SGL_STUB_DSV4=1`` (the DeepSeek-V4 kit, ``devkit.engine_kit.dsv4.launch``) the kit's pinned
+routes (``devkit.engine_kit.dsv4.routes``: pure-torch stand-ins for the DSV4 CUDA/JIT kernels) join
+the same table, so one finder applies every route.
 """
 
 from __future__ import annotations
@@ -22,6 +30,9 @@ ROUTED = "torch_native"
 
 
 def _create_cpu_backend(runner):
+    # Checked here, not when the registry module loads: that can happen while intel_amx_backend is
+    # itself still importing.
+    check_pins("sglang.srt.layers.attention.intel_amx_backend")
     from sglang.srt.layers.attention.intel_amx_backend import IntelAMXAttnBackend
 
     return IntelAMXAttnBackend(runner)
@@ -65,11 +76,70 @@ def route_timer(module) -> None:
         self.end_event = stop
         self.metadata = metadata
 
+    create.__wrapped__ = interval.create  # pins look through the routes, as through any wrapper
+    end.__wrapped__ = interval.end
     interval.create = staticmethod(create)
     interval.end = end
 
 
-ROUTES = {REGISTRY: route_attention, DEVICE_TIMER: route_timer}
+# What the two routes replace or rely on, pinned like the overlay's own targets (the hash of
+# adapter.core.pins.source_hash): a route written for another source refuses loudly, naming it.
+PINS = {
+    f"{REGISTRY}:create_torch_native_backend": "1727eff9e9ab1882d5bf1af72098840affb72ae2b166190d7ad9069bd7679e8f",
+    "sglang.srt.layers.attention.intel_amx_backend:IntelAMXAttnBackend.__init__": (
+        "78cef79fa3c1d97a60480fd474e6a16072ea4d858699d349242feb8ce79244e5"
+    ),
+    f"{DEVICE_TIMER}:_TimingInterval.create": "eff8f9040193b1325a49cb10892e21c1346777330c6577e3e7a0da9dbc82aaf6",
+    f"{DEVICE_TIMER}:_TimingInterval.end": "80596445d38868ec68ab1aff82055317f855398c3dbbd3741ef3cf827c31857e",
+}
+
+
+class RouteRefused(RuntimeError):
+    """A route's upstream target drifted from its pin: the kit cannot stand in for it."""
+
+
+def check_pins(module_name: str) -> None:
+    """Raise :class:`RouteRefused` naming every drifted pin of ``module_name``'s route."""
+    from adapter.core.pins import check
+
+    drifted = [c.describe() for c in (check(t, PINS) for t in PINS if t.startswith(module_name + ":")) if not c.ok]
+    if drifted:
+        raise RouteRefused(f"sgl_kernel stand-in route for {module_name} refused: {'; '.join(drifted)}")
+
+
+def _pinned(module_name: str, route):
+    def checked(module) -> None:
+        check_pins(module_name)
+        route(module)
+
+    return checked
+
+
+ROUTES = {REGISTRY: _pinned(REGISTRY, route_attention), DEVICE_TIMER: _pinned(DEVICE_TIMER, route_timer)}
+
+
+def _chain(first, second):
+    def route(module) -> None:
+        first(module)
+        second(module)
+
+    return route
+
+
+def _add_dsv4_routes() -> None:
+    """``SGL_STUB_DSV4=1`` (set by ``devkit.engine_kit.dsv4.launch``): the DeepSeek-V4 kit's routes
+    (pure-torch stand-ins for the CUDA/JIT kernels, each pinned) join this table."""
+    import os
+
+    if os.environ.get("SGL_STUB_DSV4") != "1":
+        return
+    from devkit.engine_kit.dsv4.routes import ROUTES as DSV4_ROUTES
+
+    for name, route in DSV4_ROUTES.items():
+        ROUTES[name] = _chain(ROUTES[name], route) if name in ROUTES else route
+
+
+_add_dsv4_routes()
 
 
 class _RouteFinder(importlib.abc.MetaPathFinder):

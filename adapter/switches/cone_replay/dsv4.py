@@ -1,0 +1,99 @@
+"""Cone replay on DeepSeek-V4 pools (``DeepSeekV4TokenToKVPool`` + ``DeepseekV4AttnBackend``).
+
+What the DSV4 forward does with a replay batch (read from SGLang 0.5.23):
+
+* Every layer stores its main SWA KV, then reads it back from the cache (``_forward_attention``:
+  ``store_cache`` then the paged reads), so the replay rows ``[s, F)`` write and read their own,
+  recomputed SWA KV. That is the replay: nothing to mask there (their slots are fresh pages of
+  the request, not the tree's).
+* The compressors (C4 / C128 latents, the C4 indexer keys) and their state rings write through
+  ``DeepseekV4AttnBackend._compressor_out_loc``, which sends every row outside
+  ``ForwardBatch.encoder_swa_compress_rows`` to slot 0. :func:`forward_fields` keeps only the rows
+  that must write: everything except the cone's ``[s, F - R)``, ``R = align_up(W, page) + page``
+  (:func:`geometry.dsv4_republished_rows`), whose compressed entries were copied from F's
+  resident pages and must stay as they are. The last ``R`` rows before F write their compressed
+  groups, index keys and C4 state rings (paired with the SWA pages the first checkpoint
+  re-publishes), exact by the bound (:func:`geometry.cone_bound_dsv4`).
+* Window floor: none is set. ``encoder_swa_row_floor`` has no effect on the paged pool's main
+  window (only the request-window branch of ``make_core_attn_metadata`` and the decoder-replay
+  tail read it; the main prefill caller passes no ``swa_replay_start`` and the sparse prefill
+  gather has no floor), and the bound does not need one: replay rows near s read the evicted
+  positions below s as the SWA padding slot, which changes rows inside the cone only.
+
+Shown exact (``tests/engine/test_cone_replay_dsv4_server.py``, the DSV4 kit server on CPU: real
+pool, backend and tree, the kit's torch stand-ins for the CUDA kernels): for the V4 layout with
+C0/C4/C128 layers, every row >= F leaves bit for bit the SWA KV, C4/C128 latents and C4 index keys
+of a stock prefix hit at F and gets the same logprobs; a later session resuming one page below F
+too; without the mask or one page below the bound they differ. GPU kernels: not verified.
+
+What is refused at cache build (one line each, :func:`unsupported`): the unified KV ring (HIP), the
+request window of ``--enable-encoder-swa-bounded-replay`` (the tree then keeps no SWA component:
+refused earlier, see the switch's cache check; with a paged draft SWA it still does not gate the
+match), ``--enable-decoder-swa-bounded-replay`` (late layers run only on each chunk's last 128
+rows and their window KV of earlier rows is never written; not verified with the cone), a KV
+layout other than V4 (V4.1's 528-byte fp8, fp4, TRT-LLM uniform fp8) and V4.1's compress ratios
+1/2, unless the test-only ``DSV41_SWA_CONE_FORWARD_STANDIN=1`` says act anyway.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from adapter.switches.cone_replay.geometry import dsv4_republished_rows
+
+VERIFIED_LAYOUT = "v4"  # the layout the exactness tests ran on (the CPU kit: 584-byte rows)
+
+
+def forward_fields(rows: list[tuple[int, int, Any]], window: int, page: int) -> tuple[Any, Any]:
+    """DeepSeek-V4's forward fields for one extend batch: ``(encoder_swa_compress_rows,
+    encoder_swa_row_floor)``. ``rows``: per request ``(prefix_len, extend_len, plan or None)`` in
+    batch order. A cone's rows ``[s, F - R)`` are left out of ``compress_rows`` (their
+    compressor and indexer writes go to slot 0: the copied latents stay). The floor is returned
+    for the seam tests only; the switch does not set it (see the module docstring)."""
+    import torch
+
+    keep, floor = [], []
+    for prefix, extend, plan in rows:
+        pos = torch.arange(prefix, prefix + extend, dtype=torch.int64)
+        if plan is None:
+            keep.append(torch.ones(extend, dtype=torch.bool))
+            floor.append(torch.zeros(extend, dtype=torch.int32))
+            continue
+        lo, hi = plan.s, plan.F - dsv4_republished_rows(window, page)
+        keep.append(~((pos >= lo) & (pos < hi)))
+        floor.append(torch.full((extend,), plan.s, dtype=torch.int32))
+    mask = torch.cat(keep) if keep else torch.zeros(0, dtype=torch.bool)
+    return torch.nonzero(mask).flatten(), (torch.cat(floor) if floor else torch.zeros(0, dtype=torch.int32))
+
+
+def unsupported(kvpool: Any, cache: Any, standin: bool) -> str | None:
+    """Why the cone cannot be exact on this DeepSeek-V4 pool (None: it acts); one line each."""
+    if getattr(kvpool, "_unified_kv", False):
+        return "DeepSeek-V4 unified KV ring (SGLANG_HACK_FLASHMLA_BACKEND=unified_kv_triton): its Full side has no pages of its own to copy"
+    if getattr(kvpool, "request_window", None) is not None:
+        return ("--enable-encoder-swa-bounded-replay: SWA lives in per-request window rings the tree does not own "
+                "(upstream replays min(prefix, 128) tokens on every hit itself); nothing for the cone to replay")
+    if getattr(cache, "decoder_swa_bounded_replay", False):
+        return ("--enable-decoder-swa-bounded-replay: late layers run only on each chunk's last 128 rows and prefix "
+                "matches are capped at L - 128; the cone is not verified against its tail")
+    if standin:
+        return None
+    layout = "uniform_fp8" if getattr(kvpool, "uniform_fp8", False) else getattr(
+        getattr(kvpool, "kv_layout", None), "value", str(getattr(kvpool, "kv_layout", None)))
+    if layout != VERIFIED_LAYOUT:
+        return (f"DeepSeek-V4 KV layout {layout}: cone replay's exactness is shown on the {VERIFIED_LAYOUT} layout "
+                "(584 B rows) only; the engine stays stock")
+    low = sorted({r for r in (getattr(kvpool, "compression_ratios", None) or ()) if r in (1, 2)})
+    if low:
+        return (f"DeepSeek-V4.1 compress ratios {low} (KV-source layers, low-ratio index snapshots): cone replay's "
+                "exactness is shown on C0/C4/C128 layers only; the engine stays stock")
+    return None
+
+
+def apply(forward_batch: Any, layout: list[tuple[int, int, Any]], window: int, page: int) -> int:
+    """Set ``encoder_swa_compress_rows`` on a replay batch; returns the number of masked rows."""
+    keep, _floor = forward_fields(layout, window, page)
+    device = forward_batch.out_cache_loc.device
+    total = int(forward_batch.out_cache_loc.shape[0])
+    forward_batch.encoder_swa_compress_rows = keep.to(device)
+    return total - int(keep.numel())

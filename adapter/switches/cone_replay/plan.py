@@ -1,0 +1,141 @@
+"""Cone replay's plan and admission: which requests replay, from where, and when they fall back.
+
+* :func:`plan` (after ``UnifiedRadixCache.match_prefix``): a match stopped only by an evicted SWA
+  window at F (``swa_branching_seqlen``) with the Full KV of ``[0, F)`` resident becomes a match
+  at ``s = page_floor(F - N)`` anchored on F's node (``tree_core.match_full_device_prefix``); the
+  stock ``MatchResult`` is kept on the request to fall back to.
+* :func:`admit` (after ``PrefillAdder._select_prefill_admission``): the first prefill pass must be
+  one chunk covering ``[s, F)``, else the stock match is restored and the reason logged.
+
+Plan states: planned (match) -> admitted (first chunk covers [s, F)) -> copied (rows filled) ->
+forwarded (its ForwardBatch carries the replay rows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from adapter.core import api
+from adapter.switches.cone_replay.geometry import cache_config, cone_start
+
+SWITCH = api.handle(__name__)
+REQ_ATTR = "_dsv41_cone"  # the plan of one request (set on its Req)
+PLANNED, ADMITTED, COPIED, FORWARDED = "planned", "admitted", "copied", "forwarded"
+
+
+@dataclass
+class ConePlan:
+    """One request's cone: resume point F, replay start s, stock prefix P, anchor at F."""
+
+    rid: str
+    F: int
+    s: int
+    P: int
+    anchor: Any  # F's node (NodeId / TreeNode), Full-only match
+    stock: Any  # the stock MatchResult, to fall back to
+    stock_protected: int  # the stock cache_protected_len
+    state: str = PLANNED
+    source: Any = None  # F's tree slots of [s, F) (the copy source; locked through the anchor)
+
+
+@dataclass
+class Counters:
+    plans: int = 0
+    admitted: int = 0
+    copies: int = 0
+    copied_pages: int = 0
+    copied_bytes: int = 0
+    forwards: int = 0  # forward batches that carried replay rows
+    substituted_layers: int = 0  # Full-attention layer calls whose replay rows read the resident KV
+    masked_rows: int = 0  # DeepSeek-V4: replay rows whose compressor / indexer writes went to slot 0
+    fallbacks: int = 0
+
+    def reset(self) -> None:
+        self.__init__()
+
+
+COUNTERS = Counters()
+FALLBACKS: dict[str, int] = {}  # reason -> count (bench and tests)
+_COPIED: list[int] = [0]  # copied plans whose forward is not built yet (decode batches skip the scan)
+
+
+def fallback(req: Any, reason: str, **fields: Any) -> None:
+    COUNTERS.fallbacks += 1
+    FALLBACKS[reason] = FALLBACKS.get(reason, 0) + 1
+    SWITCH.event("DSV41_SWA_CONE fallback", rid=req.rid, reason=reason, **fields)
+
+
+def plan(cache: Any, params: Any, result: Any) -> Any:
+    req, F = params.req, result.swa_branching_seqlen
+    previous = getattr(req, REQ_ATTR, None) if req is not None else None
+    if previous is not None and previous.state in (PLANNED, FORWARDED):  # unadmitted, or spent
+        setattr(req, REQ_ATTR, None)
+    cfg = cache_config(cache)
+    if req is None or F is None or cfg is None or not cfg.enabled:
+        return result
+    P = int(result.device_prefix_len)
+    s = cone_start(F, cfg.tokens, cfg.page)
+    if s <= P:  # the stock resume point is as good: nothing to save
+        return result
+    key = params.key
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+
+    urc = __import__(SWITCH.module_of("UnifiedRadixCache.match_prefix"), fromlist=["get_disagg"])
+    why = None
+    if result.host_hit_length or result.swa_host_hit_length or cache.host_pool_group is not None:
+        why = "hicache"
+    elif cache.linker is not None:
+        why = "linker"
+    elif urc.get_disagg().disaggregation_mode == "decode":
+        why = "pd_decode"
+    elif not cache.components[ComponentType.SWA].gates_prefix_match:
+        why = "swa_not_gating"
+    elif key.is_bigram:
+        why = "bigram_key"
+    if why is None:
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+
+        anchor_key = RadixKey(token_ids=key.token_ids, extra_key=key.extra_key, limit=F, cache_salt=key.cache_salt)
+        f_len, anchor, _pinned = cache.tree_core.match_full_device_prefix(anchor_key)
+        if f_len < F:
+            why = "full_not_resident"
+    if why is not None:
+        if getattr(req, REQ_ATTR + "_why", None) != (why, F):  # once per request and reason
+            setattr(req, REQ_ATTR + "_why", (why, F))
+            fallback(req, why, F=F, P=P)
+        return result
+    protected = result.cache_protected_len
+    plan = ConePlan(req.rid, F, s, P, anchor, result, P if protected is None else int(protected))
+    setattr(req, REQ_ATTR, plan)
+    if previous is None or (previous.F, previous.s) != (F, s):  # a waiting request is matched every round
+        COUNTERS.plans += 1
+        SWITCH.event("DSV41_SWA_CONE plan", rid=req.rid, F=F, s=s, N=F - s, P=P)
+    return result._replace(
+        device_prefix_len=s, last_device_node=anchor, last_host_node=anchor, best_match_node=anchor,
+        cache_protected_len=None if protected is None else s,
+    )
+
+
+def admit(req: Any, prefix_len: int, extend_len: int) -> bool:
+    """The admission rule: keep the cone only if the first pass is one chunk covering ``[s, F)``;
+    otherwise restore the stock match and log why. True when the cone stays."""
+    plan = getattr(req, REQ_ATTR)
+    if prefix_len == plan.s and prefix_len + extend_len >= plan.F:
+        plan.state = ADMITTED
+        COUNTERS.admitted += 1
+        return True
+    fallback(req, "first_chunk_short", F=plan.F, s=plan.s, chunk=extend_len)
+    restore_stock(req, plan)
+    return False
+
+
+def restore_stock(req: Any, plan: ConePlan) -> None:
+    """Put back what ``match_kv_cache`` / ``init_next_round_input`` set from the stock match."""
+    stock = plan.stock
+    req.prefix_len = int(stock.device_prefix_len)
+    req.last_node, req.last_host_node, req.best_match_node = (
+        stock.last_device_node, stock.last_host_node, stock.best_match_node)
+    req.num_matched_prefix_tokens = min(req.num_matched_prefix_tokens, req.prefix_len)
+    req.kv.cache_protected_len = plan.stock_protected
+    setattr(req, REQ_ATTR, None)

@@ -1,0 +1,212 @@
+"""The gate's judgement: pure functions of the boots' recorded figures (no server, no clock).
+
+Log reading (decode steps between chunks), output comparison, control agreement, and one row per
+registry switch from its record's ``gate_role``: its effect against both controls, or why it cannot
+act here. An acting switch the gate has no row for is a FAIL, never "not applicable".
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from adapter.core import registry
+
+if TYPE_CHECKING:
+    from devkit.gate.boots import Boot
+
+SHARE_TOLERANCE = 0.15  # two stock boots' decode shares may differ by this much (machine noise)
+
+
+SHARE_MARGIN = 0.10  # the yield must raise the share by at least this over both controls
+# fp32 tiny model: a cone replay sums the same terms in another order than a re-prefill, so the
+# branch's token logprobs differ by float noise (5e-7 measured); without the Full-side substitution
+# the replay rows' inexact K/V moved them by 4e-3.
+
+
+LOGPROB_TOLERANCE = 1e-4
+
+
+def acting() -> list[registry.Switch]:
+    """The switches whose registry record says the gate shows them acting (in registry order)."""
+    return [s for s in registry.SWITCHES if s.gate_role.acts]
+
+
+_PREFILL = re.compile(r"Prefill batch.*#new-token: (\d+).*#running-req: (\d+).*#pending-token: (\d+)")
+
+
+def decode_steps_between_chunks(lines: list[str]) -> list[int]:
+    """Decode steps the scheduler logged between consecutive chunks of a prefill beside running
+    streams (``--decode-log-interval 1``: one ``Decode batch`` line per step)."""
+    gaps: list[int] = []
+    steps: int | None = None
+    for line in lines:
+        match = _PREFILL.search(line)
+        if match:
+            running = int(match.group(2))
+            if steps is not None and running > 0:
+                gaps.append(steps)
+            steps = 0 if running > 0 and int(match.group(3)) > 0 else None
+        elif steps is not None and "Decode batch" in line:
+            steps += 1
+    return gaps
+
+
+def available(name: str) -> tuple[bool, str]:
+    """Whether this build has the switch (registered, its module present); else why not."""
+    try:
+        switch = registry.by_name(name)
+    except KeyError:
+        return False, f"{name} is not in adapter/core/registry.py"
+    module = switch.install.partition(":")[0]
+    try:
+        if importlib.util.find_spec(module) is None:
+            return False, f"its module {module} is missing"
+    except ImportError as exc:
+        return False, f"its module {module} does not import: {exc}"
+    return True, ""
+
+
+def build_profile(extra: dict[str, str] | None = None, without: tuple[str, ...] = ()) -> dict[str, str]:
+    """The profile boot's keys: every acting switch this build has, less ``without``."""
+    names = [s.name for s in acting()]
+    unknown = [n for n in without if n not in names]
+    if unknown:
+        raise ValueError(f"without={unknown!r} is invalid: expected names from {names}")
+    profile: dict[str, str] = {}
+    for switch in acting():
+        ok, _ = available(switch.name)
+        if ok and switch.name not in without:
+            profile.update(dict(switch.gate_role.profile))
+    if "DSV41_DECODE_YIELD" in profile and extra:
+        profile.update(extra)
+    return profile
+
+
+def compare_outputs(a1: dict[str, list[int]], a2: dict[str, list[int]], b: dict[str, list[int]]) -> dict[str, Any]:
+    """Per prompt: do the controls agree? Then B must match them. Streams (``stream*``, aborted at
+    different lengths on each boot) are compared on the prefix all three generated."""
+    agree, differ, controls_differ = [], [], []
+    for key in sorted(set(a1) | set(a2)):
+        x, y, z = a1.get(key), a2.get(key), b.get(key)
+        if key.startswith("stream") and None not in (x, y, z):
+            n = min(len(x), len(y), len(z))
+            x, y, z = x[:n], y[:n], z[:n]
+        if x is None or y is None or x != y:
+            controls_differ.append(key)
+            continue
+        (agree if z == x else differ).append(key)
+    return {"compared": len(agree) + len(differ), "equal": len(agree), "differ": differ,
+            "controls_differ": controls_differ, "outputs_equal": not differ and bool(agree)}
+
+
+def controls_agree(a1: Boot, a2: Boot, outputs: dict[str, Any]) -> tuple[bool, list[str]]:
+    why = []
+    sequential = [k for k in outputs["controls_differ"] if not k.startswith("stream")]
+    if sequential:
+        why.append(f"stock boots generated different greedy tokens for {', '.join(sequential)}")
+    for key in ("resume_cached_tokens", "cone_cached_tokens"):
+        if a1.cache.get(key) != a2.cache.get(key):
+            why.append(f"{key}: {a1.cache.get(key)} vs {a2.cache.get(key)}")
+    s1, s2 = a1.yield_.get("decode_share"), a2.yield_.get("decode_share")
+    if s1 is None or s2 is None or abs(s1 - s2) > SHARE_TOLERANCE:
+        why.append(f"decode_share: {s1} vs {s2} (tolerance {SHARE_TOLERANCE})")
+    return not why, why
+
+
+def _median(values: list[int]) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return float(ordered[len(ordered) // 2])
+
+
+def rows(a1: Boot, b: Boot, a2: Boot, receipts_gaps: list[str], outputs_equal: bool,
+         without: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """One row per registry switch, from its record's ``gate_role``."""
+    refused = {g.split(" ", 1)[0] for g in receipts_gaps}
+    table: list[dict[str, Any]] = []
+    for switch in registry.SWITCHES:
+        name, role = switch.name, switch.gate_role
+        ok, reason = available(name)
+        if not role.acts:
+            status = (f"not in the profile: {role.not_in_profile}" if role.not_in_profile else
+                      f"not applicable here: {role.not_applicable}")
+            table.append({"switch": name, "stock": "-", "profile": "-", "status": status})
+            continue
+        if not ok:
+            table.append({"switch": name, "stock": "-", "profile": "-", "status": f"not available in this build: {reason}"})
+            continue
+        if name in without:
+            table.append({"switch": name, "stock": "-", "profile": "-", "status": "not in this run: left out with --without"})
+            continue
+        if name in refused:  # it did not install on the engine: it cannot act (receipts_ok is false too)
+            gap = next(g for g in receipts_gaps if g.startswith(name))
+            table.append({"switch": name, "stock": "-", "profile": "-",
+                          "status": f"not available in this build: refused at boot: {gap}"})
+            continue
+        table.append(_effect_row(name, a1, b, a2, outputs_equal))
+    return table
+
+
+def _effect_row(name: str, a1: Boot, b: Boot, a2: Boot, outputs_equal: bool) -> dict[str, Any]:
+    if name == "swa_thin":
+        s = (a1.cache["resume_cached_frac"], a2.cache["resume_cached_frac"])
+        p = b.cache["resume_cached_frac"]
+        passed = p >= 0.9 and p > max(s)
+        return {"switch": name, "stock": f"{s[0]:.2f} / {s[1]:.2f}", "profile": f"{p:.2f}",
+                "status": "pass" if passed else "FAIL: resume not better cached than both controls"}
+    if name == "decode_yield":
+        s = (a1.yield_["decode_share"], a2.yield_["decode_share"])
+        p = b.yield_["decode_share"]
+        gaps_s = [_median(decode_steps_between_chunks(x.log_lines[x.yield_log_from:])) for x in (a1, a2)]
+        gap_p = _median(decode_steps_between_chunks(b.log_lines[b.yield_log_from:]))
+        passed = p is not None and all(x is not None for x in s) and p >= max(s) + SHARE_MARGIN
+        return {"switch": name, "stock": f"{s[0]} / {s[1]} (steps/chunk {gaps_s[0]} / {gaps_s[1]})",
+                "profile": f"{p} (steps/chunk {gap_p})",
+                "status": "pass" if passed else f"FAIL: share not above both controls by {SHARE_MARGIN}"}
+    if name == "cone_replay":
+        s = (a1.cache["cone_recomputed_tokens"], a2.cache["cone_recomputed_tokens"])
+        p = b.cache["cone_recomputed_tokens"]
+        # SWA thin alone can shorten the branch's recompute (a surviving checkpoint): the row needs
+        # the switch's own plan lines as well.
+        plans = sum(1 for line in b.log_lines if "[dsv41] cone_replay DSV41_SWA_CONE plan" in line)
+        diff = cone_logprob_diff(a1, b, a2)
+        close = diff is not None and diff <= LOGPROB_TOLERANCE
+        passed = plans > 0 and p < min(s) and outputs_equal and close
+        return {"switch": name, "stock": f"{s[0]} / {s[1]} tokens",
+                "profile": f"{p} tokens ({plans} plans, logprob diff {diff if diff is None else f'{diff:.1e}'})",
+                "status": "pass" if passed else "FAIL: no replay planned, not cheaper than both controls, outputs "
+                f"differ, or the branch's logprobs differ by more than {LOGPROB_TOLERANCE}"}
+    if name == "fast_tree_core":  # no figure of its own; identical greedy outputs are its check
+        return {"switch": name, "stock": "-", "profile": "-",
+                "status": "pass (outputs equal)" if outputs_equal else "FAIL: outputs differ"}
+    # A switch the registry says acts here but the gate has no row for: never a pass, never n/a.
+    return {"switch": name, "stock": "-", "profile": "-",
+            "status": "FAIL: the registry says this switch acts in the gate, but the gate has no row for it"}
+
+
+def cone_logprob_diff(a1: Boot, b: Boot, a2: Boot) -> float | None:
+    """Largest |logprob difference| of the branch's greedy tokens between B and either control
+    (None when a boot has none or the lengths differ): the cone's exactness beyond argmax."""
+    lp = [x.cache.get("cone_branch_logprobs") or [] for x in (a1, b, a2)]
+    if not lp[1] or any(len(x) != len(lp[1]) for x in lp):
+        return None
+    return max(abs(p - c) for control in (lp[0], lp[2]) for p, c in zip(lp[1], control))
+
+
+def mean_present(values: list[Any]) -> float | None:
+    values = [v for v in values if v is not None]
+    return round(sum(values) / len(values), 4) if values else None
+
+
+def print_table(table: list[dict[str, Any]], say: Callable[[str], None]) -> None:
+    header = ["switch", "stock (A1 / A2)", "profile (B)", "status"]
+    cells = [header] + [[r["switch"], r["stock"], r["profile"], r["status"]] for r in table]
+    widths = [max(len(row[i]) for row in cells) for i in range(3)]
+    for i, row in enumerate(cells):
+        say("  ".join(c.ljust(w) for c, w in zip(row[:3], widths)) + "  " + row[3])
+        if i == 0:
+            say("  ".join("-" * w for w in widths) + "  " + "-" * 6)

@@ -1,0 +1,67 @@
+"""End-to-end: ``python -m adapter check --json`` on the production profile predicts, per switch,
+the receipt a boot of SGLang's real server then logs (slow: one DSV4 kit boot on CPU, 60-300 s on a
+shared 2-core machine; always stopped).
+
+The boot is the DSV4 kit's (tiny DeepSeek-V4, dummy weights, the real ``DeepSeekV4TokenToKVPool``
+and ``UnifiedRadixCache``) with the ``DSV41_*`` keys of ``.env.tp4.example``; check reads the same
+profile and the same model folder. Install-time decisions (this machine: no CUDA device) and the
+decisions taken at cache build (cone replay on the DSV4 pool) must both come out as predicted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from adapter.core import env
+from adapter.ops import check
+from devkit.engine_kit import client, launcher
+from devkit.engine_kit.dsv4 import launch
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+PROFILE = ROOT / ".env.tp4.example"
+
+
+def check_json(env_file: Path, model: Path) -> dict:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("DSV41_")}
+    environ["PYTHONPATH"] = str(ROOT)  # as on the serving image: no sgl_kernel stand-in
+    out = subprocess.run([sys.executable, "-m", "adapter", "check", "--env-file", str(env_file), "--model", str(model),
+                          "--json"], cwd=ROOT, env={**environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
+                         text=True, timeout=600)
+    assert out.stdout.strip(), out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def booted_receipts(log: Path, env_file: Path) -> dict[str, str]:
+    """Per requested switch, the one decision the boot logged: the scheduler's (``tp0``), and every
+    other process that installed it (the server's main process: ``pid<N>``) agreeing with it."""
+    report = check.receipts_report([str(log)], str(env_file), ranks=1)
+    decided = {}
+    for name, by_rank in report["receipts"].items():
+        assert len(set(by_rank.values())) <= 1, (name, by_rank)
+        decided[name] = by_rank.get("tp0", next(iter(by_rank.values()), "nothing logged"))
+    return decided
+
+
+def test_check_predicts_the_receipts_a_dsv4_boot_of_the_production_profile_logs(tmp_path):
+    model = launch.write_dummy_model(tmp_path / "dsv4")
+    predicted = check_json(PROFILE, model)
+    assert predicted["model"]["pool"] == "DeepSeekV4TokenToKVPool"
+    profile = env.dsv41_items(env.read_env_file(str(PROFILE)))
+    server = launch.server(model, tmp_path / "boot.log", profile, ready_timeout_s=400, load_format="dummy",
+                           max_total_tokens=2048, max_running=3, chunk=256, swa_ratio=1.0)
+    with server:
+        client.generate(server.base_url, list(range(10, 300)), 4)  # the cache serves one request
+    assert launcher.members(server.proc.pid) == []
+    booted = booted_receipts(tmp_path / "boot.log", PROFILE)
+    print("\n".join(line for line in server.log_lines() if "[dsv41]" in line))  # shown when the test fails
+    assert set(booted) == set(predicted["receipts"])
+    assert booted == predicted["receipts"]
+    assert booted["cone_replay"].startswith("refused: DeepSeek-V4")  # decided at cache build, predicted before

@@ -1,0 +1,125 @@
+"""``check`` knows the model: it reads ``config.json`` and the launch line (SGLang's own parser) and
+says what the switches decided later in a boot will do, warns about profiles that work but not as
+meant, and prints one JSON object for a deploy pipeline (``--json``; ``receipts --json`` too)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from adapter.core import registry
+from adapter.ops import check
+from devkit.engine_kit import model
+from devkit.engine_kit.dsv4 import launch as dsv4_launch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def mellum(tmp_path_factory):
+    return check.read_model(model.make_model(tmp_path_factory.mktemp("kit") / "model"))
+
+
+@pytest.fixture(scope="module")
+def dsv4(tmp_path_factory):
+    return check.read_model(dsv4_launch.write_dummy_model(tmp_path_factory.mktemp("dsv4") / "model"))
+
+
+def _warnings(environ: dict[str, str], argv: list[str], found: check.Model | None = None) -> list[str]:
+    return check.warnings_for(environ, registry.resolve(environ), found, check.parse_launch(argv))
+
+
+def test_the_model_folder_gives_the_pool_kind_and_the_window_sglang_derives(mellum, dsv4):
+    # Mellum counts the current token in its window: SGLang's model reports sliding_window - 1.
+    assert (mellum.pool, mellum.window, mellum.swa_layers) == ("SWAKVPool", model.ModelSpec().window - 1, 2)
+    assert (dsv4.pool, dsv4.window, dsv4.swa_layers, dsv4.compress_ratios) == ("DeepSeekV4TokenToKVPool", 128, 3, (0, 4, 128))
+
+
+def test_a_missing_model_folder_is_a_clear_error_naming_the_option(tmp_path):
+    with pytest.raises(check.env.ConfigError, match=r"--model=.*no-model.*config.json"):
+        check.read_model(tmp_path / "no-model")
+
+
+def test_cone_replay_is_predicted_installed_at_its_bound_and_refused_below_it_on_an_swa_pool(mellum):
+    launch = check.parse_launch(["--model-path", mellum.path, "--page-size", "1"])
+    ok, facts = check.predict_cone(mellum, launch, {"DSV41_SWA_CONE_TOKENS": 64}, {})
+    assert ok == "installed" and facts["bound"] == 63  # the gate's engine: page 1, window 31, 2 SWA layers
+    low, _ = check.predict_cone(mellum, launch, {"DSV41_SWA_CONE_TOKENS": 32}, {})
+    assert low == ("refused: DSV41_SWA_CONE_TOKENS=32 < bound=63 (window 31, page 1, 2 sliding-window layers): "
+                   "set it to at least 63")
+    paged = check.parse_launch(["--model-path", mellum.path, "--page-size", "64"])
+    odd, _ = check.predict_cone(mellum, paged, {"DSV41_SWA_CONE_TOKENS": 100}, {})
+    assert odd == "refused: DSV41_SWA_CONE_TOKENS=100 is not a multiple of the page size 64"
+
+
+def test_cone_replay_on_a_deepseek_v4_pool_is_predicted_refused_with_the_switch_reason(dsv4):
+    launch = check.parse_launch(["--model-path", dsv4.path, "--page-size", "256"])
+    receipt, facts = check.predict_cone(dsv4, launch, {"DSV41_SWA_CONE_TOKENS": 8192}, {})
+    assert receipt.startswith("refused: DeepSeek-V4 paged SWA pool") and facts["page"] == 256
+    unified, _ = check.predict_cone(dsv4, launch, {"DSV41_SWA_CONE_TOKENS": 8192},
+                                    {"SGLANG_HACK_FLASHMLA_BACKEND": "unified_kv_triton"})
+    assert unified.startswith("refused: DeepSeek-V4 unified KV ring")
+
+
+def test_an_option_key_without_its_gate_key_is_warned_about():
+    warnings = _warnings({"DSV41_SWA_CONE_TOKENS": "8192"}, [])
+    assert warnings == ["DSV41_SWA_CONE_TOKENS set without DSV41_SWA_CONE_REPLAY: cone_replay is off and it is ignored"]
+    assert _warnings({"DSV41_SWA_CONE_TOKENS": "8192", "DSV41_SWA_CONE_REPLAY": "1"}, []) == []
+
+
+def test_decode_yield_on_default_coefficients_is_warned_about_until_a_coefficient_is_set():
+    assert any("default cost coefficients" in w for w in _warnings({"DSV41_DECODE_YIELD": "33"}, []))
+    coefficient = next(k for k in registry.all_keys() if k.startswith("DSV41_DECODE_YIELD_"))
+    fitted = {"DSV41_DECODE_YIELD": "33", coefficient: "1000"}
+    assert not any("default cost coefficients" in w for w in _warnings(fitted, []))
+
+
+def test_native_decode_beside_more_than_64_decode_rows_per_call_is_warned_about(dsv4):
+    on = {"DSV41_SWA_NATIVE_DECODE": "1"}
+    assert _warnings(on, ["--max-running-requests", "64"], dsv4) == []
+    [wide] = _warnings(on, ["--max-running-requests", "128"], dsv4)
+    assert wide.startswith("--max-running-requests = 128 > 64: decode calls of more than 64 rows take the stock copy path")
+    [default] = _warnings(on, [], dsv4)  # SGLang's DeepSeek-V4 default is 256
+    assert default.startswith("SGLang's DeepSeek-V4 default max_running_requests = 256 > 64")
+    [spec] = _warnings(on, ["--max-running-requests", "32", "--speculative-algorithm", "EAGLE"], dsv4)
+    assert spec.startswith("--speculative-algorithm EAGLE")
+
+
+def _cli(args: list[str]) -> subprocess.CompletedProcess:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("DSV41_")}
+    environ["PYTHONPATH"] = str(ROOT)  # as on the serving image: no sgl_kernel stand-in
+    return subprocess.run([sys.executable, "-m", "adapter", *args], cwd=ROOT, env={**environ, "OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_check_json_is_one_object_with_the_predicted_receipts_and_the_warnings(tmp_path, mellum):
+    profile = tmp_path / "p.env"
+    profile.write_text(f'LAUNCH_ARGS="--model-path {mellum.path} --page-size 1"\n'
+                       "DSV41_SWA_CONE_REPLAY=1 DSV41_SWA_CONE_TOKENS=32\nDSV41_KV_PARK_GIB=4\n")
+    out = _cli(["check", "--env-file", str(profile), "--json"])
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 1, out.stdout + out.stderr[-2000:]
+    report = json.loads(lines[0])
+    assert out.returncode == 0 and report["ok"] is True
+    assert report["model"]["pool"] == "SWAKVPool" and report["launch"]["page_size"] == 1
+    assert report["receipts"]["cone_replay"].startswith("refused: DSV41_SWA_CONE_TOKENS=32 < bound=63")
+    assert "DSV41_KV_PARK_GIB set without DSV41_KV_PARK: kv_park is off and it is ignored" in report["warnings"]
+
+
+def test_receipts_json_is_one_object_with_each_switch_decision_per_rank(tmp_path):
+    profile = tmp_path / "p.env"
+    profile.write_text("DSV41_KV_PARK=ram\n")
+    log = tmp_path / "boot.log"
+    log.write_text("[dsv41] kv_park installed mode=ram rank=tp0\n"
+                   "[dsv41] kv_park declined key=r1 bytes=8 why=parking_disabled rank=tp0\n"
+                   "[dsv41] kv_park refused: no host copy path rank=tp1\n")
+    out = _cli(["receipts", str(log), "--env-file", str(profile), "--ranks", "2", "--json"])
+    report = json.loads(out.stdout)
+    assert out.returncode == 1 and report["ok"] is False
+    assert report["receipts"] == {"kv_park": {"tp0": "installed", "tp1": "refused: no host copy path"}}
+    assert report["gaps"] == ["kv_park refused on tp1: no host copy path", "kv_park installed on 1 of 2 ranks (tp0)"]

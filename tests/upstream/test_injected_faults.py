@@ -1,0 +1,236 @@
+"""Injected faults on the real SGLang scheduler (devkit.testkit.scheduler): a fault in a switch's
+work must cost at most a recompute, never a request, a page or a hung scheduler.
+
+Covered elsewhere and not repeated here: a kv_park copy that raises (the worker catches it:
+tests/upstream/test_kv_park_scheduler.py::test_a_failed_copy_disables_parking_with_one_line_and_the_request_recomputes),
+a restore that fails after its pages are allocated
+(::test_a_failed_restore_gives_its_pages_back_disables_parking_and_the_request_recomputes) and a
+decode-yield prompt aborted through the harness's chunked-abort hook
+(tests/upstream/test_decode_yield.py::test_aborting_the_chunked_prompt_mid_window_ends_the_window_at_once).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+
+import pytest
+
+from adapter.core import boot
+from adapter.switches.kv_park import engine as engine_mod
+
+importlib.import_module("sglang.srt.managers.scheduler")
+from devkit.testkit.scheduler import build_scheduler  # noqa: E402
+
+PAGE = 16
+
+
+def _kv_park():
+    return importlib.import_module("adapter.switches.kv_park.switch")
+
+
+def _harness(**kwargs):
+    return build_scheduler(**{"page_size": PAGE, "pool_tokens": 1024, "max_reqs": 8, "chunked_prefill_size": 256,
+                              **kwargs})
+
+
+def _free_everything(h) -> None:
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    h.scheduler.tree_cache.evict(EvictParams(num_tokens=1 << 30))
+
+
+def _bounded_step(h, timeout_s: float = 30.0):
+    """One pass on a thread: a scheduler that hangs on a dead worker fails the test, not the run."""
+    done: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            done["step"] = h.step()
+        except BaseException as exc:  # reported below
+            done["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    assert not thread.is_alive(), f"the scheduler pass hung for {timeout_s:.0f} s (waiting on a dead park worker?)"
+    if "error" in done:
+        raise done["error"]  # type: ignore[misc]
+    return done["step"]
+
+
+class WorkerDeath(BaseException):
+    """What kills a thread outright (not an ``Exception``: nothing on the way catches it)."""
+
+
+def test_a_park_worker_that_dies_mid_copy_disables_parking_and_every_request_recomputes(monkeypatch, records):
+    """The worker thread dies inside the first copy, with a second copy still queued behind it:
+    the next pass must not wait for the dead thread, must not serve the unfinished copy as a
+    cached prefix, and parking turns itself off with one WARNING; both requests recompute from 0,
+    finish, and every page comes back."""
+    state = boot.install({"DSV41_KV_PARK": "ram"})
+    assert state.outcomes["kv_park"].status == "installed"
+    gate = threading.Event()
+    real_save = engine_mod.CopyEngine.save
+
+    def dying_save(self, page_ids, out=None, *, after=None):
+        if threading.current_thread().name == "dsv41-kv-park":
+            assert gate.wait(30)  # both copies are offered before the first one dies
+            raise WorkerDeath("simulated worker death")
+        return real_save(self, page_ids, out=out, after=after)
+
+    monkeypatch.setattr(engine_mod.CopyEngine, "save", dying_save)
+    h = _harness()
+    a = h.add_request(100, max_new_tokens=200)
+    b = h.add_request(70, max_new_tokens=200)
+    h.run(21)
+    contexts = {r.rid: int(r.kv.kv_committed_len) + 1 for r in (a, b)}
+    h.retract_all()
+    store = _kv_park().STATE.store
+    assert store.pending() == 2, "both copies are queued behind the worker"
+    gate.set()
+    _free_everything(h)
+    step = _bounded_step(h)
+    assert step.kind == "prefill" and set(step.rids) == {a.rid, b.rid}
+    for rid, prefix, extend in zip(step.rids, step.prefix_lens, step.extend_lens):
+        assert prefix == 0 and extend == contexts[rid], f"{rid} was served from a copy that never landed"
+    assert store.disabled and store.pending() == 0
+    warnings = [r.getMessage() for r in records if r.levelno >= logging.WARNING and "kv_park" in r.getMessage()]
+    assert len(warnings) == 1 and "kv_park disabled" in warnings[0], warnings
+    h.run_until(lambda: a.finished() and b.finished(), max_passes=1000)
+    assert len(a.output_ids) == 200 and len(b.output_ids) == 200
+    _free_everything(h)
+    allocator = h.scheduler.token_to_kv_pool_allocator
+    assert allocator.available_size() == allocator.size, "pages leaked"
+
+
+def test_a_park_worker_gone_before_its_queue_is_empty_never_hangs_the_next_pass(monkeypatch, records):
+    """A copy was queued but the worker is gone (it died between two jobs): the fence does not
+    wait forever; the queued copy fails, parking disables itself, the request recomputes."""
+    boot.install({"DSV41_KV_PARK": "ram"})
+    h = _harness()
+    a = h.add_request(100, max_new_tokens=40)
+    h.run(11)
+    context = int(a.kv.kv_committed_len) + 1
+    store = _kv_park().STATE.store
+    # No worker thread will ever take the queue: the store believes one runs, none does.
+    monkeypatch.setattr(store, "_ensure_worker", lambda: None)
+    h.retract_all()
+    assert store.pending() == 1
+    _free_everything(h)
+    step = _bounded_step(h)
+    assert step.kind == "prefill" and step.prefix_lens == (0,) and step.extend_lens == (context,)
+    assert store.disabled and store.pending() == 0
+    h.run_until(a.finished, max_passes=500)
+    assert len(a.output_ids) == 40
+
+
+# -- cone replay: the anchor between the replay's admission and the rest of the prompt ---------
+CONE_N = 64  # page 16, window 8, 3 SWA layers: bound 48
+
+
+def _cone_harness(overlap: bool):
+    return build_scheduler(page_size=16, pool_tokens=1 << 15, max_reqs=16, chunked_prefill_size=CONE_N,
+                           hybrid_swa=True, swa_pool_tokens=1024, sliding_window=8, overlap=overlap)
+
+
+def _resume_point(cache, history: list[int]) -> tuple[int, bool]:
+    from array import array
+
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    key = RadixKey(array("q", history[: len(history) // 16 * 16]))
+    full, _, _ = cache.tree_core.match_full_device_prefix(key)
+    f = full // 16 * 16
+    return f, bool(cache.tree_core.swa_tombstone_ranges(key, f - 8, f))
+
+
+def _run_to_end(h, req) -> list[int]:
+    h.add_request(req)
+    h.run_until(req.finished, max_passes=10_000)
+    h.drain()
+    h.finish_in_flight()
+    return list(req.origin_input_ids) + list(req.output_ids)
+
+
+def _accounted(h) -> tuple[int, int]:
+    """Full and SWA slots that are free, evictable or protected (a leak makes these shrink)."""
+    a, c = h.scheduler.token_to_kv_pool_allocator, h.scheduler.tree_cache
+    return (a.full_available_size() + c.full_evictable_size() + c.full_protected_size(),
+            a.swa_available_size() + c.swa_evictable_size() + c.swa_protected_size())
+
+
+def _cone_in_flight(overlap: bool):
+    """A session whose SWA window at F was evicted by churn, resumed with a prompt longer than one
+    chunk: after one pass its replay chunk [F - N, F) ran and the rest of its prompt waits."""
+    from adapter.switches.cone_replay import switch as cone_replay
+    from devkit.testkit.cone import install
+
+    state = install(CONE_N)
+    h = _cone_harness(overlap)
+    assert state.outcomes["cone_replay"].status == "installed"
+    baseline = _accounted(h)
+    history = _run_to_end(h, h.make_request(400, max_new_tokens=16, prompt_ids=range(10, 410)))
+    seed = 1000
+    while not _resume_point(h.scheduler.tree_cache, history)[1]:
+        seed += 1
+        _run_to_end(h, h.make_request(512, max_new_tokens=16, seed=seed))
+    F = _resume_point(h.scheduler.tree_cache, history)[0]
+    cone_replay.reset_counters()
+    req = h.add_request(h.make_request(0, max_new_tokens=8, prompt_ids=history + list(range(20_000, 20_160))))
+    first = h.step()
+    assert first.rids == (req.rid,) and (first.prefix_lens, first.extend_lens) == ((F - CONE_N,), (CONE_N,))
+    assert cone_replay.COUNTERS.copies == 1 and h.scheduler.chunked_req is req
+    return h, req, history, F, baseline
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["normal", "overlap"])
+def test_a_cone_request_aborted_after_its_replay_chunk_releases_its_anchor_and_leaks_nothing(overlap):
+    """An abort arrives after the replay chunk was launched (``Scheduler.abort_request`` marks the
+    chunked prompt ``_pending_chunked_abort_req``, as the harness's ``abort_chunked`` does; the
+    real ``process_pending_chunked_abort`` runs it on the next pass); then other traffic evicts
+    everything it can. The request ends aborted, the anchor's
+    lock is gone (the whole tree is evictable again), the tree is sane and no slot leaked."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    h, req, history, F, baseline = _cone_in_flight(overlap)
+    assert h.abort_chunked() is req
+    h.run_until(lambda: h.scheduler.chunked_req is None and req.finished(), max_passes=50)
+    h.finish_in_flight()
+    h.run(2)
+    h.scheduler.tree_cache.evict(EvictParams(num_tokens=1 << 30))
+    assert req.finished() and req.finished_reason is not None
+    h.scheduler.tree_cache.sanity_check()
+    assert h.scheduler.tree_cache.full_protected_size() == 0, "the aborted cone still holds a lock"
+    assert _accounted(h) == baseline
+    # The session comes back later: served (stock or cone), and still nothing leaked.
+    again = _run_to_end(h, h.make_request(0, max_new_tokens=4, prompt_ids=history + list(range(30_000, 30_016))))
+    assert len(again) == len(history) + 16 + 4
+    h.scheduler.tree_cache.sanity_check()
+    assert _accounted(h) == baseline
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["normal", "overlap"])
+def test_evicting_the_tree_between_the_replay_chunk_and_the_next_cannot_take_the_anchor(overlap):
+    """Eviction pressure between the cone's chunks: the request's lock keeps [0, F) resident (the
+    Full KV the replay read), the request finishes from where it was, and its next turn resumes
+    at its own end; the tree is sane and nothing leaked."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    h, req, history, F, baseline = _cone_in_flight(overlap)
+    h.scheduler.tree_cache.evict(EvictParams(num_tokens=1 << 30))
+    assert _resume_point(h.scheduler.tree_cache, history)[0] >= F, "eviction took the locked anchor's path"
+    h.run_until(req.finished, max_passes=1000)
+    h.drain()
+    h.finish_in_flight()
+    assert len(req.output_ids) == 8
+    turn2 = list(req.origin_input_ids) + list(req.output_ids)
+    nxt = h.add_request(h.make_request(0, max_new_tokens=4, prompt_ids=turn2 + list(range(40_000, 40_016))))
+    step = h.step()
+    assert step.rids[0] == nxt.rid and step.prefix_lens[0] == (len(turn2) - 1) // 16 * 16
+    h.run_until(nxt.finished, max_passes=1000)
+    h.drain()
+    h.finish_in_flight()
+    h.scheduler.tree_cache.sanity_check()
+    assert _accounted(h) == baseline
