@@ -167,6 +167,8 @@ def _engine_decision() -> tuple[bool, dict[str, str]] | None:
     if context is None:
         return None
     try:
+        if not context.get_context().is_config_namespace_published("observability"):
+            return None  # not published yet: no exception raised per call (benches, unit tests)
         on = bool(context.get_observability().enable_metrics)
         if not on:
             return False, {}

@@ -119,7 +119,7 @@ SWITCHES: tuple[Switch, ...] = (
         name="swa_native_decode",
         gate=Key("DSV41_SWA_NATIVE_DECODE", env.flag(), "DSV4 decode reads 256-token SWA pages in place (SM120/SM121)"),
         summary="decode-sized DSV4 calls on SM120/SM121 go to a sha-checked decode-only FlashInfer module with "
-        "the 256-token SWA pool view instead of copying each touched page into four 64-token pages (issue 6)",
+        "the 256-token SWA pool view instead of copying each touched page into four 64-token pages",
         modules=("sglang.kernels.ops.attention.flash_mla_sm120",),
         wraps=(
             "sglang.kernels.ops.attention.flash_mla_sm120:_flash_mla_flashinfer",
@@ -153,7 +153,7 @@ SWITCHES: tuple[Switch, ...] = (
         name="decode_yield",
         gate=Key("DSV41_DECODE_YIELD", env.percent(), "share (percent) of time running streams keep while a long prompt prefills in chunks"),
         summary="after each non-final chunk, defer the next prefill for N decode steps (integer cost model, "
-        "floor --prefill-decode-interval, cap 128) so running streams keep their share (issue 3)",
+        "floor --prefill-decode-interval, cap 128) so running streams keep their share",
         modules=("sglang.srt.managers.scheduler",),
         wraps=(
             "sglang.srt.managers.scheduler:Scheduler.get_next_batch_to_run",
@@ -184,7 +184,7 @@ SWITCHES: tuple[Switch, ...] = (
                 ("KV_PS", "ps per KV token read in decode"),
                 ("TOPK_KV_PS", "ps per top-k KV token read in decode"),
                 ("TOPK", "keys per query of the sparse attention; 0 = dense"),
-                # besides the forward: what an iteration's scheduling and output cost (issue 17)
+                # besides the forward: what an iteration's scheduling and output cost
                 ("CHUNK_SCHED_US", "µs per prefill iteration besides its forward"),
                 ("TOKEN_SCHED_NS", "ns per prefill token besides the forward"),
                 ("STEP_SCHED_US", "µs per decode iteration besides its forward"),
@@ -257,6 +257,8 @@ SWITCHES: tuple[Switch, ...] = (
         modules=("sglang.srt.mem_cache.unified_radix_cache",),
         wraps=(
             "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.checkpoint_into_tree",
+            # The cache build: a tree without an SWA component refuses the switch there.
+            "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.__init__",
         ),
         relies_on=(
             # Called with a fixed signature (found by tests/upstream/test_upstream_calls_are_pinned.py).
@@ -276,7 +278,7 @@ SWITCHES: tuple[Switch, ...] = (
         name="cone_replay",
         gate=Key("DSV41_SWA_CONE_REPLAY", env.flag(), "replay only the last N tokens before a resume point whose SWA window was evicted"),
         summary="a match stopped only by an evicted SWA window at F resumes on Full KV at page_floor(F - N) and "
-        "replays N tokens instead of re-prefilling from the stock match (issue 5)",
+        "replays N tokens instead of re-prefilling from the stock match",
         modules=(
             "sglang.srt.mem_cache.unified_radix_cache",
             "sglang.srt.mem_cache.unified_cache.components.swa",
@@ -335,7 +337,7 @@ SWITCHES: tuple[Switch, ...] = (
         name="page_rounded_admission",
         gate=Key("DSV41_PAGE_ROUNDED_ADMISSION", env.flag(), "charge KV in whole pages everywhere PrefillAdder admits"),
         summary="one page-rounded KV cost for running rows, mixed decode rows, the admission check, the "
-        "reserve and the never-fits gate, so admission never overcommits the pool (issue 8)",
+        "reserve and the never-fits gate, so admission never overcommits the pool",
         # The scheduler alone: it imports schedule_policy, and while it executes it is already in
         # sys.modules, so listing both would install before Scheduler is defined.
         modules=("sglang.srt.managers.scheduler",),
@@ -366,7 +368,7 @@ SWITCHES: tuple[Switch, ...] = (
         name="kv_park",
         gate=Key("DSV41_KV_PARK", env.choice("ram"), "park a retracted request's KV pages in host RAM and restore them on re-admission"),
         summary="retraction saves the row's pages with a page-major copy engine (background worker) into a "
-        "budgeted LRU host store; re-admission restores them as a cached prefix instead of a re-prefill (issue 9)",
+        "budgeted LRU host store; re-admission restores them as a cached prefix instead of a re-prefill",
         modules=(
             "sglang.srt.managers.schedule_batch",
             "sglang.srt.managers.scheduler",
@@ -376,6 +378,11 @@ SWITCHES: tuple[Switch, ...] = (
         wraps=(
             "sglang.srt.managers.schedule_batch:release_req",
             "sglang.srt.managers.scheduler:Scheduler.get_next_batch_to_run",
+            # torch 2.14.1's graph capture seam: a global-mode capture drains the parking copies in
+            # flight and holds new ones back until it ends (SGLang captures while serving, e.g. on a
+            # weight update with recapture); thread-local captures pass through.
+            "torch.cuda.graphs:CUDAGraph.capture_begin",
+            "torch.cuda.graphs:CUDAGraph.capture_end",
         ),
         relies_on=(
             # Called with a fixed signature (found by tests/upstream/test_upstream_calls_are_pinned.py).
@@ -398,6 +405,8 @@ SWITCHES: tuple[Switch, ...] = (
             "sglang.srt.mem_cache.deepseek_v4_memory_pool:DeepSeekV4IndexerPool.contiguous_page_row_buffers",
             "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.match_prefix",
             "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.path_device_indices",
+            # A copy on the thread whose stream is capturing is refused before any copy.
+            "torch.cuda.graphs:is_current_stream_capturing",
             # The DSV4 regions per page-id space, C4 state rows following SWA pages, and the retract
             # loop that rules out holding pages during a copy.
             "sglang.srt.mem_cache.deepseek_v4_memory_pool:DeepSeekV4TokenToKVPool.get_contiguous_buf_infos",

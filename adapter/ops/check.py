@@ -186,15 +186,21 @@ def predict_cone(model: Model | None, launch: Launch, values: Mapping[str, Any],
     page = DSV4_PAGE if dsv4 else int(launch.page_size or 1)
     window, layers = int(model.window or 0), int(model.swa_layers or 0)
     facts: dict[str, Any] = {"pool": model.pool, "window": window, "page": page, "swa_layers": layers, "N": tokens}
+    flags = set(launch.argv)
+    if "--disable-radix-cache" in flags:
+        return "refused: the radix cache is disabled; nothing to replay", facts
+    if dsv4 and "--enable-encoder-swa-bounded-replay" in flags:  # the tree keeps no SWA component
+        return ("refused: the prefix tree has no SWA component (--enable-encoder-swa-bounded-replay keeps SWA in "
+                "per-request window rings and replays min(prefix, 128) tokens on every hit itself); nothing to "
+                "replay"), facts
     if window <= 0 or layers <= 0:
         return f"refused: cannot read the sliding window ({window}) or its layer count from {model.pool}", facts
     unified = environ.get("SGLANG_HACK_FLASHMLA_BACKEND") == "unified_kv_triton"
-    flags = set(launch.argv)
     # The pool as the switch's rules read it: its class name (the family) and the attributes they test.
     pool = type(model.pool, (), {})()
     layout, uniform_fp8 = dsv4_kv_layout(environ, launch) if dsv4 else ("", False)
     pool.__dict__.update(_unified_kv=unified, compression_ratios=list(model.compress_ratios), start_layer=0,
-                         layer_num=layers, request_window=True if "--enable-encoder-swa-bounded-replay" in flags else None,
+                         layer_num=layers, request_window=None,
                          kv_layout=SimpleNamespace(value=layout), uniform_fp8=uniform_fp8)
     if dsv4:
         facts["kv_layout"] = "uniform_fp8" if uniform_fp8 else layout
@@ -373,6 +379,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------- after the boot: receipts, pins
+def _positive_ranks(raw: str) -> int:
+    import argparse
+
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"--ranks={raw!r} is invalid: expected an integer >= 1")
+    return value
+
+
 def receipts_report(logs: Sequence[str], env_file: str, ranks: int) -> dict[str, Any]:
     """A boot's receipt lines against the profile: the gaps (:func:`receipts.audit`) and, per
     requested switch and rank, its decision (``installed``, ``armed`` or ``refused: <reason>``)."""
@@ -426,7 +444,8 @@ def run_pins(args: argparse.Namespace) -> int:
 def add_receipts_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("logs", nargs="+")
     parser.add_argument("--env-file", required=True)
-    parser.add_argument("--ranks", type=int, required=True)
+    parser.add_argument("--ranks", type=_positive_ranks, required=True,
+                        help="scheduler ranks the boot ran (every one must log every switch); at least 1")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 

@@ -100,3 +100,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     except env.ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except (FileNotFoundError, IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        # A profile or log path that cannot be read: one line naming it, not a traceback.
+        where = getattr(exc, "filename", None) or "an input file (not UTF-8 text)"
+        print(f"error: cannot read {where}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2

@@ -19,7 +19,7 @@ Mixed iterations and idle heartbeats are skipped. A top-k term the log cannot te
 linear terms (no prefill with ``p < K``, no decode with mean context below ``K``) is fitted as 0 and
 said so.
 
-Iteration fit (issue 17: the forward is not all a step costs). With ``recv_time`` on each line
+Iteration fit (the forward is not all a step costs). With ``recv_time`` on each line
 (:mod:`devkit.engine_kit.fpm` stamps arrivals; the scheduler emits once per iteration, at the end of
 ``process_batch_result``), the gap between two consecutive busy messages (``counter_id`` n-1, n) is
 iteration n's wall time. Beyond its forward (``wall_time``) it is fitted, also by NNLS, on
@@ -29,8 +29,11 @@ iteration n's wall time. Beyond its forward (``wall_time``) it is fitted, also b
 * ``SWITCH_US``: what alternating adds, once per window: the median of what a decode step right
   after a chunk (same rows as the decode before it: the prompt still chunking) costs beyond the
   whole model of a steady step, plus the median of what a chunk right after a decode step costs
-  beyond a back-to-back chunk. A stock boot interleaves none (a handful by chance), so it needs
-  ``MIN_ALTERNATIONS`` of each, else it is 0 and said so.
+  beyond a back-to-back chunk. The two are summed because the split between them is not the
+  engine's: the decode's message is often published late, so its gap is long and the chunk's short
+  (on the CPU kit the cost itself is in the chunk's forward: a third more after a decode step). A
+  stock boot interleaves none (a handful by chance), so it needs ``MIN_ALTERNATIONS`` of each, else
+  it is 0 and said so.
 Gaps that hold idle time (a request arriving after a pause) are outliers: each fit is done twice,
 the second time without gaps whose residual is more than 5 MADs above the median. Without
 ``recv_time`` (an older log) the wall terms stay 0 and a note says so. The coefficients are rounded to integers in the units of :mod:`adapter.switches.decode_yield.cost_model`, and

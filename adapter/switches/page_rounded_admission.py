@@ -5,8 +5,7 @@ rows raw tokens (``_get_running_request_total_token_offset``: tokens left to dec
 decode rows one raw token each, while new requests get ``extend + max_new + one page``. A running
 row sitting on a page boundary with ``R = 1 (mod page)`` tokens to go really needs ``R + page - 1``
 slots, so a prompt sized to the raw budget is admitted, the pool runs out during decode and the
-engine retracts a row and recomputes it ("KV cache pool is full. Retract requests"); issue 8 and
-``shared/upstream/scheduler.md`` §3(b). With this switch one cost, :func:`kv_reservation` (the
+engine retracts a row and recomputes it ("KV cache pool is full. Retract requests"). With this switch one cost, :func:`kv_reservation` (the
 slots, in whole pages, a sequence holding ``held`` slots needs to store ``more`` tokens), is used
 by every place admission charges or checks KV on a single-pool paged cache:
 

@@ -113,6 +113,7 @@ def install(ctx: api.SwitchContext) -> dict[str, object]:
             f"the Python tree core allows (unset it or set it to python)"
         )
     ctx.wrap("UnifiedRadixCache.checkpoint_into_tree", _checkpoint_into_tree)
+    ctx.wrap("UnifiedRadixCache.__init__", _cache_init)
     if chosen is None:
         ctx.set_attr(ENVIRON, BACKEND_ENV, "python")  # read when the cache is built, after this
         ctx.set_attr(ENVIRON, SET_BY_OVERLAY_ENV, "1")
@@ -123,18 +124,26 @@ def install(ctx: api.SwitchContext) -> dict[str, object]:
             "receipt_every": RECEIPT_EVERY}
 
 
+NO_SWA_TREE = ("the prefix tree has no SWA component (a model without sliding windows, or DeepSeek-V4.1 under "
+               "--enable-encoder-swa-bounded-replay, which keeps windows in per-request rings and ignores "
+               "--swa-prefix-tails): there is no SWA LRU to reorder")
+
+
+def _cache_init(wrapped: Any, cache: Any, args: tuple, kwargs: dict) -> Any:
+    """Never silently inert: a cache built without an SWA component refuses the switch at once (a
+    boot failure under ``DSV41_STRICT=1``); the inserts then run stock."""
+    out = wrapped(*args, **kwargs)
+    if not cache.disable and not cache.is_swa_enabled:
+        SWITCH.refuse_late(NO_SWA_TREE)
+    return out
+
+
 def _checkpoint_into_tree(wrapped: Any, cache: Any, args: tuple, kwargs: dict) -> Any:
     from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore
 
     if cache.disable or cache in _STOCK:
         return wrapped(*args, **kwargs)
-    if not cache.is_swa_enabled:
-        # Never silently inert: a tree without an SWA component (no sliding windows, or DeepSeek-V4.1
-        # under --enable-encoder-swa-bounded-replay, which keeps SWA in per-request rings and ignores
-        # --swa-prefix-tails) has no SWA LRU to reorder; the forced Python tree core buys nothing.
-        if not getattr(cache, "_dsv41_thin_warned", False):
-            cache._dsv41_thin_warned = True
-            SWITCH.event("inactive", level=logging.WARNING, reason="tree_has_no_swa_component")
+    if not cache.is_swa_enabled:  # refused when the cache was built (_cache_init): stock insert
         return wrapped(*args, **kwargs)
     core = cache.tree_core
     if not isinstance(core, UnifiedTreeCore):

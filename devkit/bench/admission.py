@@ -4,7 +4,7 @@ Two near-full page-64 workloads (:mod:`devkit.testkit.admission`) run to the end
 (stock) and on, in one process; every figure is a deterministic count, so there is nothing to
 interleave:
 
-* ``waves`` (issue 8 at scale): waves of short decode rows with page-aligned prompts decoding in
+* ``waves`` (the boundary case at scale): waves of short decode rows with page-aligned prompts decoding in
   lockstep, each joined by one prompt sized to the budget the stock raw check reports;
 * ``mixed``: independent arrivals with random prompt and output lengths.
 

@@ -6,9 +6,10 @@ Workload (:mod:`devkit.testkit.dsv4_cone`): turn 1 = 2,048 tokens (F), churn evi
 (Full KV stays), turn 2 = the same 2,048 + 512 new tokens, one output token. Rows: the stock prefix
 hit at F before churn (the exactness reference), the stock full re-prefill (empty tree), stock after
 churn, and cone replay at N = the bound (768). Per row: history tokens recomputed
-(``F - cached_tokens``), time to first token (one-token request: end to end, CPU, shared machine:
-a relative figure only), and the largest input-logprob distance of rows >= F from the full
-re-prefill and from the prefix hit.
+(``len(A) - cached_tokens``; the prefix hit's turn 1 stopped at F, so it shows one page), time to
+first token (one-token request, end to end; on a shared CPU machine it is dominated by load: the
+same full re-prefill measured 13.7-91 s across runs, so it is printed, not judged), and the
+largest input-logprob distance of rows >= F from the full re-prefill and from the prefix hit.
 
 Upstream's bounded replays do not run on this engine, and the bench says why instead of a row:
 ``--enable-encoder-swa-bounded-replay`` requires DeepSeek-V4.1 and CUDA or gfx950
@@ -48,7 +49,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         p = out[name]
         rows[name] = {
             "cached_tokens": p["cached_tokens"],
-            "recomputed": dc.F - p["cached_tokens"],
+            "recomputed": dc.A_LEN - p["cached_tokens"],  # history tokens (turn 1's prompt) prefilled again
             "ttft_s": p["ttft_s"],
             "logprob_vs_reprefill": dc.logprob_distance(p, out["cold"]),
             "logprob_vs_hit": dc.logprob_distance(p, out["hit"]),
@@ -67,7 +68,8 @@ def run(quick: bool = False) -> dict[str, Any]:
         "fallbacks": log.count("DSV41_SWA_CONE fallback"),
         "cone_recomputed": rows["cone"]["recomputed"],
         "stock_recomputed": rows["stock"]["recomputed"],
-        "meets_targets": rows["cone"]["recomputed"] <= dc.N + dc.PAGE and rows["cone"]["logprob_vs_hit"] == 0.0,
+        "meets_targets": rows["cone"]["recomputed"] <= dc.N + dc.PAGE and rows["cone"]["logprob_vs_hit"] == 0.0
+        and rows["cone"]["logprob_vs_reprefill"] <= dc.LOGPROB_TOLERANCE,
         "wall_s": round(wall, 1),
     }
     print(f"cone recomputed {fig['cone_recomputed']} <= N + page {dc.N + dc.PAGE}; stock {fig['stock_recomputed']}; "

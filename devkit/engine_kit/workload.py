@@ -50,6 +50,10 @@ class Workload:
     long_prompt_tokens: int = 2048
     before_s: float = 2.0  # how long the streams' rate is measured before the long prompt
     timeout_s: float = 300.0
+    # A follow-up turn of the branched session before the churn (0: none). On a paged DeepSeek-V4
+    # pool an evicted leaf goes whole, Full KV included: the follow-up makes the answer an inner
+    # node, whose Full KV stays resident while the churn evicts its SWA window.
+    cone_followup_tokens: int = 0
 
     @classmethod
     def quick(cls) -> Workload:
@@ -84,6 +88,9 @@ def run_cache_phases(base_url: str, w: Workload) -> dict[str, Any]:
     answer = client.generate(base_url, cone_prompt, w.cone_tokens - w.cone_prompt_tokens, w.timeout_s)["output_ids"]
     outputs["cone_turn1"] = answer
     cone = cone_prompt + answer
+    if w.cone_followup_tokens:
+        followup = cone + w.ids("cone_followup", w.cone_followup_tokens)
+        outputs["cone_followup"] = client.generate(base_url, followup, w.turn_tokens, w.timeout_s)["output_ids"]
     for i in range(w.churn_requests):
         outputs[f"churn{i}"] = client.generate(base_url, w.ids(f"churn{i}", w.churn_tokens), 4, w.timeout_s)["output_ids"]
     context = session + first["output_ids"]
@@ -151,5 +158,7 @@ def run_yield_phase(base_url: str, w: Workload, tag: str) -> dict[str, Any]:
         "decode_share": round(during / before, 4) if before > 0 else None,
         "prefill_s": round(t_first - t_send, 3),
         "measured_s": round(t_end - t_send, 3),
+        # the phase's instants (time.monotonic()), for readers that account time another way
+        "times": {"before": t_before, "send": t_send, "first": t_first, "end": t_end},
         "stream_tokens_compared": shortest,
     }

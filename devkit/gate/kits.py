@@ -63,10 +63,19 @@ class MellumKit:
         return {}  # the registry's gate roles are set for this kit
 
 
-# The DSV4 kit's pool: 64 pages of Full KV, SWA sized by the launcher's no-starvation rule for the
-# yield phase's rows (4 streams + the long prompt + one spare).
-DSV4_MAX_TOTAL_TOKENS = 64 * 256
+# The DSV4 kit's pool: 128 pages of Full KV, room for the whole workload, so the churn evicts SWA
+# windows only (at 64 pages it evicted the idle session's Full KV too, and nothing could act); SWA
+# sized by the launcher's no-starvation rule for the yield phase's rows (4 streams + the long
+# prompt + one spare).
+DSV4_MAX_TOTAL_TOKENS = 128 * 256
 DSV4_MAX_RUNNING = 6
+# Four pages a chunk: a cone replay's first chunk must cover [s, F) (N = 768 plus the new message),
+# else it falls back to the stock match (first_chunk_short, seen at 256).
+DSV4_CHUNK = 4 * 256
+# 20 SWA pages: every finished request's resume point fits (the churn's 6 leaves and both sessions'),
+# the churn's passed chunk checkpoints do not, so stock's LRU order evicts the idle session's
+# resume point and SWA thin's keeps it (the launcher refuses fewer than 17 for these rows and chunk).
+DSV4_SWA_RATIO = 20 * 256 / DSV4_MAX_TOTAL_TOKENS
 
 
 @dataclass(frozen=True)
@@ -86,20 +95,22 @@ class Dsv4Kit:
         from devkit.engine_kit.dsv4 import launch
 
         return launch.server(model, log, profile, ready_timeout_s=600.0, max_total_tokens=DSV4_MAX_TOTAL_TOKENS,
-                             max_running=DSV4_MAX_RUNNING, chunk=launch.PAGE, extra=list(extra))
+                             max_running=DSV4_MAX_RUNNING, chunk=DSV4_CHUNK, swa_ratio=DSV4_SWA_RATIO,
+                             extra=list(extra))
 
     def workload(self, quick: bool) -> Any:
         from devkit.engine_kit import workload as wl
 
         page = 256
-        # Whole pages everywhere: the idle session and the churn fill SWA pages; the branched
-        # session's prompt is one chunk, its branch point sits well past the chunk it could resume
-        # from; the long prompt prefills in 256-token chunks beside the streams.
+        # Whole pages everywhere: the idle session is one chunk, each churn request two (one passed
+        # checkpoint, one leaf); the branched session's branch point sits 768 tokens past its prompt's
+        # checkpoint; the long prompt prefills in 1024-token chunks beside the streams.
         return wl.Workload(
             session_tokens=4 * page, cone_prompt_tokens=page, cone_tokens=5 * page, cone_branch_at=4 * page,
-            churn_requests=6 if quick else 10, churn_tokens=4 * page, turn_tokens=8, new_user_tokens=24,
+            churn_requests=6 if quick else 10, churn_tokens=8 * page, turn_tokens=8, new_user_tokens=24,
             streams=4, stream_prompt_tokens=32, stream_max_tokens=600,
-            long_prompt_tokens=(8 if quick else 16) * page, before_s=3.0, timeout_s=900.0,
+            long_prompt_tokens=(16 if quick else 32) * page, before_s=3.0, timeout_s=900.0,
+            cone_followup_tokens=24,
         )
 
     def profile_overrides(self) -> dict[str, str]:

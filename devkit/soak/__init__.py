@@ -549,6 +549,7 @@ def run(minutes: float = 5.0, model: str = "mellum", seed: int = 1, out: str | P
         "log_errors": ps.get("log_errors"),
         "probe_outputs_equal": probes_equal,
         "rss_growth_pct": growth,
+        "rss_warm_mib": ps.get("rss_warm_mib"),
         "rss_peak_mib": ps.get("rss_peak_mib"),
         "rss_final_mib": ps.get("rss_final_mib"),
         "rss_low_water_mib": ps.get("rss_low_water_mib"),
@@ -561,6 +562,7 @@ def run(minutes: float = 5.0, model: str = "mellum", seed: int = 1, out: str | P
         "log_error_lines": ps.get("log_error_lines"),
         "leak_lines": ps.get("leak_lines"),
         "refused_switches": ps.get("refused_switches"),
+        "probes": ps.get("probes_before"),
         "stock": {k: ss.get(k) for k in ("served", "failed", "leak_reports", "log_errors", "probes_stable",
                                          "rss_growth_pct", "retractions", "log_error_lines")},
         "culprits": culprits,
@@ -605,3 +607,15 @@ def main(args: Any) -> int:
         return 2
     print(json.dumps(figures, sort_keys=False))
     return 0 if figures["verdict"] == "PASS" else 1
+
+
+# ---------------------------------------------------------------- two ranks on CPU
+# What SGLang 0.5.23 needs to run ``--tp 2`` on a CPU-only machine with one NUMA node (found here):
+# * sglang/srt/utils/numa_utils.py:463 asserts ranks <= NUMA nodes unless the cores of each rank
+#   are given: one core per rank;
+# * sglang/srt/distributed/parallel_state.py:463 builds a PyNcclCommunicator whenever the NCCL
+#   library loads (torch's wheel ships it), and pynccl.py:116 then enters torch.cuda.device("cpu"):
+#   "ValueError: Expected a cuda device, but got: cpu". A library path that does not load makes
+#   PyNccl disable itself (pynccl.py:73-79), and the CPU all-reduce is torch.distributed's (gloo:
+#   parallel_state.py:695-699, no AMX here so no shared-memory all-reduce).
+TP2_ENV = {"SGLANG_CPU_OMP_THREADS_BIND": "0|1", "SGLANG_NCCL_SO_PATH": "/nonexistent/libnccl.so.2"}

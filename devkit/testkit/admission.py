@@ -9,7 +9,7 @@ API::
 
     need = kv_need_to_finish(req, page)           # slots (whole pages) req still has to allocate
     over = overcommit_tokens(h)                   # live need - (free + evictable), >= 0
-    case = boundary_case(page=64, rows=3, size="raw")   # issue 8's reproduction, run to the end
+    case = boundary_case(page=64, rows=3, size="raw")   # the boundary reproduction, run to the end
     stats = run_workload(WorkloadSpec(kind="waves"))    # the bench workloads, run to the end
 """
 
@@ -74,7 +74,7 @@ class BoundaryCase:
 
 
 def boundary_case(*, page: int, rows: int, size: str = "raw") -> BoundaryCase:
-    """Issue 8's reproduction: ``rows`` ignore_eos rows on a page boundary with ``R = 2*page + 1``
+    """The overcommit reproduction: ``rows`` ignore_eos rows on a page boundary with ``R = 2*page + 1``
     tokens to go, then one request that ends on the same step as the rows.
 
     ``size="raw"``: the largest prompt the stock raw check admits (``extend + max_new + page <
@@ -117,10 +117,10 @@ def boundary_case(*, page: int, rows: int, size: str = "raw") -> BoundaryCase:
 class WorkloadSpec:
     """A near-full pool, run until every request finished.
 
-    ``kind="waves"`` (issue 8 at scale, closed loop): a wave of ``wave_rows`` short decode rows
+    ``kind="waves"`` (the boundary case at scale, closed loop): a wave of ``wave_rows`` short decode rows
     with page-aligned prompts (whole cached pages, e.g. resumed agent contexts) and one random
     ``max_new``, so they decode in lockstep; right after their prefill, ``fills`` prompts that end
-    with the wave, sized to the budget the stock raw check reports (as in the issue's
+    with the wave, sized to the budget the stock raw check reports (as in the original
     reproduction). The next wave arrives when the pool is idle. Sizes depend only on the spec.
     ``kind="mixed"`` (open loop): independent arrivals with random prompt and output lengths.
     """

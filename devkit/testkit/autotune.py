@@ -32,7 +32,11 @@ def cpu_autotune_seams(cache_path: Path) -> Iterator[types.ModuleType]:
     set_global_server_args_for_scheduler(ServerArgs(model_path="dummy"))
     module = importlib.import_module(TARGET)
     saved_path_fn, saved_stream = module.flashinfer_autotune_cache_path, torch.cuda.current_stream
-    module.flashinfer_autotune_cache_path = lambda model_runner: cache_path
+    def cache_path_here(model_runner):  # the real one asks the CUDA device for its arch
+        return cache_path
+
+    cache_path_here.__wrapped__ = saved_path_fn  # a stand-in like a wrapper: pins look through it
+    module.flashinfer_autotune_cache_path = cache_path_here
     torch.cuda.current_stream = lambda *a, **k: _NoStream()
     try:
         with runtime_context.get_parallel().override(tp_group=types.SimpleNamespace(world_size=1)):

@@ -12,7 +12,8 @@ then turn 2 = A + B with input logprobs of every row from F (``logprob_start_len
 * ``hit``: turn 2 right after turn 1: the stock prefix hit at F (the exactness reference).
 * ``cold``: turn 2 alone on an empty tree: the stock full re-prefill.
 * ``evicted`` phases: between the turns, churn prompts push A's SWA window out (Full KV stays);
-  then turn 2 runs with the cone at depth N (``cone``), one page below the bound (``shallow``),
+  then turn 2 runs with the cone at depth N (``cone``; chunk = N + page), at N = the chunk
+  (``exact_chunk``: the first pass is exactly ``[s, F)``), one page below the bound (``shallow``),
   without its write mask (``nomask``), with N above the chunk (``short``: falls back), or with the
   cone off (``stock``: the stock recompute).
 
@@ -152,6 +153,7 @@ PHASES = {
     "cone": dict(evict=True),
     "below": dict(after=True, below=True),  # right after "cone": resumes one page below F
     "below_hit": dict(turn1=BELOW, below=True),  # its reference: a stock prefix hit there
+    "exact_chunk": dict(evict=True, tokens=GEOMETRY["chunk"]),  # N = chunk: the first pass is exactly [s, F)
     "nomask": dict(evict=True, mask=False),
     "shallow": dict(evict=True, tokens=N - PAGE),
     "short": dict(evict=True, tokens=GEOMETRY["chunk"] + PAGE),  # the first chunk cannot cover [s, F)

@@ -366,6 +366,9 @@ def build_scheduler(
     dsv4: bool = False,
 ) -> SchedulerHarness:
     """A real ``Scheduler`` (``object.__new__``) on real CPU pools; see the module docstring."""
+    from devkit.testkit.pins import check_builder_pins
+
+    check_builder_pins()  # the attributes set below stand in for Scheduler.__init__ as pinned
     warnings.filterwarnings("ignore", module="sglang")
     import torch
 

@@ -1,6 +1,6 @@
 """A tiny pure-torch hybrid model (sliding-window + full-attention layers) on a real ``SWAKVPool``.
 
-It exists to prove the cone replay exact (issue 5), in two modes:
+It exists to prove the cone replay exact, in two modes:
 
 * ``forward`` (the pool model): every layer writes its K/V, then reads keys and values from the KV
   pool, never from the forward's own tensors. Sliding-window layers read ``SWAKVPool``'s SWA side

@@ -64,4 +64,5 @@ def test_check_predicts_the_receipts_a_dsv4_boot_of_the_production_profile_logs(
     print("\n".join(line for line in server.log_lines() if "[dsv41]" in line))  # shown when the test fails
     assert set(booted) == set(predicted["receipts"])
     assert booted == predicted["receipts"]
-    assert booted["cone_replay"].startswith("refused: DeepSeek-V4")  # decided at cache build, predicted before
+    # decided at cache build (the DSV4 pool's layout, window, page and bound), predicted before the boot
+    assert booted["cone_replay"] == "installed" or booted["cone_replay"].startswith("refused: ")

@@ -1,4 +1,4 @@
-"""Cone replay on SGLang 0.5.23's real server serving the tiny DeepSeek-V4 (slow: one boot, seven phases).
+"""Cone replay on SGLang 0.5.23's real server serving the tiny DeepSeek-V4 (slow: one boot, ten phases).
 
 The server runs the real ``DeepSeekV4TokenToKVPool`` (paged SWA, fp8 V4 rows, C4 + C128 latents, the
 C4 indexer, compressor state rings), the real ``DeepseekV4AttnBackend`` and ``UnifiedRadixCache``
@@ -18,7 +18,7 @@ import pytest
 
 from devkit.testkit import dsv4_cone as dc
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,7 @@ def test_an_evicted_session_resumes_through_the_cone_at_page_floor_f_minus_n(pha
     assert dc.A_LEN - phases["cone"]["cached_tokens"] == dc.N + dc.PAGE
     log = "\n".join(phases["log"])
     assert f"cone_replay installed N={dc.N} bound={dc.N} window=128 page=256 swa_layers=3" in log
-    assert f"DSV41_SWA_CONE plan rid=" in log and f" F={dc.F} s={dc.F - dc.N} N={dc.N} " in log
+    assert "DSV41_SWA_CONE plan rid=" in log and f" F={dc.F} s={dc.F - dc.N} N={dc.N} " in log
     # rows [s, F - 2 pages) keep the copied latents: their compressor writes go to slot 0
     assert f"DSV41_SWA_CONE forward rows={dc.N} masked={dc.N - 2 * dc.PAGE} " in log
 
@@ -52,6 +52,14 @@ def test_an_evicted_session_resumes_through_the_cone_at_page_floor_f_minus_n(pha
 def test_every_row_from_f_leaves_the_bytes_of_a_stock_prefix_hit_in_every_layer_and_region(phases):
     diffs = dc.page_diffs(_from_f(phases["hit"]), _from_f(phases["cone"]))
     assert diffs and all(v == 0 for v in diffs.values()), diffs
+
+
+def test_with_n_equal_to_the_chunk_the_first_pass_is_exactly_the_replay_and_rows_from_f_are_exact(phases):
+    n = dc.GEOMETRY["chunk"]
+    assert phases["exact_chunk"]["cached_tokens"] == dc.F - n
+    diffs = dc.page_diffs(_from_f(phases["hit"]), _from_f(phases["exact_chunk"]))
+    assert diffs and all(v == 0 for v in diffs.values()), diffs
+    assert phases["exact_chunk"]["logprobs"] == phases["hit"]["logprobs"]
 
 
 def test_every_row_from_f_gets_the_input_logprobs_of_a_stock_prefix_hit(phases):

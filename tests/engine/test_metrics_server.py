@@ -17,7 +17,7 @@ import pytest
 
 from adapter.core import metrics, receipts
 from devkit import gate
-from devkit.engine_kit import launcher, model, workload
+from devkit.engine_kit import client, launcher, model, workload
 
 pytestmark = pytest.mark.slow
 
@@ -97,3 +97,25 @@ def test_metrics_equal_the_log_lines_and_check_predicted_the_receipts(tmp_path):
               for name, by_rank in report["receipts"].items()}
     assert booted == predicted["receipts"]
     assert booted["cone_replay"] == "installed"  # decided at cache build, predicted before the boot
+
+
+def test_kv_park_series_equal_its_park_and_restore_lines_under_retraction(tmp_path, monkeypatch):
+    """The KV park half (the gate's workload retracts nothing): SGLang's retraction test hook
+    retracts a decode row every 3 steps on a small pool, as in tests/engine/test_kv_park_server.py."""
+    tiny = model.make_model(ROOT / "build" / f"engine_kit_model_{model.ModelSpec().digest()}")
+    monkeypatch.setenv("SGLANG_TEST_RETRACT", "1")  # inherited by the server (not a DSV41_* key)
+    profile = {"DSV41_KV_PARK": "ram", "DSV41_DEBUG_LOG": "1"}
+    args = launcher.server_args(tiny, launcher.free_port(), max_total_tokens=640, extra=["--enable-metrics"])
+    server = launcher.Server(args, tmp_path / "server.log", profile)
+    ids = workload.Workload()
+    with server:
+        streams = [client.Stream(server.base_url, f"park{i}", ids.ids(f"park{i}", 200 + 40 * i), 24).start()
+                   for i in range(3)]
+        for stream in streams:
+            assert stream.join(240) and stream.error is None, stream.error
+        series = scraped(server.base_url)
+    expected = expected_from_lines(server.log_lines())
+    assert series == expected
+    moved = {name for (name, _), value in series.items() if value > 0}
+    assert {"dsv41_kv_park_parks_total", "dsv41_kv_park_parked_bytes_total", "dsv41_kv_park_restores_total",
+            "dsv41_kv_park_restored_tokens_total"} <= moved

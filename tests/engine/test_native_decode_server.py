@@ -27,7 +27,7 @@ import pytest
 from devkit.engine_kit import client, launcher
 from devkit.engine_kit.dsv4 import checkpoint, launch
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
 ROUTE = "devkit.engine_kit.dsv4.native_decode_route"
 CROWD = 66  # > SM120_DECODE_MAX_TOKENS (64) decode rows once all are running

@@ -9,7 +9,7 @@ import pytest
 
 from devkit import soak
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
 
 def test_the_short_soak_loses_nothing_and_its_probes_equal_stock(tmp_path, capsys):

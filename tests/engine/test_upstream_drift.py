@@ -20,7 +20,7 @@ from devkit import gate, soak
 from devkit.engine_kit import launcher, model
 from devkit.soak import drift
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 SWA_THIN_PIN = "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.checkpoint_into_tree"
 DECODE_YIELD_PIN = "sglang.srt.managers.scheduler:Scheduler._reqs_finishing_inflight"
 

@@ -1,4 +1,4 @@
-"""The decode-yield benchmark meets the issue's targets (slow: the quick grid on the real scheduler)."""
+"""The decode-yield benchmark meets its targets (slow: the quick grid on the real scheduler)."""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+import pytest
 import torch
 
 from adapter.core import receipts, registry
@@ -44,3 +45,17 @@ def test_a_colon_inside_a_per_action_line_is_not_read_as_a_reason():
     assert parsed is not None and (parsed.event, parsed.reason, parsed.refusal) == ("disabled", "", False)
     parsed = receipts.parse_line("[dsv41] kv_park unsupported pool=X: reason=y rank=tp1")
     assert parsed is not None and parsed.event == "unsupported" and not parsed.refusal
+
+
+def test_receipts_with_zero_ranks_or_an_unreadable_profile_is_a_one_line_error(tmp_path, capsys):
+    from adapter.ops import cli
+
+    log = tmp_path / "boot.log"
+    log.write_text("")
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["receipts", str(log), "--env-file", str(log), "--ranks", "0"])
+    assert exited.value.code == 2 and "--ranks='0' is invalid: expected an integer >= 1" in capsys.readouterr().err
+    missing = tmp_path / "no-such.env"
+    assert cli.main(["receipts", str(log), "--env-file", str(missing), "--ranks", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot read ") and str(missing) in err and "Traceback" not in err

@@ -57,12 +57,16 @@ def test_cone_replay_is_predicted_installed_at_its_bound_and_refused_below_it_on
     assert odd == "refused: DSV41_SWA_CONE_TOKENS=100 is not a multiple of the page size 64"
 
 
-def test_cone_replay_on_a_deepseek_v4_pool_is_predicted_refused_with_the_switch_reason(dsv4):
+def test_cone_replay_on_a_deepseek_v4_pool_is_predicted_from_its_kv_layout_and_bound(dsv4):
     launch = check.parse_launch(["--model-path", dsv4.path, "--page-size", "256"])
-    receipt, facts = check.predict_cone(dsv4, launch, {"DSV41_SWA_CONE_TOKENS": 8192}, {})
-    assert receipt.startswith("refused: DeepSeek-V4 paged SWA pool") and facts["page"] == 256
-    unified, _ = check.predict_cone(dsv4, launch, {"DSV41_SWA_CONE_TOKENS": 8192},
-                                    {"SGLANG_HACK_FLASHMLA_BACKEND": "unified_kv_triton"})
+    values = {"DSV41_SWA_CONE_TOKENS": 8192}
+    receipt, facts = check.predict_cone(dsv4, launch, values, {})  # this machine: no SM100, the V4 layout
+    assert (receipt, facts["page"], facts["kv_layout"]) == ("installed", 256, "v4") and facts["bound"] <= 8192
+    low, _ = check.predict_cone(dsv4, launch, {"DSV41_SWA_CONE_TOKENS": 256}, {})
+    assert low.startswith(f"refused: DSV41_SWA_CONE_TOKENS=256 < bound={facts['bound']} (window 128, page 256")
+    v41, _ = check.predict_cone(dsv4, launch, values, {"SGLANG_DSV4_KV_LAYOUT": "v41"})
+    assert v41.startswith("refused: DeepSeek-V4 KV layout v41: cone replay's exactness is shown on the v4 layout")
+    unified, _ = check.predict_cone(dsv4, launch, values, {"SGLANG_HACK_FLASHMLA_BACKEND": "unified_kv_triton"})
     assert unified.startswith("refused: DeepSeek-V4 unified KV ring")
 
 

@@ -1,4 +1,4 @@
-"""Cone replay's DeepSeek-V4 pieces at their CPU seams (issue 5). The DSV4 forward does not run
+"""Cone replay's DeepSeek-V4 pieces at their CPU seams. The DSV4 forward does not run
 here; what runs is the real pool and the real torch functions the forward calls:
 
 * the copy on a real ``DeepSeekV4TokenToKVPool`` (C4/C128 latents, C4 index keys), over exactly

@@ -1,4 +1,4 @@
-"""Cone replay is exact (issue 5): a replay of ``[s, L)`` with the copied Full KV gives, for every
+"""Cone replay is exact: a replay of ``[s, L)`` with the copied Full KV gives, for every
 row >= F, the same fp32 bits as a prefix hit at F; and it does not when the replay depth is below
 the receptive field of the SWA layers.
 
@@ -170,6 +170,8 @@ def test_replay_shallower_than_the_receptive_field_differs_from_a_prefix_hit(kin
 
 
 def test_the_pool_model_replay_is_exact_only_with_its_mask_floor_and_copy():
+    """The pool model only: production never masks or floors (its counterpart is
+    ``test_production_replay_rows_keeping_their_own_full_kv_make_rows_from_f_differ``)."""
     kinds, W, page, F = "SFSF", 8, 16, 96
     N = cone_bound(W, page, 2)
     s = cone_start(F, N, page)
@@ -191,9 +193,11 @@ def test_the_pool_model_replay_is_exact_only_with_its_mask_floor_and_copy():
 
 @pytest.mark.parametrize("kinds,W,page,F", CASES)
 def test_replay_rows_reading_the_zeroed_padding_slot_leave_every_row_from_f_exact(kinds, W, page, F):
-    """What ``SWAKVPool`` engines do (no backend has a per-row window floor): a freed SWA slot's
-    mapping points at the padding slot, so the first replay rows read zeros below s. That changes
-    rows inside the cone only; at N >= bound every row from F on is bit-identical."""
+    """What ``SWAKVPool`` engines do (no backend has a per-row window floor), on the pool model
+    (compared with its floored replay): a freed SWA slot's mapping points at the padding slot, so
+    the first replay rows read zeros below s. That changes rows inside the cone only; at N >= bound
+    every row from F on is bit-identical. (The production mode never floors: its bound tests run
+    with the evicted window NaN, so any read of it reaching a row >= F would show.)"""
     N = cone_bound(W, page, kinds.count("S"))
     s = cone_start(F, N, page)
     model, kv, tokens, first = _setup(kinds, W, page, F, extra=2 * page + 3)
@@ -222,7 +226,7 @@ def test_the_swa_kv_the_checkpoint_republishes_is_bit_identical_at_the_bound(kin
 
 
 def test_one_page_less_than_the_bound_leaves_the_republished_extra_page_inexact(mode):
-    """The issue's formula (the bound less its last page) keeps F's window exact but not the extra
+    """The bound less its last page keeps F's window exact but not the extra
     page the checkpoint re-publishes: why the bound has one page more."""
     kinds, W, page, F = "SFSF", 8, 16, 96
     N = cone_bound(W, page, kinds.count("S")) - page

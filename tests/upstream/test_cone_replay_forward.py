@@ -1,4 +1,4 @@
-"""Cone replay's forward side on ``SWAKVPool`` (issue 5): the replay rows' Full-attention K/V are
+"""Cone replay's forward side on ``SWAKVPool``: the replay rows' Full-attention K/V are
 the resident Full KV of ``[s, F)``, sliding-window layers are untouched, nothing changes outside a
 replay forward, and a replay forward never runs in a prefill graph.
 

@@ -1,8 +1,12 @@
-"""Cone replay on the real ``UnifiedRadixCache`` (FULL + SWA), both tree cores (issue 5).
+"""Cone replay on the real ``UnifiedRadixCache`` (FULL + SWA), both tree cores.
 
 An idle session's resume point loses its SWA window to other traffic while its Full KV stays; its
-next turn is matched through the installed switch (plan), admitted by the switch's rule, copied
-by the switch's copy, and checkpointed by the real ``checkpoint_kv_cache`` / ``release_kv_cache``.
+next turn is matched through the installed switch (plan), admitted by a real ``PrefillAdder``
+through the switch's wrapped ``_select_prefill_admission``, copied by the switch's
+``copy_replay_rows`` (called by ``devkit.testkit.cone.cone_turn`` where the switch's wrapped
+``ScheduleBatch.prepare_for_extend`` calls it: these tests need only the copy; the wrapped
+``prepare_for_extend`` runs in ``test_cone_replay_scheduler.py`` on a real ``Scheduler``), and
+checkpointed by the real ``checkpoint_kv_cache`` / ``release_kv_cache``.
 """
 
 from __future__ import annotations

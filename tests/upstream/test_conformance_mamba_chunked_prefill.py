@@ -1,6 +1,6 @@
 """Conformance (no switch): hybrid-mamba chunked prefill keeps the previous chunk's state snapshot.
 
-Pins SGLang 0.5.23 behaviour (``shared/upstream/scheduler.md`` §3(c)) on the real scheduler with
+Pins SGLang 0.5.23 behaviour on the real scheduler with
 a ``UnifiedRadixCache`` holding the FULL and MAMBA components (``extra_buffer``, checkpoint grid
 64, page 1, CPU): a non-final chunk tracks ``mamba_last_track_seqlen`` at its grid-aligned end,
 the stash donates that snapshot to the tree and resets the field, and a final chunk shorter than

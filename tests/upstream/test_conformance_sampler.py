@@ -1,6 +1,6 @@
 """Conformance (no switch): greedy rows take the argmax on the real ``Sampler``, pytorch backend, CPU.
 
-Pins SGLang 0.5.23 behaviour (``shared/upstream/scheduler.md`` §3(a)): temperature 0 becomes
+Pins SGLang 0.5.23 behaviour: temperature 0 becomes
 ``top_k=1`` (``SamplingParams.__post_init__``), a greedy row batched with sampled rows goes through
 the top-k/top-p path where rank 0 always survives the top_p mask, and an all-greedy batch takes
 ``torch.argmax``. An SGLang bump that lets top_p (or a sampled neighbour) move a greedy row off

@@ -160,7 +160,7 @@ def test_with_the_switch_on_chunks_and_outputs_are_the_engines_own(monkeypatch):
     assert gained == [decode_steps] * 16
     # the streams decoded more steps than stock: stock's outputs are a prefix of theirs
     assert all(list(r.output_ids[: len(s.output_ids)]) == list(s.output_ids) for r, s in zip(rows, stock_rows))
-    assert len({tuple(r.output_ids[:8]) for r in rows + [long]}) == 17  # every request its own tokens
+    assert len({tuple(r.output_ids[:8]) for r in [*rows, long]}) == 17  # every request its own tokens
 
 
 @pytest.mark.parametrize("pct", [33, 50])

@@ -75,10 +75,13 @@ def _sglang_ape(position_bias: torch.Tensor, ratio: int) -> torch.Tensor:
     return torch.cat(torch.chunk(ape, 2, dim=-1), dim=0) if ratio == 4 else ape
 
 
-def _run_standin(comp, hidden: torch.Tensor, chunks: list[int], ratio: int, freqs: torch.Tensor) -> torch.Tensor:
+def _run_standin(comp, hidden: torch.Tensor, chunks: list[int], ratio: int, freqs: torch.Tensor,
+                 decode: int = 0) -> torch.Tensor:
     """The kit's plan + ``compress_forward`` + ``compress_norm_rope_store`` over ``chunks`` extends of
-    one request; returns the dequantised stored rows (fp32, Hadamard basis for the indexer)."""
-    from sglang.kernels.ops.attention.dsv4.compress import CompressorPrefillPlan
+    one request, then ``decode`` single-token decode steps (decode plans: the token joins its ring,
+    the window compresses when it closes); returns the dequantised stored rows (fp32, Hadamard basis
+    for the indexer)."""
+    from sglang.kernels.ops.attention.dsv4.compress import CompressorDecodePlan, CompressorPrefillPlan
     from sglang.srt.mem_cache.deepseek_v4_memory_pool import get_compress_state_ring_size
 
     ring = get_compress_state_ring_size(ratio)
@@ -106,6 +109,17 @@ def _run_standin(comp, hidden: torch.Tensor, chunks: list[int], ratio: int, freq
         kernels.compress_norm_rope_store(out, plan, norm_weight=comp.kv_norm.weight.float(), norm_eps=1e-6,
                                          freq_cis=freqs, out_loc=out_loc, kvcache=cache, page_size=CACHE_PAGE)
         start += size
+    for _ in range(decode):
+        x = hidden[start:start + 1].to(torch.bfloat16).float()
+        kv_score = torch.nn.functional.linear(x, weight)
+        plan = CompressorDecodePlan(ratio, kernels.plan_compress_decode(
+            ratio, torch.tensor([0]), req_to_token, full_to_state, torch.tensor([start + 1]), PAGE, ring))
+        out = kernels.compress_forward(state, kv_score, ape, plan, head_dim=d, compress_ratio=ratio)
+        out_loc = torch.tensor([start // ratio])
+        kernels.compress_norm_rope_store(out, plan, norm_weight=comp.kv_norm.weight.float(), norm_eps=1e-6,
+                                         freq_cis=freqs, out_loc=out_loc, kvcache=cache, page_size=CACHE_PAGE)
+        start += 1
+    assert start == hidden.shape[0]
     loc = torch.arange(n_entries)
     if row:
         return kernels.read_indexer_rows(cache, loc, CACHE_PAGE)
@@ -140,6 +154,18 @@ def test_standin_compressor_stores_the_entries_transformers_compresses(model, se
     assert ok and flipped < 0.10 and rel < 0.01, (flipped, rel)
     rope_err = (got[:, 448:] - want[:, 448:]).abs().max() / want[:, 448:].abs().max()
     assert rope_err < 2 ** -6
+
+
+@pytest.mark.parametrize("layer, ratio", [(1, 4), (2, 128)])
+def test_standin_compressor_decode_steps_close_windows_like_transformers(model, seen, layer, ratio):
+    """Prefill 100 tokens, then decode one token at a time to 272: C4 windows and the first two
+    C128 windows (positions 127 and 255) close inside decode steps, read from the ring."""
+    comp = model.model.layers[layer].self_attn.compressor
+    hidden = seen[layer]["attn_in"]
+    got = _run_standin(comp, hidden, [100], ratio, _freqs(model, compressed=True), decode=SEQ - 100)
+    want = reference.roundtrip_v4_kv(reference.compress(model, layer, hidden)).float()
+    ok, flipped, rel = _within_e4m3_steps(got[:, :448], want[:, :448], 64)
+    assert ok and flipped < 0.10 and rel < 0.01, (flipped, rel)
 
 
 @pytest.mark.parametrize("chunks", [[SEQ], [100, 156, 16]])
@@ -259,6 +285,7 @@ def _spread(got: torch.Tensor, want: torch.Tensor, safe: torch.Tensor) -> tuple[
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_the_kit_servers_logprobs_match_the_reference_within_its_own_bf16_spread(model, served):
     """Row i of SGLang's input logprobs predicts token i, i.e. reference logits row i - 1."""
     _, got = served["cold"]
@@ -273,6 +300,7 @@ def test_the_kit_servers_logprobs_match_the_reference_within_its_own_bf16_spread
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_the_kit_server_applies_the_routed_swiglu_clamp_like_the_gpu(model, served):
     """SGLang's CPU ``moe_forward_native`` drops ``swiglu_limit``; the kit restores the clamp. The
     server tracks the clamped reference, and the unclamped reference is measurably off."""
@@ -287,6 +315,7 @@ def test_the_kit_server_applies_the_routed_swiglu_clamp_like_the_gpu(model, serv
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_a_prefix_hit_forward_gives_the_cold_forwards_logprobs(model, served):
     """The extension after a radix hit (256 cached tokens: SWA window, C4 / C128 rings and indexer
     keys rebuilt from the cached pages) scores exactly like a cold forward of the same tokens

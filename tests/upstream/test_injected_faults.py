@@ -194,7 +194,7 @@ def test_a_cone_request_aborted_after_its_replay_chunk_releases_its_anchor_and_l
     lock is gone (the whole tree is evictable again), the tree is sane and no slot leaked."""
     from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
-    h, req, history, F, baseline = _cone_in_flight(overlap)
+    h, req, history, _, baseline = _cone_in_flight(overlap)
     assert h.abort_chunked() is req
     h.run_until(lambda: h.scheduler.chunked_req is None and req.finished(), max_passes=50)
     h.finish_in_flight()

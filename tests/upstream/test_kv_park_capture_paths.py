@@ -62,3 +62,22 @@ def test_torch_graph_capture_goes_through_the_capture_begin_and_capture_end_the_
     params = inspect.signature(torch.cuda.CUDAGraph.capture_begin).parameters
     assert list(params)[:3] == ["self", "pool", "capture_error_mode"]
     assert params["capture_error_mode"].default == "global"
+
+
+def test_installing_kv_park_puts_the_capture_gate_on_torchs_capture_seam_and_uninstall_removes_it():
+    from adapter.core import boot
+
+    graphs = importlib.import_module("torch.cuda.graphs")
+    stock = (vars(graphs.CUDAGraph)["capture_begin"], vars(graphs.CUDAGraph)["capture_end"])
+    for module in ("sglang.srt.managers.schedule_batch", "sglang.srt.managers.scheduler",
+                   "sglang.srt.mem_cache.deepseek_v4_memory_pool", "sglang.srt.mem_cache.deepseek_v4_compress_state"):
+        importlib.import_module(module)
+    state = boot.install({"DSV41_KV_PARK": "ram"})
+    try:
+        assert state.outcomes["kv_park"].status == "installed", state.outcomes["kv_park"].reason
+        assert state.outcomes["kv_park"].params["capture_gate"] == "global"
+        begin, end = vars(graphs.CUDAGraph)["capture_begin"], vars(graphs.CUDAGraph)["capture_end"]
+        assert begin._self_wrapper is capture.gated_capture_begin and end._self_wrapper is capture.gated_capture_end
+    finally:
+        boot.uninstall()
+    assert (vars(graphs.CUDAGraph)["capture_begin"], vars(graphs.CUDAGraph)["capture_end"]) == stock

@@ -45,7 +45,7 @@ def assert_no_overcommit(cases: list[admission.BoundaryCase]) -> None:
         assert case.finished
 
 
-# -- the reproduction: 1..8 running rows on a page boundary, pages 16 / 64 / 256 ---------
+# -- the overcommit reproduction: 1..8 running rows on a page boundary, pages 16 / 64 / 256 ---------
 
 
 @pytest.mark.parametrize("page", PAGES)

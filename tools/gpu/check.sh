@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared GPU check of KV parking (issue 21): the copy engine, the store and the capture gate
+# One prepared GPU check of KV parking: the copy engine, the store and the capture gate
 # on a real CUDA device. Made for the nvidia-h200 machine (sm_90, python3 with torch+CUDA, NO
 # SGLang, no network); finishes in under 8 minutes (CHECK_BUDGET_S, default 450 s, caps every step).
 #

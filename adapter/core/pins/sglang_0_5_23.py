@@ -322,5 +322,15 @@ PINS: dict[str, str] = {
     "sglang.srt.managers.schedule_batch:Req._compute_max_prefix_len": (
         "28ac28ced09b6cb7bbf0f69febbcba4103cd96b90c362a9ae354093a58686a74"
     ),
+    # kv_park (wrapped: torch's CUDA graph capture seam, for the capture gate)
+    "torch.cuda.graphs:CUDAGraph.capture_begin": (
+        "ba451719cb5f4a81a168ed1978d01bbe39fcdcc8be20c49ab2e9014ac198904b"
+    ),
+    "torch.cuda.graphs:CUDAGraph.capture_end": (
+        "96030f5b02bb86148401ae39a6706da5177613865c04951934762e00d91e94da"
+    ),
+    "torch.cuda.graphs:is_current_stream_capturing": (
+        "46ad9fe4332b954e95845a39a7d8fd52779535c58c9118236f55192d3995d155"
+    ),
     # -- end of pins (add new pins above this line, grouped under a comment naming the switch) --
 }

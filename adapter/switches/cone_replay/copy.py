@@ -14,7 +14,7 @@ from typing import Any
 
 from adapter.core import api
 from adapter.switches.cone_replay.geometry import is_dsv4_pool
-from adapter.switches.cone_replay.plan import COPIED, COUNTERS, ConePlan, _COPIED
+from adapter.switches.cone_replay.plan import _COPIED, COPIED, COUNTERS, ConePlan
 
 SWITCH = api.handle(__name__)
 

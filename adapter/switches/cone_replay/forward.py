@@ -21,7 +21,7 @@ from typing import Any
 from adapter.core import api
 from adapter.switches.cone_replay import dsv4
 from adapter.switches.cone_replay.geometry import cache_config
-from adapter.switches.cone_replay.plan import COPIED, COUNTERS, FORWARDED, REQ_ATTR, _COPIED
+from adapter.switches.cone_replay.plan import _COPIED, COPIED, COUNTERS, FORWARDED, REQ_ATTR
 
 SWITCH = api.handle(__name__)
 FORWARD_ATTR = "_dsv41_cone_rows"  # (batch rows, F's tree slots, pool) of one forward's replay rows

@@ -7,8 +7,8 @@ derivations are in the package's switch docstring (``SWAKVPool``) and in :func:`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 CACHE_ATTR = "_dsv41_cone_cfg"  # the checked geometry of one cache (set on the UnifiedRadixCache)

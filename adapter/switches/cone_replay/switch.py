@@ -1,4 +1,4 @@
-"""Cone replay (issue 5, ``DSV41_SWA_CONE_REPLAY=1``): a lost SWA resume point costs N recomputed tokens.
+"""Cone replay (``DSV41_SWA_CONE_REPLAY=1``): a lost SWA resume point costs N recomputed tokens.
 
 What it changes. When a request's prefix match stops early only because the sliding window at its
 resume point F (``MatchResult.swa_branching_seqlen``) was evicted while the Full KV of ``[0, F)``
@@ -50,7 +50,7 @@ and the total to a page gives ``align_up(align_up(W, page) + (L_swa - 1) * W, pa
 sglang #31713's recompute window. One page more is needed: the request's first checkpoint
 re-publishes the replay's own SWA KV of the last ``align_up(W, page) + page`` rows before F, and a
 later request that resumes one page below F reads that extra page (measured on the real cache for
-five geometries; at the issue's formula the top SWA layers are inexact in three of five exactness
+five geometries; at the bound without that page the top SWA layers are inexact in three of five exactness
 cases), so ``bound = align_up(align_up(W, page) + (L_swa - 1) * W, page) + page``. DeepSeek-V4:
 :func:`geometry.cone_bound_dsv4` (those re-published rows also write compressed groups, index keys
 and the C4 state rings, and a C4 group pools 4 rows of the previous group: the largest per-layer
@@ -123,13 +123,44 @@ _TOKENS: list[int] = []  # N, set by install
 _STANDIN: list[bool] = [False]  # DeepSeek-V4 layouts not shown exact: act anyway (tests only)
 
 __all__ = [  # re-exported for ``from adapter.switches.cone_replay import switch as cone_replay``
-    "_ACTIVE", "_COPIED", "ADMITTED", "CACHE_ATTR", "COPIED", "COUNTERS", "FALLBACKS", "FORWARDED",
-    "FORWARD_ATTR", "PLANNED", "REQ_ATTR", "ConeConfig", "ConePlan", "Counters", "admit", "align_up",
-    "bound_for", "cache_config", "cone_bound", "cone_bound_dsv4", "cone_start", "copy_full_pages",
-    "copy_replay_rows", "dsv4_forward_fields", "fallback", "forward_rows", "full_side_buffers",
-    "replay_rows", "restore_stock", "substitute_full_kv", "swa_layer_count", "_attention_forward",
-    "_can_run_graph", "_forward_batch_init", "_model_forward", "_forward_unsupported",
-    "install", "reset_counters",
+    "ADMITTED",
+    "CACHE_ATTR",
+    "COPIED",
+    "COUNTERS",
+    "FALLBACKS",
+    "FORWARDED",
+    "FORWARD_ATTR",
+    "PLANNED",
+    "REQ_ATTR",
+    "_ACTIVE",
+    "_COPIED",
+    "ConeConfig",
+    "ConePlan",
+    "Counters",
+    "_attention_forward",
+    "_can_run_graph",
+    "_forward_batch_init",
+    "_forward_unsupported",
+    "_model_forward",
+    "admit",
+    "align_up",
+    "bound_for",
+    "cache_config",
+    "cone_bound",
+    "cone_bound_dsv4",
+    "cone_start",
+    "copy_full_pages",
+    "copy_replay_rows",
+    "dsv4_forward_fields",
+    "fallback",
+    "forward_rows",
+    "full_side_buffers",
+    "install",
+    "replay_rows",
+    "reset_counters",
+    "restore_stock",
+    "substitute_full_kv",
+    "swa_layer_count",
 ]
 _full_side_buffers = full_side_buffers  # the old private name (tests)
 

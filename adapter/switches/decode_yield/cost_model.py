@@ -31,12 +31,12 @@ scheduler pass, batch building and output processing (``_SCHED_``: per prefill /
 per token / row), and the extra time of alternating between a chunk and decode steps that
 back-to-back iterations of one kind do not pay (``SWITCH_US``: once per window). The forward terms
 alone model the forward only; on a CPU engine an interleaved decode step costs milliseconds more
-(issue 17), which the prompt's TTFT and the streams' rate pay. ``fit-cost-model`` fits them from
+(measured on the CPU engine), which the prompt's TTFT and the streams' rate pay. ``fit-cost-model`` fits them from
 the iteration wall times of a forward-pass-metrics log (``recv_time`` of
 :mod:`devkit.engine_kit.fpm`); their defaults are 0 (the forward terms then stand for the whole
 iteration, as the fleet placeholders did).
 
-Defaults (:data:`DEFAULTS`) are placeholders shaped to the one fleet figure we have (issue 3:
+Defaults (:data:`DEFAULTS`) are placeholders shaped to the one fleet figure we have (
 with one decode step per chunk, streams kept 8 % of their decode rate while a cold 500K-token
 prompt prefilled in 8192-token chunks, i.e. a chunk costs about 11.5 decode steps of 16 streams,
 DSV4-style attention with top-k 2048). They are not a measurement: fit your own with
@@ -51,7 +51,7 @@ from typing import Any
 
 from adapter.core import api
 
-MAX_YIELD_STEPS = 128  # the issue's cap: a window never holds the prompt back longer than this
+MAX_YIELD_STEPS = 128  # the cap: a window never holds the prompt back longer than this
 KEY_PREFIX = "DSV41_DECODE_YIELD_"
 
 
@@ -185,7 +185,7 @@ def yield_window(
     """``(N, carry)`` for one window, with the previous window's rounding surplus ``carry``.
 
     ``N = max(floor, min(cap, ceil((pct*chunk - carry) / ((100-pct)*step))))``: the ceil of the
-    issue's formula less the decode time earlier windows of the same prompt gave beyond their
+    window formula less the decode time earlier windows of the same prompt gave beyond their
     share (``carry``, in fs scaled by ``100-pct``). Rounding each window up on its own overshoots
     by up to one decode step per chunk (with 64 streams a step is ~1/7 of a chunk: +0.03..0.05 of
     share); carrying the surplus keeps the prompt's total at its share, never below it. The

@@ -12,7 +12,7 @@ next chunk runs changes: chunk boundaries, batch contents and outputs stay the e
 
 Why: in SGLang 0.5.23 a chunked prompt is rescheduled on every pass, so running streams get no
 decode step between chunks unless ``--prefill-decode-interval`` is set, and then a fixed number of
-steps whatever the chunk costs (sglang#32549: a 5 min decode hole behind a long prompt; issue 3:
+steps whatever the chunk costs (sglang#32549: a 5 min decode hole behind a long prompt;
 streams fell to 8 % of their decode rate during a cold 500K-token prefill).
 
 Invariants (tests/upstream/test_decode_yield.py checks each):

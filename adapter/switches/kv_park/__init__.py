@@ -1,4 +1,4 @@
-"""KV parking to host RAM (``DSV41_KV_PARK=ram``, issue 9).
+"""KV parking to host RAM (``DSV41_KV_PARK=ram``).
 
 * :mod:`adapter.switches.kv_park.engine`: the page-major copy engine and its documented byte format.
 * :mod:`adapter.switches.kv_park.store`: the host store (``DSV41_KV_PARK_GIB`` budget, LRU eviction,

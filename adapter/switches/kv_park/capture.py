@@ -1,4 +1,4 @@
-"""Keep KV-parking copies out of global-mode CUDA graph captures (issue 21).
+"""Keep KV-parking copies out of global-mode CUDA graph captures.
 
 Why
 ---

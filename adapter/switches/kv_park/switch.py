@@ -72,7 +72,7 @@ from typing import Any
 import torch
 
 from adapter.core import api
-from adapter.switches.kv_park import regions
+from adapter.switches.kv_park import capture, regions
 from adapter.switches.kv_park.engine import CopyEngine
 from adapter.switches.kv_park.store import SWITCH, ParkStore
 
@@ -120,8 +120,12 @@ def install(ctx: api.SwitchContext) -> dict[str, object]:
     state = _State(ParkStore(budget_gib * GIB, worker=True))
     ctx.wrap("release_req", _release_req)
     ctx.wrap("Scheduler.get_next_batch_to_run", _get_next_batch_to_run)
+    # Parking copies run on a worker thread; a global-mode CUDA graph capture on another thread must
+    # not see them (capture.py): the capture drains them and holds new ones back until it ends.
+    ctx.wrap("CUDAGraph.capture_begin", capture.gated_capture_begin)
+    ctx.wrap("CUDAGraph.capture_end", capture.gated_capture_end)
     ctx.set_attr(sys.modules[__name__], "STATE", state)
-    return {"mode": ctx.value, "budget_gib": budget_gib, "worker": "background"}
+    return {"mode": ctx.value, "budget_gib": budget_gib, "worker": "background", "capture_gate": "global"}
 
 
 # -- saving on retraction ----------------------------------------------------------------------
