@@ -43,65 +43,6 @@ TORCH_PATH_ENV = {
     "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0",
 }
 
-# The smallest config that builds (the map's "Smallest config that builds").
-TINY_CONFIG = {
-    "architectures": ["DeepseekV4ForCausalLM"],
-    "model_type": "deepseek_v4",
-    "vocab_size": 1024,
-    "hidden_size": 256,
-    "num_hidden_layers": 3,
-    "compress_ratios": [0, 4, 128],
-    "num_attention_heads": 8,
-    "num_key_value_heads": 1,
-    "head_dim": 512,
-    "qk_rope_head_dim": 64,
-    "qk_nope_head_dim": 448,
-    "v_head_dim": 512,
-    "q_lora_rank": 128,
-    "o_lora_rank": 128,
-    "o_groups": 2,
-    "index_n_heads": 4,
-    "index_head_dim": 128,
-    "index_topk": 512,
-    "window_size": 128,
-    "sliding_window": 128,
-    "n_routed_experts": 4,
-    "n_shared_experts": 1,
-    "num_experts_per_tok": 2,
-    "moe_intermediate_size": 128,
-    "intermediate_size": 256,
-    "n_group": 1,
-    "topk_group": 1,
-    "norm_topk_prob": True,
-    "routed_scaling_factor": 1.5,
-    "scoring_func": "sqrtsoftplus",
-    "topk_method": "noaux_tc",
-    "swiglu_limit": 10.0,
-    "hc_mult": 4,
-    "hc_sinkhorn_iters": 20,
-    "hc_eps": 1e-6,
-    "num_hash_layers": 1,
-    "first_k_dense_replace": 0,
-    "moe_layer_freq": 1,
-    "rms_norm_eps": 1e-6,
-    "max_position_embeddings": 16384,
-    "rope_theta": 10000,
-    "compress_rope_theta": 160000,
-    "rope_scaling": {
-        "type": "yarn",
-        "rope_type": "deepseek_yarn",
-        "factor": 4.0,
-        "original_max_position_embeddings": 4096,
-        "beta_fast": 32,
-        "beta_slow": 1,
-    },
-    "hidden_act": "silu",
-    "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16",
-    "num_nextn_predict_layers": 0,
-}
-
-
 def write_dummy_model(out: str | Path, overrides: Mapping[str, object] | None = None) -> Path:
     """A model folder (config.json + the kit's tokenizer) for ``--load-format dummy``."""
     from devkit.engine_kit import model as mellum
@@ -110,11 +51,11 @@ def write_dummy_model(out: str | Path, overrides: Mapping[str, object] | None = 
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = mellum._tokenizer(mellum.ModelSpec())
     tokenizer.save_pretrained(out)
-    config = dict(TINY_CONFIG)
-    config.update({name: tokenizer.convert_tokens_to_ids(tok)
-                   for name, tok in (("bos_token_id", "<|bos|>"), ("eos_token_id", "<|eos|>"),
-                                     ("pad_token_id", "<|pad|>"))})
-    config.update(overrides or {})
+    from devkit.engine_kit.dsv4.checkpoint import tiny_config  # the one config of the kit's model
+
+    ids = {name: tokenizer.convert_tokens_to_ids(tok)
+           for name, tok in (("bos_token_id", "<|bos|>"), ("eos_token_id", "<|eos|>"), ("pad_token_id", "<|pad|>"))}
+    config = tiny_config(special_ids=ids, overrides=overrides)
     (out / "config.json").write_text(json.dumps(config, indent=1))
     return out
 
