@@ -54,7 +54,7 @@ def test_every_row_from_f_leaves_the_bytes_of_a_stock_prefix_hit_in_every_layer_
     assert diffs and all(v == 0 for v in diffs.values()), diffs
 
 
-def test_with_n_equal_to_the_chunk_the_first_pass_is_exactly_the_replay_and_rows_from_f_are_exact(phases):
+def test_with_n_equal_to_the_chunk_rows_from_f_are_exact(phases):
     n = dc.GEOMETRY["chunk"]
     assert phases["exact_chunk"]["cached_tokens"] == dc.F - n
     diffs = dc.page_diffs(_from_f(phases["hit"]), _from_f(phases["exact_chunk"]))

@@ -87,7 +87,7 @@ def test_the_real_engine_builds_its_dsv4_pool_backend_and_radix_cache_and_routes
     assert boots[0]["survivors"] == [] and boots[1]["survivors"] == []
 
 
-def test_a_long_prompt_is_prefilled_in_256_token_chunks_then_decoded_over_the_compressed_caches(boots):
+def test_a_long_prompt_prefills_in_256_token_chunks_and_decodes_over_the_compressed_caches(boots):
     first = boots[0]["first"]
     assert first["meta_info"]["cached_tokens"] == 0 and len(first["output_ids"]) == DECODE
     chunks = [line for line in _prefill_lines(boots[0]["log"]) if "#cached-token: 0" in line]

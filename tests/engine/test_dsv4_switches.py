@@ -105,7 +105,7 @@ def test_swa_thin_keeps_an_idle_sessions_resume_point_through_churn_that_evicts_
     assert thin["resume"]["outputs"] == stock["resume"]["outputs"]
 
 
-def test_decode_yield_runs_decode_steps_between_the_chunks_of_a_long_prompt_where_stock_runs_none(boot):
+def test_decode_yield_runs_decode_steps_between_chunks_where_stock_runs_none(boot):
     stock, yielded = boot("stock", "yield")
     assert _installed(yielded["log"], "decode_yield")
     stock_gaps = decode_steps_between_chunks(stock["yield_log"])
@@ -127,7 +127,7 @@ def test_decode_yield_runs_decode_steps_between_the_chunks_of_a_long_prompt_wher
     "(pages=1 tokens=512 cached=256), and that crowd row's greedy tokens differ from the roomy boot's; the "
     "same retractions without parking (test_stock_retractions_...) give the roomy tokens. See "
     "/work/notes/15-switches.md"))
-def test_kv_park_parks_and_restores_retracted_rows_with_the_tokens_of_a_run_without_retraction(boot):
+def test_kv_park_restores_retracted_rows_with_the_tokens_of_an_unretracted_run(boot):
     park, roomy = boot("park", "roomy")
     log = park["log"]
     assert _installed(log, "kv_park")
@@ -146,7 +146,7 @@ def test_kv_park_parks_and_restores_retracted_rows_with_the_tokens_of_a_run_with
     assert [r["output_ids"] for r in park["crowd"]] == [r["output_ids"] for r in roomy["crowd"]]
 
 
-def test_stock_retractions_on_the_park_boots_pool_recompute_the_tokens_of_a_run_without_retraction(boot):
+def test_stock_retractions_on_the_same_pool_give_the_tokens_of_an_unretracted_run(boot):
     """The control for the kv_park test: the same retractions without parking."""
     retract, roomy = boot("retract", "roomy")
     assert sum(r["meta_info"]["num_retractions"] for r in retract["crowd"]) >= 1

@@ -14,7 +14,7 @@ from devkit.engine_kit.dsv4 import checkpoint, launch
 pytestmark = pytest.mark.slow
 
 
-def test_a_v41_model_prefills_in_chunks_hits_the_radix_cache_and_decodes_the_cold_tokens_again(tmp_path):
+def test_a_v41_model_decodes_a_prefix_hit_like_a_cold_prefill(tmp_path):
     model = checkpoint.make_checkpoint(tmp_path / "ckpt41", model_type="deepseek_v41")
     rng = random.Random(1)
     prompt = [rng.randrange(6, 1024) for _ in range(700)]

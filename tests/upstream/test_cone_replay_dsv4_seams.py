@@ -135,7 +135,7 @@ def test_window_floor_through_build_causal_swa_page_indices_only_cuts_keys_below
     assert torch.equal(floored[q >= F], plain[q >= F])  # rows >= F read what a prefix hit at F reads
 
 
-def test_a_real_dsv4_paged_pool_of_the_v4_layout_acts_and_other_layouts_refuse_naming_the_layout(dsv4_pool):
+def test_only_the_v4_layout_of_a_real_dsv4_paged_pool_acts(dsv4_pool):
     from sglang.kernels.ops.attention.dsv4.kv_layout import KVLayout
 
     from adapter.switches.cone_replay import switch

@@ -78,7 +78,7 @@ def _dense_windows(kv_score: torch.Tensor, ape: torch.Tensor, ratio: int, d: int
 
 
 @pytest.mark.parametrize("ratio", [4, 128])
-def test_compressor_plans_and_state_rings_over_chunked_prefill_then_decode_give_the_dense_windows(ratio):
+def test_compressor_state_rings_over_chunked_prefill_and_decode_give_the_dense_windows(ratio):
     from sglang.kernels.ops.attention.dsv4.compress import CompressorDecodePlan, CompressorPrefillPlan
 
     d = 64
@@ -117,7 +117,7 @@ def test_compressor_plans_and_state_rings_over_chunked_prefill_then_decode_give_
     torch.testing.assert_close(torch.stack([got[w] for w in sorted(got)]), want, atol=1e-5, rtol=1e-5)
 
 
-def test_the_prefill_plan_writes_the_last_rows_of_every_swa_page_and_the_tail_the_next_batch_reads():
+def test_the_prefill_plan_writes_the_rows_the_next_batch_reads():
     pools = _Pools(600, 4)
     plan_c, plan_w = kernels.plan_compress_prefill(4, torch.tensor([pools.rid]), torch.tensor([600]),
                                                    torch.tensor([600]), pools.req_to_token, pools.full_to_swa,
@@ -133,7 +133,7 @@ def test_the_prefill_plan_writes_the_last_rows_of_every_swa_page_and_the_tail_th
 # ----------------------------------------------------------------------------- stores
 
 
-def test_the_compressor_store_writes_the_v4_bytes_of_the_projects_quantiser_for_its_normed_roped_rows():
+def test_the_compressor_store_writes_the_v4_bytes_of_the_projects_quantiser():
     from sglang.kernels.ops.attention.dsv4.compress import CompressorPrefillPlan
 
     g = torch.Generator().manual_seed(1)

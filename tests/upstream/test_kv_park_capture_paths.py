@@ -64,7 +64,7 @@ def test_torch_graph_capture_goes_through_the_capture_begin_and_capture_end_the_
     assert params["capture_error_mode"].default == "global"
 
 
-def test_installing_kv_park_puts_the_capture_gate_on_torchs_capture_seam_and_uninstall_removes_it():
+def test_kv_park_puts_its_capture_gate_on_torchs_capture_seam_until_uninstalled():
     from adapter.core import boot
 
     graphs = importlib.import_module("torch.cuda.graphs")

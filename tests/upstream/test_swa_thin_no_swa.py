@@ -37,7 +37,7 @@ def _tree_without_swa(monkeypatch):
     monkeypatch.setattr(CacheInitParams, "__init__", full_only)
 
 
-def test_a_tree_without_an_swa_component_refuses_the_switch_at_cache_build_and_inserts_run_stock(
+def test_a_tree_without_an_swa_component_refuses_the_switch_at_cache_build(
         monkeypatch, capfd):
     state = _install()
     _tree_without_swa(monkeypatch)
