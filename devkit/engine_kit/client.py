@@ -40,6 +40,17 @@ def abort(base_url: str, rid: str) -> None:
     requests.post(base_url + "/abort_request", json={"rid": rid}, timeout=30).raise_for_status()
 
 
+def stop_streams(base_url: str, streams: list[Stream], join_s: float = 60) -> None:
+    """Abort every stream (one may have finished already), then join each."""
+    for s in streams:
+        try:
+            abort(base_url, s.rid)
+        except Exception:  # it may have finished already
+            pass
+    for s in streams:
+        s.join(join_s)
+
+
 @dataclass
 class Stream:
     """A streaming greedy request on its own thread: token counts with client-side arrival times."""

@@ -134,13 +134,7 @@ def run_yield_phase(base_url: str, w: Workload, tag: str) -> dict[str, Any]:
         t_first = long.ticks[0][0] if long.ticks else time.monotonic()
         long.join(w.timeout_s)
     finally:
-        for s in streams:
-            try:
-                client.abort(base_url, s.rid)
-            except Exception:  # the stream may have finished already
-                pass
-        for s in streams:
-            s.join(60)
+        client.stop_streams(base_url, streams)
     if long.error:
         raise RuntimeError(f"long prompt failed: {long.error}")
     # The prefill window ends at the long prompt's first token, or earlier if a stream ran out of tokens.

@@ -63,13 +63,7 @@ def yield_phase(url: str, stream_tokens: int = 1200) -> dict[str, Any]:
         long.join(600)
         running = [s.tokens < stream_tokens for s in streams]
     finally:
-        for s in streams:
-            try:
-                client.abort(url, s.rid)
-            except Exception:  # the stream may have finished already
-                pass
-        for s in streams:
-            s.join(60)
+        client.stop_streams(url, streams)
     if long.error:
         raise RuntimeError(f"long prompt failed: {long.error}")
     return {"long": long.output_ids, "streams": [s.output_ids for s in streams], "streams_ran_through": all(running)}
