@@ -272,30 +272,32 @@ def check_layout(k_cache: Any) -> None:
     raise UnsupportedKVLayout(f"swa_native_decode: k_cache {tuple(k_cache.shape)}: {reason}")
 
 
-def _prefill_wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
-    """Decode-form calls of more than 64 rows: the stock prefill kernel on the 64-token copy, logged once."""
-    if _native is None:
-        return wrapped(*args, **kwargs)
+def _checked_call(args: tuple, kwargs: dict) -> tuple | None:
+    """The stock parameters of a call, its pool's layout checked (a refusal raises); None when the
+    module is not loaded or the call does not bind (both: the stock path)."""
+    if _native is None:  # reverted or never loaded
+        return None
     try:
         call = _bind(*args, **kwargs)
     except TypeError:
         _fallback("signature")
-        return wrapped(*args, **kwargs)
+        return None
     check_layout(call[1])
-    _fallback("rows-over-64")
+    return call
+
+
+def _prefill_wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """Decode-form calls of more than 64 rows: the stock prefill kernel on the 64-token copy, logged once."""
+    if _checked_call(args, kwargs) is not None:
+        _fallback("rows-over-64")
     return wrapped(*args, **kwargs)
 
 
 def _entry_wrapper(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     native = _native
-    if native is None:  # reverted or never loaded: stock
+    call = _checked_call(args, kwargs)
+    if call is None:
         return wrapped(*args, **kwargs)
-    try:
-        call = _bind(*args, **kwargs)
-    except TypeError:
-        _fallback("signature")
-        return wrapped(*args, **kwargs)
-    check_layout(call[1])
     q, k_cache, indices, topk_length, attn_sink, head_dim_v, _scale, extra_k, extra_i, extra_len = call
     reason = unserved_reason(native, q, k_cache, indices, topk_length, attn_sink, head_dim_v, extra_k, extra_i,
                              extra_len)  # fmt: skip
