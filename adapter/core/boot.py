@@ -13,6 +13,14 @@ Failure rules:
 * A switch that cannot install (pin drift, unsupported mode) is refused with one line and the
   engine keeps its stock functions; with ``DSV41_STRICT=1`` the refusal raises :class:`BootError`
   from the import that triggered it.
+
+Ranks: switches installed at import log ``rank=pid<PID>`` (a scheduler imports them before SGLang
+publishes its rank). The finder also waits on the scheduler module (``registry.RANK_MODULE``) and
+wraps ``configure_scheduler_process`` (``registry.RANK_HOOK``, pinned; SGLang calls it right after
+``publish``): when it returns, :func:`announce_rank` logs each switch's decision so far once more
+under the scheduler's ``tp<N>`` rank, which is what ``receipts --ranks N`` and the gate count.
+Drift of its pins leaves the hook off with one warning (``receipts`` then fails: no ``tp`` lines);
+under ``DSV41_STRICT=1`` it is a boot failure.
 """
 
 from __future__ import annotations
@@ -28,8 +36,8 @@ from typing import TYPE_CHECKING, Any
 from adapter.core import receipts, registry
 from adapter.core.api import BootError, NotApplicable, Refusal, SwitchContext, unbind_all
 
-__all__ = ["STATE", "BootError", "NotApplicable", "Outcome", "Refusal", "State", "install", "install_switch",
-           "record_decision", "uninstall"]
+__all__ = ["STATE", "BootError", "NotApplicable", "Outcome", "Refusal", "State", "announce_rank", "install",
+           "install_rank_hook", "install_switch", "record_decision", "uninstall"]
 
 if TYPE_CHECKING:  # imported lazily: a process that installs nothing never loads wrapt or inspect
     from adapter.core import patching, pins
@@ -51,6 +59,7 @@ class State:
     config: registry.Config
     outcomes: dict[str, Outcome] = field(default_factory=dict)
     patches: dict[str, patching.Patch] = field(default_factory=dict)
+    rank_hook: str = ""  # "" until the scheduler module is imported, then "installed" or "off: <why>"
 
 
 STATE: State | None = None
@@ -100,6 +109,8 @@ class SwitchFinder:
             outcome = self.state.outcomes[switch.name]
             if outcome.status == "pending" and all(_executed(m, module_name) for m in switch.modules):
                 install_switch(self.state, switch)
+        if not self.state.rank_hook and _executed(registry.RANK_MODULE, module_name):
+            install_rank_hook(self.state)
 
 
 def _executed(name: str, just_executed: str) -> bool:
@@ -161,6 +172,54 @@ def install_switch(state: State, switch: registry.Switch) -> Outcome:
     return outcome
 
 
+RANK_PATCH = "(boot rank hook)"  # its key in State.patches: no switch has this name
+
+
+def install_rank_hook(state: State) -> None:
+    """Wrap ``registry.RANK_HOOK`` so that each scheduler announces its rank (see the module doc)."""
+    from adapter.core import patching, pins
+
+    drift = [c for c in (pins.check(t) for t in registry.BOOT_PINNED) if not c.ok]
+    if drift:
+        state.rank_hook = "off: " + "; ".join(c.describe() for c in drift)
+        receipts.warn("rank hook off, receipts of switches installed at import name only the process id: "
+                      + state.rank_hook[5:])
+        if state.config.strict:
+            raise BootError(f"the boot's rank hook is off under DSV41_STRICT=1: {state.rank_hook[5:]}")
+        return
+    patch = patching.Patch(RANK_PATCH, allowed=(registry.RANK_HOOK,))
+    patch.wrap(registry.RANK_HOOK, _after_rank_published)
+    state.patches[RANK_PATCH] = patch
+    state.rank_hook = "installed"
+
+
+def _after_rank_published(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    result = wrapped(*args, **kwargs)
+    try:
+        announce_rank(STATE)
+    except Exception as exc:  # pragma: no cover - defensive: a receipt never stops a scheduler
+        receipts.warn(f"rank announcement failed: {type(exc).__name__}: {exc}")
+    return result
+
+
+def announce_rank(state: State | None) -> None:
+    """Once the engine has published this process's rank: log every switch decided so far (installed,
+    refused or armed, in registry order) once more under that rank. Pending switches log their own
+    receipt later, under the rank. Nothing when no rank is published (not a scheduler)."""
+    if state is None or not receipts.is_engine_rank(receipts.current_rank()):
+        return
+    for switch in state.config.requested:
+        outcome = state.outcomes.get(switch.name)
+        if outcome is None:
+            continue
+        if outcome.status == "installed":
+            receipts.installed(switch.name, **outcome.params)
+        elif outcome.status in ("refused", "n/a"):
+            receipts.refused(switch.name, outcome.reason)
+        elif outcome.status == "armed":
+            receipts.event(switch.name, "armed", **outcome.params)
+
+
 def install(environ: Mapping[str, str] | None = None) -> State:
     """Parse ``environ`` (default ``os.environ``) and install the finder. Idempotent per process."""
     global STATE
@@ -178,6 +237,8 @@ def install(environ: Mapping[str, str] | None = None) -> State:
     for switch in config.requested:
         state.outcomes[switch.name] = Outcome(switch.name)
     targets = {m for s in config.requested for m in s.modules}
+    if config.requested:
+        targets.add(registry.RANK_MODULE)  # the rank hook (install_rank_hook)
     finder = SwitchFinder(state, targets)
     sys.meta_path.insert(0, finder)
     if any(m in sys.modules for m in targets):  # imported before us (rare): handle now

@@ -8,7 +8,14 @@ Format (one line each, machine-parseable; ``rank`` is always the last field)::
 
 ``rank`` is ``tp<N>`` (with ``pp<M>``/``dp<K>`` where they are non-zero) when the engine has told
 the process its rank, else ``pid<PID>``. ``installed`` and ``refused`` are logged at most once per
-switch per process.
+switch per process and rank.
+
+A scheduler process imports the switches' modules before SGLang publishes its rank, so a switch
+installed at import logs ``rank=pid<PID>`` there, as it does in every other process that imports the
+module (the server's main process, the detokenizer). Once the scheduler knows its rank, the boot
+logs the receipt of each switch decided so far once more (``installed``, ``refused:`` or ``armed``)
+under ``tp<N>`` (:func:`adapter.core.boot.announce_rank`). :func:`audit` therefore counts ranks from
+``tp`` receipts only: a ``pid`` receipt never stands for a scheduler rank (its refusals still count).
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ LOGGER_NAME = "dsv41"
 TAG = "[dsv41]"
 
 _logger = logging.getLogger(LOGGER_NAME)
-_once: set[tuple[str, str]] = set()
+_once: set[tuple[str, str, str]] = set()  # (switch, installed | refused, rank)
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -91,18 +98,25 @@ def _fields(params: dict[str, object]) -> str:
 
 
 def installed(switch: str, **params: object) -> None:
-    if (switch, "installed") in _once:
+    rank = current_rank()
+    if (switch, "installed", rank) in _once:
         return
-    _once.add((switch, "installed"))
-    logger().info("%s %s installed%s rank=%s", TAG, switch, _fields(params), current_rank())
+    _once.add((switch, "installed", rank))
+    logger().info("%s %s installed%s rank=%s", TAG, switch, _fields(params), rank)
 
 
 def refused(switch: str, reason: str) -> None:
-    if (switch, "refused") in _once:
+    rank = current_rank()
+    if (switch, "refused", rank) in _once:
         return
-    _once.add((switch, "refused"))
+    _once.add((switch, "refused", rank))
     reason = " ".join(reason.split())  # one line, always
-    logger().warning("%s %s refused: %s rank=%s", TAG, switch, reason, current_rank())
+    logger().warning("%s %s refused: %s rank=%s", TAG, switch, reason, rank)
+
+
+def is_engine_rank(rank: str) -> bool:
+    """``tp<N>[pp<M>][dp<K>]``: a rank the engine published (a scheduler), not a process id."""
+    return re.fullmatch(r"tp\d+(pp\d+)?(dp\d+)?", rank) is not None
 
 
 def event(switch: str, what: str, *, level: int = logging.INFO, **params: object) -> None:
@@ -158,9 +172,11 @@ def parse_line(line: str) -> Receipt | None:
 
 def audit(lines: list[str], config: Any, ranks: int) -> list[str]:
     """The gaps between a profile (a resolved ``registry.Config``) and a boot's receipt lines, one
-    sentence each, the switch's name first (empty: every rank logged every requested switch as
-    installed and none refused). ``receipts`` prints them; the gate reads them."""
+    sentence each, the switch's name first (empty: each of ``ranks`` scheduler ranks logged every
+    requested switch as installed under its ``tp`` rank, and none refused). ``pid`` receipts never
+    count as ranks (see the module docstring). ``receipts`` prints them; the gate reads them."""
     installed: dict[str, set[str]] = {s.name: set() for s in config.requested}
+    by_pid: dict[str, set[str]] = {s.name: set() for s in config.requested}
     armed: dict[str, set[str]] = {s.name: set() for s in config.requested}
     gaps = list(config.errors)
     for line in lines:
@@ -170,15 +186,17 @@ def audit(lines: list[str], config: Any, ranks: int) -> list[str]:
         if receipt is None or receipt.switch not in installed:
             continue
         if receipt.event == "installed":
-            installed[receipt.switch].add(receipt.rank)
+            (installed if is_engine_rank(receipt.rank) else by_pid)[receipt.switch].add(receipt.rank)
         elif receipt.event == "armed":  # decided later (cone replay: at cache build)
             armed[receipt.switch].add(receipt.rank)
         elif receipt.refusal:
             gaps.append(f"{receipt.switch} refused on {receipt.rank}: {receipt.reason}")
     for name, seen in installed.items():
-        undecided = sorted(r for r in armed[name] - seen if r.startswith("tp"))
+        undecided = sorted(r for r in armed[name] - seen if is_engine_rank(r))
         if undecided and not any(name in gap for gap in gaps):
             gaps.append(f"{name} armed on {', '.join(undecided)} but never installed (no cache was built?)")
         if len(seen) < ranks:
-            gaps.append(f"{name} installed on {len(seen)} of {ranks} ranks ({', '.join(sorted(seen)) or 'none'})")
+            shown = ", ".join(sorted(seen)) or (
+                f"none; {len(by_pid[name])} pid receipt(s), which name no scheduler rank" if by_pid[name] else "none")
+            gaps.append(f"{name} installed on {len(seen)} of {ranks} ranks ({shown})")
     return gaps

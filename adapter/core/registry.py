@@ -405,6 +405,10 @@ SWITCHES: tuple[Switch, ...] = (
             "sglang.srt.mem_cache.deepseek_v4_memory_pool:DeepSeekV4IndexerPool.contiguous_page_row_buffers",
             "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.match_prefix",
             "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.path_device_indices",
+            # Restored pages stay pinned until admission unless the running rows' next decode needs them.
+            "sglang.srt.managers.schedule_batch:ScheduleBatch.is_empty",
+            "sglang.srt.managers.schedule_batch:ScheduleBatch.new_tokens_required_next_decode",
+            "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.evictable_size",
             # A copy on the thread whose stream is capturing is refused before any copy.
             "torch.cuda.graphs:is_current_stream_capturing",
             # The DSV4 regions per page-id space, C4 state rows following SWA pages, and the retract
@@ -426,6 +430,17 @@ SWITCHES: tuple[Switch, ...] = (
     ),
     # -- end of switches (in install order; the production profile lists its keys in this order) --
 )
+
+# The boot's own hook (no switch, no key): a scheduler process imports the switches' modules, and so
+# installs the import-time switches, before SGLang publishes its rank (``run_scheduler_process``:
+# ``publish(..., ranks=SpawnRanks(...))`` then ``configure_scheduler_process``, which "runs after
+# publish"). Once that returns, the boot logs each switch's receipt again under the engine rank, so
+# ``receipts --ranks N`` counts scheduler ranks (``tp<N>``), never the pids of the server's other
+# processes (adapter.core.boot). Pinned like a switch's targets; drift leaves the hook off.
+RANK_MODULE = "sglang.srt.managers.scheduler"
+RANK_HOOK = f"{RANK_MODULE}:configure_scheduler_process"  # wrapped
+RANK_RELIES_ON = (f"{RANK_MODULE}:run_scheduler_process",)  # publish() precedes the hook
+BOOT_PINNED: tuple[str, ...] = (RANK_HOOK, *RANK_RELIES_ON)
 
 
 def by_name(name: str) -> Switch:

@@ -432,11 +432,11 @@ def run_receipts(args: argparse.Namespace) -> int:
 
 def run_pins(args: argparse.Namespace) -> int:
     rows, bad = [], 0
-    for switch in registry.SWITCHES:
-        for target in switch.pinned:
-            c = pins.check(target)
-            bad += not c.ok
-            rows.append([switch.name, target, "ok" if c.ok else "DRIFT", c.found[:16]])
+    owned = [(s.name, t) for s in registry.SWITCHES for t in s.pinned]
+    for owner, target in owned + [("(boot rank hook)", t) for t in registry.BOOT_PINNED]:
+        c = pins.check(target)
+        bad += not c.ok
+        rows.append([owner, target, "ok" if c.ok else "DRIFT", c.found[:16]])
     print(_table(["switch", "function", "pin", "installed sha256"], rows))
     return 1 if bad else 0
 

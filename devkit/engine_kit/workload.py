@@ -12,6 +12,14 @@ Three phases, each starting from an empty radix cache (``/flush_cache``):
    last checkpoint below F (the prompt's, if the churn left it) or at 0. The branch sits more than
    a chunk from that checkpoint, so a cone replay of N tokens recomputes less. The recomputed
    tokens (``cone_branch_at - cached_tokens``) show what the engine prefilled again.
+   With ``cone_branch_in_prompt`` the branch point lies inside a long first prompt instead (a
+   short answer), so the branch reuses prefill-written KV only: on DeepSeek-V4 the KV a decode
+   step writes differs in rounding from what a prefill of the same tokens writes (the attention
+   sums in another order), so a branch inside decoded tokens is not comparable with a full
+   re-prefill at :data:`devkit.gate.verdict.LOGPROB_TOLERANCE`. There the churn evicts the
+   prompt's window at F (Full KV stays) and its chunk checkpoint below F. ``cone_first`` runs that
+   first prompt before the idle session's turn, so the idle session is the newer of the two in
+   the SWA LRU.
 3. ``yield``: streams decode while a long prompt arrives and prefills in small chunks; the streams'
    decode rate during the prefill over their rate before it is the decode share.
 
@@ -54,6 +62,11 @@ class Workload:
     # pool an evicted leaf goes whole, Full KV included: the follow-up makes the answer an inner
     # node, whose Full KV stays resident while the churn evicts its SWA window.
     cone_followup_tokens: int = 0
+    # The branch point inside the branched session's first prompt (0 < cone_branch_at <
+    # cone_prompt_tokens) instead of inside its answer (module docstring, phase 2).
+    cone_branch_in_prompt: bool = False
+    # The branched session's first turn runs before the idle session's (default: after it).
+    cone_first: bool = False
 
     @classmethod
     def quick(cls) -> Workload:
@@ -68,7 +81,12 @@ class Workload:
         for name, value in asdict(self).items():
             if isinstance(value, (int, float)) and value < 0:
                 raise ValueError(f"Workload.{name}={value!r} is invalid: expected a value >= 0")
-        if not 0 < self.cone_prompt_tokens < self.cone_branch_at < self.cone_tokens:
+        if self.cone_branch_in_prompt:
+            if not 0 < self.cone_branch_at < self.cone_prompt_tokens < self.cone_tokens:
+                raise ValueError(f"Workload.cone_branch_at={self.cone_branch_at} is invalid with cone_branch_in_prompt: "
+                                 f"expected 0 < it < cone_prompt_tokens={self.cone_prompt_tokens} < cone_tokens="
+                                 f"{self.cone_tokens}")
+        elif not 0 < self.cone_prompt_tokens < self.cone_branch_at < self.cone_tokens:
             raise ValueError(f"Workload.cone_branch_at={self.cone_branch_at} is invalid: expected cone_prompt_tokens="
                              f"{self.cone_prompt_tokens} < it < cone_tokens={self.cone_tokens}")
 
@@ -77,27 +95,30 @@ class Workload:
         return [rng.randrange(FIRST_ID, self.vocab) for _ in range(n)]
 
 
-def run_cache_phases(base_url: str, w: Workload) -> dict[str, Any]:
-    """Phases 1 and 2: idle resume after churn, and the mid-context branch (cone)."""
-    client.flush_cache(base_url)
+def run_cache_phases(base_url: str, w: Workload, api: Any = client) -> dict[str, Any]:
+    """Phases 1 and 2: idle resume after churn, and the mid-context branch (cone). ``api`` sends
+    the requests (``generate`` and ``flush_cache`` as :mod:`devkit.engine_kit.client` has them): the
+    server by default; :mod:`devkit.testkit.gate_phases` runs the same phases on an in-process
+    scheduler."""
+    api.flush_cache(base_url)
     outputs: dict[str, list[int]] = {}
     session = w.ids("session", w.session_tokens)
     cone_prompt = w.ids("cone", w.cone_prompt_tokens)
-    first = client.generate(base_url, session, w.turn_tokens, w.timeout_s)
-    outputs["session_turn1"] = first["output_ids"]
-    answer = client.generate(base_url, cone_prompt, w.cone_tokens - w.cone_prompt_tokens, w.timeout_s)["output_ids"]
-    outputs["cone_turn1"] = answer
+    turns = [("session_turn1", session, w.turn_tokens), ("cone_turn1", cone_prompt, w.cone_tokens - w.cone_prompt_tokens)]
+    for key, prompt, n in reversed(turns) if w.cone_first else turns:
+        outputs[key] = api.generate(base_url, prompt, n, w.timeout_s)["output_ids"]
+    answer = outputs["cone_turn1"]
     cone = cone_prompt + answer
     if w.cone_followup_tokens:
         followup = cone + w.ids("cone_followup", w.cone_followup_tokens)
-        outputs["cone_followup"] = client.generate(base_url, followup, w.turn_tokens, w.timeout_s)["output_ids"]
+        outputs["cone_followup"] = api.generate(base_url, followup, w.turn_tokens, w.timeout_s)["output_ids"]
     for i in range(w.churn_requests):
-        outputs[f"churn{i}"] = client.generate(base_url, w.ids(f"churn{i}", w.churn_tokens), 4, w.timeout_s)["output_ids"]
-    context = session + first["output_ids"]
-    resume = client.generate(base_url, context + w.ids("session_user2", w.new_user_tokens), w.turn_tokens, w.timeout_s)
+        outputs[f"churn{i}"] = api.generate(base_url, w.ids(f"churn{i}", w.churn_tokens), 4, w.timeout_s)["output_ids"]
+    context = session + outputs["session_turn1"]
+    resume = api.generate(base_url, context + w.ids("session_user2", w.new_user_tokens), w.turn_tokens, w.timeout_s)
     outputs["session_turn2"] = resume["output_ids"]
     branch_prompt = cone[: w.cone_branch_at] + w.ids("cone_user2", w.new_user_tokens)
-    branch = client.generate(base_url, branch_prompt, w.turn_tokens, w.timeout_s, logprobs=True)
+    branch = api.generate(base_url, branch_prompt, w.turn_tokens, w.timeout_s, logprobs=True)
     outputs["cone_branch"] = branch["output_ids"]
     resume_cached = int(resume["meta_info"].get("cached_tokens") or 0)
     branch_cached = int(branch["meta_info"].get("cached_tokens") or 0)

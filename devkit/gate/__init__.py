@@ -137,7 +137,8 @@ def run(quick: bool = True, out: str | Path | None = None, say: Callable[[str], 
 
 
 def add_arguments(parser: Any) -> None:
-    parser.add_argument("--quick", action="store_true", help="the short workload (under 10 minutes on 2 cores)")
+    parser.add_argument("--quick", action="store_true",
+                        help="the short workload (2-3 minutes on 2 cores; --model dsv4: 12-13 minutes under load)")
     parser.add_argument("--out", help=f"folder for logs and the model (default {DEFAULT_OUT}/<model>)")
     parser.add_argument("--model", default="mellum", choices=("mellum", "dsv4"),
                         help="the model kit: the tiny hybrid SWA Mellum (default) or the tiny DeepSeek-V4.1")

@@ -63,19 +63,20 @@ class MellumKit:
         return {}  # the registry's gate roles are set for this kit
 
 
-# The DSV4 kit's pool: 128 pages of Full KV, room for the whole workload, so the churn evicts SWA
-# windows only (at 64 pages it evicted the idle session's Full KV too, and nothing could act); SWA
-# sized by the launcher's no-starvation rule for the yield phase's rows (4 streams + the long
-# prompt + one spare).
-DSV4_MAX_TOTAL_TOKENS = 128 * 256
-DSV4_MAX_RUNNING = 6
+# The DSV4 kit's pool, found on the real DSV4 pool and scheduler in-process first
+# (devkit.testkit.scheduler, dsv4=True; /work/notes/15-gate-dsv4.md) and then on the server:
+# 64 pages of Full KV, room for the whole workload, so the churn evicts SWA windows (and whole
+# leaves) but the branched prompt's inner Full KV stays; 11 SWA pages, the fewest the launcher's
+# no-starvation rule accepts for 3 running rows and 1024-token chunks. With 2 churn requests of
+# 2048 tokens, stock's LRU order evicts the idle session's resume point and the branched prompt's
+# checkpoint and window; SWA thin's order evicts the passed checkpoints and the (older) branched
+# prompt's leaf first and keeps the idle session's. (12 SWA pages: stock keeps the idle session.)
+DSV4_MAX_TOTAL_TOKENS = 64 * 256
+DSV4_MAX_RUNNING = 3  # the yield phase's 2 streams and its long prompt
 # Four pages a chunk: a cone replay's first chunk must cover [s, F) (N = 768 plus the new message),
 # else it falls back to the stock match (first_chunk_short, seen at 256).
 DSV4_CHUNK = 4 * 256
-# 20 SWA pages: every finished request's resume point fits (the churn's 6 leaves and both sessions'),
-# the churn's passed chunk checkpoints do not, so stock's LRU order evicts the idle session's
-# resume point and SWA thin's keeps it (the launcher refuses fewer than 17 for these rows and chunk).
-DSV4_SWA_RATIO = 20 * 256 / DSV4_MAX_TOTAL_TOKENS
+DSV4_SWA_RATIO = 11 * 256 / DSV4_MAX_TOTAL_TOKENS
 
 
 @dataclass(frozen=True)
@@ -102,15 +103,18 @@ class Dsv4Kit:
         from devkit.engine_kit import workload as wl
 
         page = 256
-        # Whole pages everywhere: the idle session is one chunk, each churn request two (one passed
-        # checkpoint, one leaf); the branched session's branch point sits 768 tokens past its prompt's
-        # checkpoint; the long prompt prefills in 1024-token chunks beside the streams.
+        # Whole pages everywhere. The branched session is a two-chunk prompt (checkpoint at 1024)
+        # with a short answer, branched at F = 1792 inside the prompt: prefill-written KV only
+        # (decode-written KV differs from a re-prefill's by rounding on DSV4, see the workload's
+        # docstring). After the churn F has Full KV but no window; stock resumes at 0 (the
+        # checkpoint is gone too), a cone of N = 768 at s = 1024: 768 tokens recomputed, not 1792.
+        # Its first turn runs before the idle session's (one chunk, resume point 512).
         return wl.Workload(
-            session_tokens=4 * page, cone_prompt_tokens=page, cone_tokens=5 * page, cone_branch_at=4 * page,
-            churn_requests=6 if quick else 10, churn_tokens=8 * page, turn_tokens=8, new_user_tokens=24,
-            streams=4, stream_prompt_tokens=32, stream_max_tokens=600,
-            long_prompt_tokens=(16 if quick else 32) * page, before_s=3.0, timeout_s=900.0,
-            cone_followup_tokens=24,
+            session_tokens=2 * page, cone_prompt_tokens=8 * page, cone_tokens=8 * page + 8, cone_branch_at=7 * page,
+            cone_branch_in_prompt=True, cone_first=True,
+            churn_requests=2, churn_tokens=8 * page, turn_tokens=8, new_user_tokens=24,
+            streams=2, stream_prompt_tokens=32, stream_max_tokens=600,
+            long_prompt_tokens=(8 if quick else 16) * page, before_s=2.0, timeout_s=900.0,
         )
 
     def profile_overrides(self) -> dict[str, str]:

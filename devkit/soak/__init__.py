@@ -403,7 +403,7 @@ class Leg:
     def clean(self) -> bool:
         f = self.figures
         return (f.get("failed") == 0 and f.get("leak_reports") == 0 and f.get("log_errors") == 0
-                and f.get("probes_stable") is True and f.get("alive_at_end") is True)
+                and f.get("probes_stable") is True and f.get("alive_at_end") is True and not f.get("receipt_gaps"))
 
 
 def _server(model_kind: str, model: Path, log: Path, profile: dict[str, str], max_total_tokens: int, life_s: int):
@@ -423,6 +423,7 @@ def _server(model_kind: str, model: Path, log: Path, profile: dict[str, str], ma
 
 def run_leg(leg: Leg, model_kind: str, model: Path, out: Path, seed: int, max_total_tokens: int,
             say: Callable[[str], None]) -> Leg:
+    from adapter.core import receipts, registry
     from devkit.engine_kit import client
 
     seconds = leg.minutes * 60
@@ -461,10 +462,15 @@ def run_leg(leg: Leg, model_kind: str, model: Path, out: Path, seed: int, max_to
     f.update(served=tally.served, failed=tally.failed, aborted_on_purpose=tally.aborted, by_scenario=tally.by_scenario,
              request_errors=tally.errors[:8], wall_s=round(time.monotonic() - t0, 1))
     f.update(sampler.figures(seconds) if sampler is not None else RssSampler(None, tally).figures(seconds))
-    f.update(read_log(server.log_lines()))
+    lines = server.log_lines()
+    f.update(read_log(lines))
+    # Every switch of the leg's profile installed on the scheduler and none refused (a refused
+    # switch soaks nothing: the boot would pass on stock code).
+    f["receipt_gaps"] = receipts.audit(lines, registry.resolve(leg.profile), ranks=1) if leg.profile else []
     leg.figures = f
     say(f"  {leg.label}: served {tally.served}, failed {tally.failed}, leak reports {f['leak_reports']}, "
-        f"log errors {f['log_errors']}, RSS growth {f.get('rss_growth_pct')} %, probes stable {f.get('probes_stable')}")
+        f"log errors {f['log_errors']}, RSS growth {f.get('rss_growth_pct')} %, probes stable {f.get('probes_stable')}"
+        + (f"; receipts: {'; '.join(f['receipt_gaps'])}" if f["receipt_gaps"] else ""))
     return leg
 
 
@@ -477,11 +483,16 @@ def _healthy(client: Any, server: Any) -> bool:
         return False
 
 
-def soak_profile() -> dict[str, str]:
-    """The gate's profile (acting switches, default decode-yield cost model) with KV parking on."""
+def soak_profile(model: str = "mellum") -> dict[str, str]:
+    """The gate's profile (acting switches, default decode-yield cost model) with KV parking on,
+    with the engine kit's overrides as the gate applies them (DSV4: a cone depth of at least the
+    kit model's bound and a multiple of its 256-token page; the Mellum value is refused there)."""
     from devkit import gate
+    from devkit.gate.kits import KITS
 
-    return {**gate.build_profile(), "DSV41_KV_PARK": "ram", "DSV41_DEBUG_LOG": "1"}
+    profile = gate.build_profile()
+    profile.update({k: v for k, v in KITS[model].profile_overrides().items() if k in profile})
+    return {**profile, "DSV41_KV_PARK": "ram", "DSV41_DEBUG_LOG": "1"}
 
 
 def switch_profiles(profile: dict[str, str]) -> dict[str, dict[str, str]]:
@@ -521,7 +532,7 @@ def run(minutes: float = 5.0, model: str = "mellum", seed: int = 1, out: str | P
         spec = mk.ModelSpec()
         model_dir = mk.make_model(out.parent / f"engine_kit_model_{spec.digest()}", spec)
         bound = parked_bytes_bound(spec, max_total_tokens)
-    profile = soak_profile()
+    profile = soak_profile(model)
     say(f"soak: model {model} ({model_dir}); {minutes} min of traffic, seed {seed}; logs in {out}")
     say("profile: " + " ".join(f"{k}={v}" for k, v in profile.items()))
     stock = run_leg(Leg("stock", {}, max(stock_minutes, 0.05)), model, model_dir, out, seed, max_total_tokens, say)
@@ -539,7 +550,7 @@ def run(minutes: float = 5.0, model: str = "mellum", seed: int = 1, out: str | P
             leg = run_leg(Leg(f"only-{name}", keys, min(minutes, 2.0)), model, model_dir, out, seed, max_total_tokens, say)
             lf = leg.figures
             culprits[name] = {"clean": leg.clean, "failed": lf.get("failed"), "leak_reports": lf.get("leak_reports"),
-                              "log_errors": lf.get("log_errors"),
+                              "log_errors": lf.get("log_errors"), "receipt_gaps": lf.get("receipt_gaps"),
                               "probes_equal_stock": lf.get("probes_before") == ss.get("probes_before")}
     figures = {
         "verdict": "PASS" if passed else "FAIL",
@@ -562,6 +573,7 @@ def run(minutes: float = 5.0, model: str = "mellum", seed: int = 1, out: str | P
         "log_error_lines": ps.get("log_error_lines"),
         "leak_lines": ps.get("leak_lines"),
         "refused_switches": ps.get("refused_switches"),
+        "receipt_gaps": ps.get("receipt_gaps"),
         "probes": ps.get("probes_before"),
         "stock": {k: ss.get(k) for k in ("served", "failed", "leak_reports", "log_errors", "probes_stable",
                                          "rss_growth_pct", "retractions", "log_error_lines")},

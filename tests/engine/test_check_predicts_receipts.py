@@ -66,3 +66,32 @@ def test_check_predicts_the_receipts_a_dsv4_boot_of_the_production_profile_logs(
     assert booted == predicted["receipts"]
     # decided at cache build (the DSV4 pool's layout, window, page and bound), predicted before the boot
     assert booted["cone_replay"] == "installed" or booted["cone_replay"].startswith("refused: ")
+
+
+def test_a_strict_dsv4_boot_of_the_profiles_cpu_switches_passes_receipts(tmp_path):
+    """``DSV41_STRICT=1`` on the production profile's switches that install on this machine (the
+    GPU-only ones are what ``check`` predicts refused without a CUDA device): the boot comes up, and
+    ``python -m adapter receipts --ranks 1`` passes on its log, cone replay decided at cache build."""
+    model = launch.write_dummy_model(tmp_path / "dsv4")
+    predicted = check_json(PROFILE, model)["receipts"]
+    profile = env.dsv41_items(env.read_env_file(str(PROFILE)))
+    installable = {name for name, decision in predicted.items() if decision == "installed"}
+    assert {"decode_yield", "swa_thin", "cone_replay"} <= installable, predicted
+    from adapter.core import registry
+
+    keep = {key.name for s in registry.SWITCHES if s.name in installable for key in s.keys}
+    strict = {k: v for k, v in profile.items() if k in keep} | {"DSV41_STRICT": "1"}
+    env_file = tmp_path / "strict.env"
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in sorted(strict.items())))
+    server = launch.server(model, tmp_path / "strict.log", strict, ready_timeout_s=400, load_format="dummy",
+                           max_total_tokens=2048, max_running=3, chunk=256, swa_ratio=1.0)
+    with server:
+        client.generate(server.base_url, list(range(10, 300)), 4)
+    assert launcher.members(server.proc.pid) == []
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("DSV41_")}
+    out = subprocess.run([sys.executable, "-m", "adapter", "receipts", "--env-file", str(env_file), "--ranks", "1",
+                          str(tmp_path / "strict.log")], cwd=ROOT, env={**environ, "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip().endswith("receipts: ok"), out.stdout + out.stderr
+    lines = [line for line in server.log_lines() if "[dsv41] cone_replay installed" in line]
+    assert lines and "N=8192" in lines[0], lines

@@ -20,6 +20,7 @@ def test_the_short_soak_loses_nothing_and_its_probes_equal_stock(tmp_path, capsy
     assert figures["log_errors"] == 0, figures["log_error_lines"]
     assert figures["probe_outputs_equal"] is True
     assert figures["refused_switches"] == []
+    assert figures["receipt_gaps"] == []  # every switch installed on the scheduler (its tp0 receipts)
     assert figures["retractions"] > 0 and figures["kv_park"]["parked"] > 0
     assert figures["parked_budget"]["respected"] is True
     assert figures["leftover_processes"] == 0

@@ -76,3 +76,33 @@ def test_the_receipts_command_reads_a_truncated_log_with_broken_bytes_and_fails_
 def test_the_receipts_command_passes_the_same_log_whole(tmp_path, capsys):
     rc, _ = _cli(tmp_path, "".join(GOOD["tp0"] + GOOD["tp1"]).encode())
     assert rc == 0 and "receipts: ok" in capsys.readouterr().out
+
+
+# A TP=2 boot's log: switches installed at import log the process id in every process that imports
+# their module (the server's main process, each scheduler before SGLang publishes its rank); each
+# scheduler then logs them again under its engine rank (adapter.core.boot.announce_rank).
+PID_LINES = {pid: [line.replace(" rank=tp0", f" rank=pid{pid}") for line in GOOD["tp0"]] for pid in (100, 201, 202)}
+
+
+def test_pid_receipts_of_the_other_processes_never_stand_in_for_a_missing_scheduler():
+    """Scheduler tp1 announced nothing: the main process's and both schedulers' pid lines (three
+    "ranks" by pid) must not make up for it."""
+    log = PID_LINES[100] + PID_LINES[201] + PID_LINES[202] + GOOD["tp0"]
+    assert _audit(log) == [f"{name} installed on 1 of 2 ranks (tp0)" for name in ("decode_yield", "fast_tree_core",
+                                                                                   "swa_thin")]
+    assert _audit(log + GOOD["tp1"]) == []
+
+
+def test_a_one_rank_boot_fails_a_two_rank_audit_whatever_its_main_process_logged():
+    assert _audit(PID_LINES[100] + PID_LINES[201] + GOOD["tp0"])[0] == "decode_yield installed on 1 of 2 ranks (tp0)"
+    assert _audit(PID_LINES[100] + PID_LINES[201] + GOOD["tp0"], ranks=1) == []
+
+
+def test_a_switch_seen_only_under_process_ids_is_reported_as_on_no_scheduler_rank():
+    gaps = _audit(PID_LINES[100] + PID_LINES[201], ranks=1)
+    assert gaps[0] == "decode_yield installed on 0 of 1 ranks (none; 2 pid receipt(s), which name no scheduler rank)"
+
+
+def test_only_engine_ranks_count_as_scheduler_ranks():
+    assert [receipts.is_engine_rank(r) for r in ("tp0", "tp12", "tp3pp1", "tp1dp2", "tp0pp1dp1")] == [True] * 5
+    assert [receipts.is_engine_rank(r) for r in ("pid4242", "tp", "tpx", "dp0", "tp0 ", "tp1pp")] == [False] * 6

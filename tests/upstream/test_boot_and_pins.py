@@ -29,7 +29,7 @@ def test_every_pin_matches_the_installed_sglang():
 
 
 def test_every_wrapped_or_relied_on_function_is_pinned_and_every_pin_is_used():
-    pinned = {t for s in registry.SWITCHES for t in s.pinned}
+    pinned = {t for s in registry.SWITCHES for t in s.pinned} | set(registry.BOOT_PINNED)
     assert pinned == set(pins.PINS)
 
 
@@ -64,7 +64,7 @@ def test_the_finder_claims_only_target_modules():
     state = boot.install({"DSV41_AUTOTUNE_KEEP": "1"})
     finder = next(f for f in sys.meta_path if isinstance(f, boot.SwitchFinder))
     assert finder.find_spec("json.decoder", None) is None
-    assert finder.targets == {AUTOTUNE}
+    assert finder.targets == {AUTOTUNE, registry.RANK_MODULE}  # the switch's module and the rank hook's
     assert state.outcomes["autotune_keep"].status == "installed"
 
 

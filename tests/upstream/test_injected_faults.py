@@ -11,9 +11,11 @@ decode-yield prompt aborted through the harness's chunked-abort hook
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import threading
+import types
 
 import pytest
 
@@ -143,7 +145,7 @@ def _resume_point(cache, history: list[int]) -> tuple[int, bool]:
     key = RadixKey(array("q", history[: len(history) // 16 * 16]))
     full, _, _ = cache.tree_core.match_full_device_prefix(key)
     f = full // 16 * 16
-    return f, bool(cache.tree_core.swa_tombstone_ranges(key, f - 8, f))
+    return f, f >= 8 and bool(cache.tree_core.swa_tombstone_ranges(key, f - 8, f))
 
 
 def _run_to_end(h, req) -> list[int]:
@@ -161,9 +163,8 @@ def _accounted(h) -> tuple[int, int]:
             a.swa_available_size() + c.swa_evictable_size() + c.swa_protected_size())
 
 
-def _cone_in_flight(overlap: bool):
-    """A session whose SWA window at F was evicted by churn, resumed with a prompt longer than one
-    chunk: after one pass its replay chunk [F - N, F) ran and the rest of its prompt waits."""
+def _cone_session(overlap: bool):
+    """A session whose SWA window at F was evicted by churn (its Full KV of [0, F) resident)."""
     from adapter.switches.cone_replay import switch as cone_replay
     from devkit.testkit.cone import install
 
@@ -178,6 +179,15 @@ def _cone_in_flight(overlap: bool):
         _run_to_end(h, h.make_request(512, max_new_tokens=16, seed=seed))
     F = _resume_point(h.scheduler.tree_cache, history)[0]
     cone_replay.reset_counters()
+    return h, history, F, baseline
+
+
+def _cone_in_flight(overlap: bool):
+    """The session resumed with a prompt longer than one chunk: after one pass its replay chunk
+    [F - N, F) ran and the rest of its prompt waits."""
+    from adapter.switches.cone_replay import switch as cone_replay
+
+    h, history, F, baseline = _cone_session(overlap)
     req = h.add_request(h.make_request(0, max_new_tokens=8, prompt_ids=history + list(range(20_000, 20_160))))
     first = h.step()
     assert first.rids == (req.rid,) and (first.prefix_lens, first.extend_lens) == ((F - CONE_N,), (CONE_N,))
@@ -234,3 +244,99 @@ def test_evicting_the_tree_between_the_replay_chunk_and_the_next_cannot_take_the
     h.finish_in_flight()
     h.scheduler.tree_cache.sanity_check()
     assert _accounted(h) == baseline
+
+
+@contextlib.contextmanager
+def _one_prefill_per_pass():
+    """``--prefill-max-requests 1`` (SGLang's own knob, set through its runtime-context override):
+    the second request of a pass is matched (so planned) and then turned away by the PrefillAdder
+    (``AddReqResult.OTHER``) before its admission is selected: it waits, planned, unlocked."""
+    from sglang.srt.runtime_context import get_context, get_schedule
+
+    before = get_schedule().prefill_max_requests
+    get_context().override("tests: one prefill per pass", prefill_max_requests=1)
+    try:
+        yield
+    finally:
+        get_context().override("tests: restore", prefill_max_requests=before)
+
+
+def _planned_but_waiting(overlap: bool):
+    """One pass with a short request ahead of the resumed session: the session is planned (s, the
+    anchor at F) but not admitted; nothing of it is locked."""
+    from adapter.switches.cone_replay import switch as cone_replay
+
+    h, history, F, baseline = _cone_session(overlap)
+    ahead = h.add_request(h.make_request(16, max_new_tokens=4, seed=7))
+    req = h.add_request(h.make_request(0, max_new_tokens=8, prompt_ids=history + list(range(20_000, 20_160))))
+    with _one_prefill_per_pass():
+        first = h.step()
+    assert first.rids == (ahead.rid,) and req in h.scheduler.waiting_queue
+    plan = getattr(req, cone_replay.REQ_ATTR)
+    assert (plan.state, plan.F, req.prefix_len) == (cone_replay.PLANNED, F, F - CONE_N)
+    assert (cone_replay.COUNTERS.plans, cone_replay.COUNTERS.admitted) == (1, 0)
+    return h, req, ahead, history, F, baseline
+
+
+def _nothing_leaked(h, baseline) -> None:
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    h.scheduler.tree_cache.evict(EvictParams(num_tokens=1 << 30))
+    h.scheduler.tree_cache.sanity_check()
+    cache = h.scheduler.tree_cache
+    assert (cache.full_protected_size(), cache.swa_protected_size()) == (0, 0), "a lock was left behind"
+    assert _accounted(h) == baseline
+    assert h.scheduler.token_to_kv_pool_allocator.full_available_size() == baseline[0]
+    assert h.scheduler.token_to_kv_pool_allocator.swa_available_size() == baseline[1]
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["normal", "overlap"])
+def test_a_waiting_cone_plan_whose_anchor_is_evicted_before_admission_is_dropped_and_the_request_runs_stock(overlap):
+    """The plan is made at the match, the request is turned away for this pass, and before the
+    next pass eviction takes the whole unlocked tree (the anchor's node and its Full KV). The next
+    pass matches again: the stale plan is dropped, no replay and no copy run (the anchor's slots
+    may be reused by then), the request prefills from 0 and finishes; nothing leaked."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    from adapter.switches.cone_replay import switch as cone_replay
+
+    h, req, ahead, history, F, baseline = _planned_but_waiting(overlap)
+    h.scheduler.tree_cache.evict(EvictParams(num_tokens=1 << 30))
+    assert _resume_point(h.scheduler.tree_cache, history)[0] < F, "a waiting plan locked its anchor"
+    steps = h.run_until(lambda: req.finished() and ahead.finished(), max_passes=1000)
+    h.drain()
+    h.finish_in_flight()
+    assert getattr(req, cone_replay.REQ_ATTR) is None
+    ran = [s for s in steps if s.kind == "prefill" and req.rid in s.rids]
+    assert ran and ran[0].prefix_lens[ran[0].rids.index(req.rid)] == 0
+    assert (cone_replay.COUNTERS.admitted, cone_replay.COUNTERS.copies, cone_replay.COUNTERS.forwards) == (0, 0, 0)
+    assert len(req.output_ids) == 8 and len(ahead.output_ids) == 4
+    _nothing_leaked(h, baseline)
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["normal", "overlap"])
+def test_a_cone_request_aborted_while_it_waits_planned_leaves_the_queue_and_leaks_nothing(overlap):
+    """``Scheduler.abort_request`` (the real one, with ``_release_aborted_request``) on a request
+    planned but still in the waiting queue: it leaves the queue, its plan never admits, copies or
+    locks anything, the anchor stays evictable, the request ahead finishes, and nothing leaked."""
+    from sglang.srt.managers.io_struct import AbortReq
+    from sglang.srt.managers.scheduler import Scheduler
+
+    from adapter.switches.cone_replay import switch as cone_replay
+
+    h, req, ahead, history, F, baseline = _planned_but_waiting(overlap)
+    s = h.scheduler
+    s.mm_receiver = None  # no EPD encoder: what Scheduler.__init__ sets on a language-only server
+    s.enable_continuous_input_polling = False  # Scheduler.__init__'s value
+    s.grammar_manager.abort_requests = lambda recv: None  # no grammar request is queued
+    s._release_aborted_request = types.MethodType(Scheduler._release_aborted_request, s)  # the real one
+    s.abort_request(AbortReq(rid=req.rid))
+    assert req not in s.waiting_queue
+    h.run_until(ahead.finished, max_passes=1000)
+    h.drain()
+    h.finish_in_flight()
+    assert getattr(req, cone_replay.REQ_ATTR).state == cone_replay.PLANNED  # never went further
+    assert (cone_replay.COUNTERS.admitted, cone_replay.COUNTERS.copies, cone_replay.COUNTERS.forwards) == (0, 0, 0)
+    assert _resume_point(s.tree_cache, history)[0] >= F  # the session's prefix is still cached, unlocked
+    _nothing_leaked(h, baseline)
+    assert _resume_point(s.tree_cache, history)[0] == 0

@@ -180,3 +180,99 @@ def test_the_unified_and_hisparse_deepseek_v4_layouts_are_refused_with_a_one_lin
     with pytest.raises(regions.Unsupported, match=r"^DeepSeek-V4 pool not parked: unified KV layout") as info:
         regions.layouts_for(unified)
     assert "\n" not in str(info.value)
+
+
+def _crowd_until_a_pool_full_retraction(overlap: bool):
+    """The server's crowd in-process: three 480-token prompts decoding on an 8-page pool; the third
+    row needs a third page at 512 tokens and the full pool retracts one row (a page boundary)."""
+    assert boot.install({"DSV41_KV_PARK": "ram"}).outcomes["kv_park"].status == "installed"
+    h = build_scheduler(
+        page_size=PAGE, pool_tokens=8 * PAGE, swa_pool_tokens=8 * PAGE, max_reqs=3, chunked_prefill_size=512,
+        sliding_window=WINDOW, dsv4=True, overlap=overlap,
+    )
+    reqs = [h.add_request(480, max_new_tokens=64) for _ in range(3)]
+    _randomize(h)
+    full, swa = _layouts(h)
+    before: dict[str, tuple] = {}
+    for _ in range(400):
+        h.step()
+        for r in reqs:  # each row's first two pages, while it holds them (the forward writes no KV)
+            if r.rid not in before and r.kv.holds_kv and int(r.kv.kv_committed_len) >= 2 * PAGE:
+                fp, sp = _pages(h, r, 2 * PAGE)
+                before[r.rid] = (_region_bytes(full, fp), _region_bytes(swa, sp))
+        retracted = [r for r in reqs if r.retraction_count]
+        if retracted:
+            return h, reqs, retracted, before
+    raise AssertionError("the 8-page pool never retracted a row")
+
+
+def test_a_pool_full_retraction_at_a_page_boundary_restores_both_pages_under_the_normal_loop(records):
+    """Normal loop: the retracted row's fill is one token past its KV, so the tree serves all 512
+    parked tokens; the re-admission is a prefix hit at 512 with the old bytes in every region."""
+    h, reqs, retracted, before = _crowd_until_a_pool_full_retraction(overlap=False)
+    (req,) = retracted
+    assert int(req.kv.kv_committed_len) == 0 and len(req.origin_input_ids) + len(req.output_ids) == 2 * PAGE + 1
+    _evict_tree_and_zero_free_pages(h)
+    for _ in range(50):
+        step = h.step()
+        if step.kind == "prefill" and req.rid in step.rids:
+            break
+    assert dict(zip(step.rids, step.prefix_lens))[req.rid] == 2 * PAGE, "the parked pages were not a cached prefix"
+    full, swa = _layouts(h)
+    fp, sp = _pages(h, req, 2 * PAGE)
+    for layout, now_pages, then in ((full, fp, before[req.rid][0]), (swa, sp, before[req.rid][1])):
+        for region, old in zip(layout.regions, then):
+            assert torch.equal(region.rows[now_pages], old), f"other bytes in {region.name}"
+    lines = [r.getMessage() for r in records if "kv_park" in r.getMessage()]
+    assert any(f"kv_park parked rid={req.rid} pages=2 " in m for m in lines), lines
+    assert any(f"kv_park restored rid={req.rid} pages=" in m and "tokens=512" in m for m in lines), lines
+    h.run_until(lambda: all(r.finished() for r in reqs), max_passes=3000)
+
+
+def test_under_the_overlap_loop_a_pool_full_retraction_parks_only_the_servable_page_and_says_why_it_drops(records):
+    """Overlap loop (the server's): the in-flight token is dropped with the row, so its fill ends at
+    its KV and the tree can serve only whole pages before the last token (256 of 512). The last page
+    is not parked (no wasted copy), and the drop is one DEBUG line with its reason."""
+    h, reqs, retracted, _ = _crowd_until_a_pool_full_retraction(overlap=True)
+    (req,) = retracted
+    assert len(req.origin_input_ids) + len(req.output_ids) == 2 * PAGE, "the fill ends at the retracted KV"
+    steps = h.run_until(lambda: all(r.finished() for r in reqs), max_passes=3000)
+    again = [dict(zip(s.rids, s.prefix_lens))[req.rid] for s in steps if s.kind == "prefill" and req.rid in s.rids]
+    # The servable page (the tree's own) is kept until the re-admission takes it: one page, not zero.
+    assert again[0] == PAGE, again
+    h.finish_in_flight()
+    lines = [r.getMessage() for r in records if "kv_park" in r.getMessage()]
+    assert any(f"kv_park parked rid={req.rid} pages=1 " in m for m in lines), lines
+    dropped = [m for m in lines if f"kv_park dropped rid={req.rid} " in m]
+    assert dropped and all("reason=" in m for m in dropped), lines
+    assert "reason=tree_holds_it servable=256 cached=256" in dropped[0], dropped
+    assert _switch().STATE.store.stats.restored == 0
+
+
+def test_a_pin_on_a_waiting_requests_pages_is_released_when_no_row_runs(records):
+    """A pin keeps running rows' decode from evicting a waiting request's pages; with no row running
+    nothing decodes, and a pin kept then could hold an idle engine's pool away from the request
+    ahead of it in the queue: the next pass releases it (one DEBUG line), the pages evictable again."""
+    assert boot.install({"DSV41_KV_PARK": "ram", "DSV41_DEBUG_LOG": "1"}).outcomes["kv_park"].status == "installed"
+    sw = _switch()
+    h = _build()
+    done = h.add_request(3 * PAGE, max_new_tokens=4)
+    h.run_until(done.finished, max_passes=200)
+    h.finish_in_flight()
+    h.run_until(h.scheduler.running_batch.is_empty, max_passes=5)  # the finished row leaves the batch
+    tree = h.scheduler.tree_cache
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    prefix = list(done.origin_input_ids[: 2 * PAGE])
+    waiting = h.add_request(2 * PAGE + 8, max_new_tokens=4, prompt_ids=prefix + [7] * 8)
+    match = tree.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=waiting.origin_input_ids[: 2 * PAGE])))
+    assert int(match.device_prefix_len) == 2 * PAGE
+    evictable = tree.evictable_size()
+    sw._pin(sw.STATE, waiting.rid, tree, match.last_device_node)
+    assert tree.evictable_size() == evictable - 2 * PAGE, "the pin locks the waiting request's pages"
+    assert h.scheduler.running_batch.is_empty() and waiting in h.scheduler.waiting_queue
+    sw._release_pins(sw.STATE, h.scheduler)
+    assert sw.STATE.pins == {} and tree.evictable_size() == evictable
+    lines = [r.getMessage() for r in records if "kv_park unpinned" in r.getMessage()]
+    assert lines and f"rid={waiting.rid} reason=no_running_rows" in lines[0], lines

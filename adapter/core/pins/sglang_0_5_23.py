@@ -212,6 +212,13 @@ PINS: dict[str, str] = {
     "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.path_device_indices": (
         "c32a8f4f29a0983a7a0550a31dbdaad8aed809d6a0d62c7e0853d3120c6ecf25"
     ),
+    # kv_park (relied on: the running rows' next decode step beside pinned restored pages)
+    "sglang.srt.managers.schedule_batch:ScheduleBatch.new_tokens_required_next_decode": (
+        "07c2a70043ca0d60eb7c5db6a315e761c70afecfca578411bfcba7ccd78de3aa"
+    ),
+    "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.evictable_size": (
+        "bc75445afbcece688c3162a462f371573b4322569d5a684dcf225e283283bef5"
+    ),
     # autotune_keep (relied on: called with a fixed signature)
     "sglang.srt.model_executor.runner.flashinfer_autotune:flashinfer_autotune_cache_path": (
         "ec0dfed9ee017eaa1e555dd6596cc32f115d4f7af6bc83767f4d6105859c0814"
@@ -331,6 +338,13 @@ PINS: dict[str, str] = {
     ),
     "torch.cuda.graphs:is_current_stream_capturing": (
         "46ad9fe4332b954e95845a39a7d8fd52779535c58c9118236f55192d3995d155"
+    ),
+    # the boot's rank hook (registry.BOOT_PINNED; wrapped, then relied on: publish runs before it)
+    "sglang.srt.managers.scheduler:configure_scheduler_process": (
+        "6ab317d62062e9c15301c3d46e83f69dbfd23cf5b77677bc1a0c2362c5070af2"
+    ),
+    "sglang.srt.managers.scheduler:run_scheduler_process": (
+        "f52f0de806e29a75440839ff0cb3af43405304789adc571585ffd83a8a5c721b"
     ),
     # -- end of pins (add new pins above this line, grouped under a comment naming the switch) --
 }

@@ -12,7 +12,17 @@ What it changes
     pass (``get_next_batch_to_run``), a parked request that waits for admission gets fresh pages,
     its bytes are restored into them, and they are inserted into the radix tree under the
     request's own tokens, so the stock admission finds them as a cached prefix and prefills only
-    the tokens past it (usually the one token whose KV was never computed).
+    the tokens past it (usually the one token whose KV was never computed). Only that servable
+    prefix is parked (whole pages before the row's last token: under the overlap loop a retracted
+    row's fill ends at its KV, so a page-boundary retraction's last page is never servable). The
+    restored pages (or, when the tree already covers the prefix, the tree's) stay pinned by a tree
+    lock until the request is admitted: after a pool-full retraction it waits for running rows to
+    finish, and their decode would evict unlocked pages first. Pins are released when the request
+    leaves the waiting queue, or as soon as the running rows' next decode step would not fit beside
+    them (running rows come first, as in stock), and whenever no row runs (then nothing evicts them
+    before the admission, and no pin can keep another request out of an idle engine). Every entry
+    not restored logs one DEBUG line
+    ``kv_park dropped reason=...``.
 
 Copies in flight (pages are write-fenced, not held in the allocator)
     The save runs on a background worker: retraction returns before the copy. The issue asks
@@ -90,6 +100,9 @@ class _State:
     store: ParkStore
     engines: dict[int, tuple[Any, _Engines | None]] = field(default_factory=dict)  # id(pool) -> (pool, engines)
     said: set[str] = field(default_factory=set)  # one-time log lines already written
+    # rid -> (tree, TreeLock) on the pages a restore inserted, held until the request is admitted
+    # (its admission then locks them as its prefix) so running rows do not evict them meanwhile.
+    pins: dict[Any, tuple[Any, Any]] = field(default_factory=dict)
 
     def once(self, what: str, **params: object) -> None:
         line = what + repr(sorted(params.items()))
@@ -186,8 +199,13 @@ def _park(state: _State, req: Any, req_to_token_pool: Any, allocator: Any, tree_
     if engines is None or (engines.swa is None) != (not tree_cache.supports_swa()):
         return
     page_size = int(allocator.page_size)
-    tokens = (req.origin_input_ids + req.output_ids)[: int(req.kv.kv_committed_len)]
-    n = len(tokens) // page_size * page_size  # the tree takes whole pages only
+    fill = req.origin_input_ids + req.output_ids
+    tokens = fill[: int(req.kv.kv_committed_len)]
+    # Only what a re-admission can be served: whole pages (the tree takes no partial page) before
+    # its last token (``_compute_max_prefix_len``: the extend needs one token for the logits).
+    # Under the overlap loop a retracted row's fill ends at ``kv_committed_len`` (the in-flight
+    # token is dropped), so at a page boundary the row's last page is never servable.
+    n = min(len(tokens), req._compute_max_prefix_len(len(fill))) // page_size * page_size
     if n == 0:
         return
     slots = req_to_token_pool.req_to_token[req.kv.req_pool_idx, :n].to(torch.int64)
@@ -203,7 +221,11 @@ def _park(state: _State, req: Any, req_to_token_pool: Any, allocator: Any, tree_
         dead = (swa_slots == 0).nonzero()
         swa_from = 0 if dead.numel() == 0 else (int(dead.max()) // page_size + 1) * page_size
         if swa_from >= n:
-            return  # no whole window page: a restore could not serve any prefix
+            # No whole window page below the servable prefix: its extend would need SWA KV that
+            # decode already freed (a pool-full retraction on pages wider than the window).
+            SWITCH.event("dropped", level=logging.DEBUG, rid=req.rid, reason="window_below_the_servable_prefix",
+                         servable=n, swa_from=swa_from, committed=len(tokens), at="park")
+            return
         swa_pages = _whole_pages(swa_slots[swa_from:], page_size)
         if swa_pages is None:
             state.once("unsupported", reason="swa_slots_are_not_whole_pages")
@@ -232,6 +254,8 @@ def _get_next_batch_to_run(wrapped: Any, instance: Any, args: tuple, kwargs: dic
     if state is None:
         return wrapped(*args, **kwargs)
     state.store.poll()
+    if state.pins:
+        _release_pins(state, instance)
     if state.store.pending() and getattr(instance, "enable_hierarchical_cache", False):
         state.store.fence()  # a HiCache load-back may write freed pages before the batch is known
     try:
@@ -259,6 +283,48 @@ def _fence_writes(state: _State, allocator: Any, loc: torch.Tensor | None) -> No
         state.store.fence_pages(set(swa_pages.tolist()), select=lambda key: isinstance(key, tuple))
 
 
+def _running_need(scheduler: Any) -> int:
+    """Tokens the running rows' next decode step allocates (what ``check_decode_mem`` asks for)."""
+    running = getattr(scheduler, "running_batch", None)
+    if running is None or running.is_empty():
+        return 0
+    return int(running.new_tokens_required_next_decode())
+
+
+def _release_pins(state: _State, scheduler: Any) -> None:
+    """Unpin restored pages whose request left the waiting queue (admitted: it holds its own lock;
+    or aborted); every pin when no row is running (nothing decodes to evict them before this pass's
+    admission, and a pin must never keep another waiting request out of an idle engine); and every
+    pin when the running rows' next decode would not fit beside them (the running rows come first,
+    as in stock: the pages become evictable, the request recomputes)."""
+    waiting = {r.rid for r in scheduler.waiting_queue}
+    for rid in [rid for rid in state.pins if rid not in waiting]:
+        tree, lock = state.pins.pop(rid)
+        tree.unlock(lock)
+    if not state.pins:
+        return
+    need = _running_need(scheduler)
+    allocator, tree = scheduler.token_to_kv_pool_allocator, scheduler.tree_cache
+    running = getattr(scheduler, "running_batch", None)
+    if running is None or running.is_empty():
+        reason = "no_running_rows"
+    elif allocator.available_size() + tree.evictable_size() < need:
+        reason = "running_rows_need_the_pages"
+    else:
+        return
+    for rid, (pinned_tree, lock) in list(state.pins.items()):
+        pinned_tree.unlock(lock)
+        SWITCH.event("unpinned", level=logging.DEBUG, rid=rid, reason=reason, need=need)
+    state.pins.clear()
+
+
+def _pin(state: _State, rid: Any, tree: Any, node: Any) -> None:
+    old = state.pins.pop(rid, None)
+    if old is not None:
+        old[0].unlock(old[1])
+    state.pins[rid] = (tree, tree.lock(node))
+
+
 def _restore_waiting(state: _State, scheduler: Any) -> None:
     store = state.store
     if store.disabled or (not store.ready_keys() and not store.pending()):
@@ -267,7 +333,10 @@ def _restore_waiting(state: _State, scheduler: Any) -> None:
     waiting_rids = {r.rid for r in waiting}
     for key in store.ready_keys():
         if (key[0] if isinstance(key, tuple) else key) not in waiting_rids:
-            store.discard(key)  # admitted another way, aborted or finished: the entry is stale
+            if isinstance(key, tuple):
+                store.discard(key)
+            else:  # admitted another way, aborted or finished: the entry is stale
+                _drop(store, key, "not_waiting")
     if not waiting:
         return
     store.fence()  # a restore writes pages: no copy may still read them
@@ -276,9 +345,11 @@ def _restore_waiting(state: _State, scheduler: Any) -> None:
             break
 
 
-def _drop(store: ParkStore, rid: Any) -> bool:
+def _drop(store: ParkStore, rid: Any, reason: str, **params: object) -> bool:
+    """Forget a parked entry (the request recomputes); one DEBUG line ``kv_park dropped reason=...``."""
     store.discard(rid)
     store.discard((rid, "swa"))
+    SWITCH.event("dropped", level=logging.DEBUG, rid=rid, reason=reason, **params)
     return True
 
 
@@ -292,7 +363,7 @@ def _restore_one(state: _State, scheduler: Any, req: Any, *, may_evict: bool) ->
     store = state.store
     entry = store.peek(req.rid)
     if entry is None:
-        return _drop(store, req.rid)
+        return _drop(store, req.rid, "no_entry")
     tree, allocator = scheduler.tree_cache, scheduler.token_to_kv_pool_allocator
     page_size = int(allocator.page_size)
     pool = allocator.get_kvcache()
@@ -306,24 +377,35 @@ def _restore_one(state: _State, scheduler: Any, req: Any, *, may_evict: bool) ->
         or entry.meta["pool"] != id(pool)
         or (swa_from is not None and (swa_entry is None or engines.swa is None))
     ):
-        return _drop(store, req.rid)
+        return _drop(store, req.rid, "pool_changed_or_swa_entry_missing")
     fill = req.origin_input_ids + req.output_ids
     n = min(len(tokens), req._compute_max_prefix_len(len(fill))) // page_size * page_size
-    if n == 0 or tokens[:n] != fill[:n] or (swa_from is not None and n <= swa_from):
-        return _drop(store, req.rid)  # nothing usable (or not this request's tokens): recompute
+    if n == 0:
+        return _drop(store, req.rid, "no_whole_page_before_the_last_token", parked=len(tokens), fill=len(fill))
+    if tokens[:n] != fill[:n]:
+        return _drop(store, req.rid, "other_tokens", parked=len(tokens), fill=len(fill))
+    if swa_from is not None and n <= swa_from:
+        # The servable prefix (whole pages before the last token) ends where the parked window
+        # starts: its extend would need SWA KV below swa_from, which was gone at retraction.
+        return _drop(store, req.rid, "window_below_the_servable_prefix", servable=n, swa_from=swa_from, fill=len(fill))
     key = RadixKey(token_ids=tokens[:n], extra_key=req.extra_key, cache_salt=req.cache_salt)
     match = tree.match_prefix(MatchPrefixParams(key=key))
     have = int(match.device_prefix_len)
     if have >= n:
-        return _drop(store, req.rid)  # the tree still holds all of it
+        # Nothing to copy, but the same hazard as a restore: keep the tree's pages until admission.
+        _pin(state, req.rid, tree, match.last_device_node)
+        return _drop(store, req.rid, "tree_holds_it", servable=n, cached=have)
     need = n - have
+    # Room for the restore and for the running rows' next decode step beside it: the restored
+    # pages stay pinned until the request is admitted, so they must not starve the running rows.
+    room = need + _running_need(scheduler)
     lock = tree.lock(match.last_device_node)  # the matched prefix must survive our eviction
     try:
-        if allocator.available_size() < need:
+        if allocator.available_size() < room:
             if not may_evict:
                 return False
-            evict_from_tree_cache(tree, need)
-        if allocator.available_size() < need:
+            evict_from_tree_cache(tree, room)
+        if allocator.available_size() < room:
             return False
         prefix = tree.path_device_indices(match.last_device_node).to(torch.int64)[:have]
         if swa_from is None:
@@ -370,6 +452,11 @@ def _restore_one(state: _State, scheduler: Any, req: Any, *, may_evict: bool) ->
             allocator.free(slots)  # neither in the tree nor owned by a request: give them back
             raise
         tree.insert(params)
+        # Until the admission takes them as the request's prefix, running rows' decode could evict
+        # the restored pages (pool-full retractions wait for them to finish): pin them.
+        inserted = tree.match_prefix(MatchPrefixParams(key=key))
+        if int(inserted.device_prefix_len) == n:
+            _pin(state, req.rid, tree, inserted.last_device_node)
     finally:
         tree.unlock(lock)
     if SWITCH.debug or api.metrics_on():  # the line and the metrics: skip the sums when nothing reads them

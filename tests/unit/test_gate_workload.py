@@ -1,0 +1,64 @@
+"""The gate workload's cache phases as requests (no server: an ``api`` that records what it is sent).
+The Mellum leg's requests must stay exactly what they were; the DSV4 leg's branch must reuse
+prefill-written tokens only and its branched prompt must run before the idle session's turn."""
+
+import pytest
+
+from devkit.engine_kit import workload as wl
+from devkit.gate import kits
+
+
+class Recorder:
+    """Answers every request with ``n`` tokens of id 7 and no cache hit; keeps what was sent."""
+
+    def __init__(self):
+        self.sent: list[tuple[list[int], int, bool]] = []
+
+    def flush_cache(self, base_url):
+        self.sent.append(([], 0, False))
+
+    def generate(self, base_url, input_ids, max_new_tokens, timeout_s=0.0, logprobs=False):
+        self.sent.append((list(input_ids), max_new_tokens, logprobs))
+        meta = {"cached_tokens": 0, "output_token_logprobs": [[-0.5, 7, None]] * max_new_tokens}
+        return {"output_ids": [7] * max_new_tokens, "meta_info": meta}
+
+
+def _run(w):
+    api = Recorder()
+    out = wl.run_cache_phases("http://unused", w, api)
+    return api.sent, out
+
+
+def test_mellums_quick_workload_sends_the_requests_it_always_sent_in_the_same_order():
+    w = wl.Workload.quick()
+    sent, out = _run(w)
+    session, cone = w.ids("session", 1024), w.ids("cone", 64)
+    expected = [([], 0, False), (session, 8, False), (cone, 576, False)]
+    expected += [(w.ids(f"churn{i}", 512), 4, False) for i in range(10)]
+    expected += [(session + [7] * 8 + w.ids("session_user2", 24), 8, False),
+                 ((cone + [7] * 576)[:480] + w.ids("cone_user2", 24), 8, True)]
+    assert sent == expected
+    assert out["cone_recomputed_tokens"] == 480 and out["cone_branch_logprobs"] == [-0.5] * 8
+
+
+def test_the_dsv4_leg_runs_its_branched_prompt_first_and_branches_inside_that_prompt():
+    w = kits.kit("dsv4").workload(True)
+    w.validate()
+    sent, _ = _run(w)
+    cone, session = w.ids("cone", w.cone_prompt_tokens), w.ids("session", w.session_tokens)
+    assert [s[:2] for s in sent[1:3]] == [(cone, w.cone_tokens - w.cone_prompt_tokens), (session, w.turn_tokens)]
+    branch, _, logprobs = sent[-1]
+    # Prefill-written tokens only: the first cone_branch_at tokens of the prompt, then the new message.
+    assert logprobs and branch == cone[: w.cone_branch_at] + w.ids("cone_user2", w.new_user_tokens)
+    assert w.cone_branch_at % 256 == 0 and w.cone_branch_at - 768 >= kits.DSV4_CHUNK  # F - N above the prompt's checkpoint
+    assert len(sent) == 1 + 2 + w.churn_requests + 2
+
+
+def test_a_branch_inside_the_prompt_is_checked_against_the_prompt_and_named_when_wrong():
+    ok = wl.Workload(cone_prompt_tokens=2048, cone_tokens=2056, cone_branch_at=1792, cone_branch_in_prompt=True)
+    ok.validate()
+    with pytest.raises(ValueError, match=r"cone_branch_at=2048 is invalid with cone_branch_in_prompt: expected 0 < it < "
+                                         r"cone_prompt_tokens=2048 < cone_tokens=2056"):
+        wl.Workload(cone_prompt_tokens=2048, cone_tokens=2056, cone_branch_at=2048, cone_branch_in_prompt=True).validate()
+    with pytest.raises(ValueError, match=r"cone_branch_at=1792 is invalid: expected cone_prompt_tokens=2048 < it"):
+        wl.Workload(cone_prompt_tokens=2048, cone_tokens=2056, cone_branch_at=1792).validate()
