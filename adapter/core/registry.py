@@ -362,7 +362,9 @@ SWITCHES: tuple[Switch, ...] = (
         ),
         install="adapter.switches.page_rounded_admission:install",
         volatile=True,
-        gate_role=GateRole(not_applicable="page size 1 on the CPU engine: whole-page charges equal token charges"),
+        # Not "not applicable": the DSV4 kit runs 256-token pages, where it would act.
+        gate_role=GateRole(not_in_profile="not adopted by the production profile (whole-page charges admit fewer "
+                           "requests: throughput); on the Mellum kit's page size 1 they equal token charges"),
     ),
     Switch(
         name="kv_park",
