@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import importlib
 
+import pytest
+
 from adapter.switches import swa_thin
 from devkit.engine_kit import workload as wl
 from devkit.gate import kits
@@ -17,6 +19,8 @@ from devkit.gate import kits
 importlib.import_module("sglang.srt.managers.scheduler")
 from devkit.testkit.gate_phases import SchedulerApi  # noqa: E402
 from devkit.testkit.scheduler import build_scheduler  # noqa: E402
+
+pytestmark = pytest.mark.slow  # three in-process DSV4 pools and schedulers, about a minute on 2 cores
 
 W = kits.kit("dsv4").workload(True)
 
