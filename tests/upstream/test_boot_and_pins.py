@@ -222,6 +222,10 @@ def test_a_switch_waits_until_every_target_module_has_finished_executing(monkeyp
     )
     monkeypatch.setattr(registry, "SWITCHES", (waiting,))
     for name in waiting.modules:
+        parent, _, child = name.rpartition(".")
+        # the re-import below rebinds the package attribute too: restore it with sys.modules, or a
+        # later ``import a.b.c as m`` gets the re-imported module while the boot patches the original
+        monkeypatch.setattr(sys.modules[parent], child, sys.modules[name])
         monkeypatch.delitem(sys.modules, name)
     _SEEN_AT_INSTALL.clear()
     state = boot.install({"DSV41_TEST_WAITS": "1"})
