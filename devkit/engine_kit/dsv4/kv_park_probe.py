@@ -25,15 +25,13 @@ Nothing here runs in production.
 from __future__ import annotations
 
 import functools
-import importlib.abc
-import importlib.util
 import json
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
-RUNNER = "sglang.srt.model_executor.model_runner"
+from devkit.engine_kit.dsv4 import probe_hook
+
 ENV = "KV_PARK_PROBE_DIR"
 PARKED: dict[Any, dict[str, Any]] = {}  # rid -> the last park's capture
 RESTORED: list[dict[str, Any]] = []  # restored prefixes: n, slots, rid, capture
@@ -197,33 +195,11 @@ def _patch_runner(module: Any) -> None:
     cls.forward = forward
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(self, fullname, path, target=None):
-        if fullname != RUNNER:
-            return None
-        sys.meta_path.remove(self)
-        try:
-            spec = importlib.util.find_spec(fullname)
-        finally:
-            sys.meta_path.insert(0, self)
-        execute = spec.loader.exec_module
-
-        def exec_module(module):
-            execute(module)
-            _patch_runner(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
-
-
 def install() -> None:
     if ENV not in os.environ:
         return
     _patch_switch()
-    if RUNNER in sys.modules:
-        _patch_runner(sys.modules[RUNNER])
-    elif not any(isinstance(f, _Finder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
+    probe_hook.after_import(_patch_runner)
 
 
 def events(probe_dir: str | Path) -> list[dict[str, Any]]:
@@ -235,8 +211,4 @@ def events(probe_dir: str | Path) -> list[dict[str, Any]]:
 install()
 
 if __name__ == "__main__":
-    import runpy
-
-    sys.argv[0] = "sglang.launch_server"
-    # alter_sys=False keeps this module as __main__, so the spawned scheduler re-imports it (the probe)
-    runpy.run_module("sglang.launch_server", run_name="__main__", alter_sys=False)
+    probe_hook.launch_server()
