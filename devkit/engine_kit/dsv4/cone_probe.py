@@ -18,7 +18,6 @@ The probe, driven by ``$CONE_PROBE_DIR/control.json`` (re-read before every matc
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 from pathlib import Path
@@ -74,22 +73,14 @@ def dump(runner: Any, fb: Any, out: Any, name: str) -> None:
     torch.save({"reqs": reqs, "logits": None if logits is None else logits.float().clone()}, path)
 
 
+def _dump_if_asked(runner: Any, fb: Any, out: Any) -> None:
+    name = _control().get("dump")
+    if name:
+        dump(runner, fb, out, name)
+
+
 def _patch_runner(module: Any) -> None:
-    cls = module.ModelRunner
-    if getattr(cls.forward, "_cone_probe", False):
-        return
-    original = cls.forward
-
-    @functools.wraps(original)
-    def forward(self, forward_batch, *args, **kwargs):
-        out = original(self, forward_batch, *args, **kwargs)
-        name = _control().get("dump")
-        if name and forward_batch.forward_mode.is_extend():
-            dump(self, forward_batch, out, name)
-        return out
-
-    forward._cone_probe = True
-    cls.forward = forward
+    probe_hook.after_extend_forward(module, "_cone_probe", _dump_if_asked)
 
 
 def _patch_switch() -> None:

@@ -24,7 +24,6 @@ Nothing here runs in production.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 from pathlib import Path
@@ -175,24 +174,17 @@ def _after_extend(runner: Any, fb: Any, out: Any) -> None:
             break
 
 
-def _patch_runner(module: Any) -> None:
-    cls = module.ModelRunner
-    if getattr(cls.forward, "_kv_park_probe", False):
+def _after_extend_guarded(runner: Any, fb: Any, out: Any) -> None:
+    if not RESTORED:
         return
-    original = cls.forward
+    try:
+        _after_extend(runner, fb, out)
+    except Exception as exc:  # a probe never breaks the server
+        _out({"ev": "probe_error", "where": "extend", "error": repr(exc)})
 
-    @functools.wraps(original)
-    def forward(self, forward_batch, *args, **kwargs):
-        out = original(self, forward_batch, *args, **kwargs)
-        if RESTORED and forward_batch.forward_mode.is_extend():
-            try:
-                _after_extend(self, forward_batch, out)
-            except Exception as exc:  # a probe never breaks the server
-                _out({"ev": "probe_error", "where": "extend", "error": repr(exc)})
-        return out
 
-    forward._kv_park_probe = True
-    cls.forward = forward
+def _patch_runner(module: Any) -> None:
+    probe_hook.after_extend_forward(module, "_kv_park_probe", _after_extend_guarded)
 
 
 def install() -> None:

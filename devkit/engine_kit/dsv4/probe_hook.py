@@ -8,6 +8,7 @@ model runner module once it has executed, whichever process imports it.
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import importlib.util
 import sys
@@ -54,3 +55,22 @@ def launch_server() -> None:
 
     sys.argv[0] = "sglang.launch_server"
     runpy.run_module("sglang.launch_server", run_name="__main__", alter_sys=False)
+
+
+def after_extend_forward(module: ModuleType, marker: str, hook: Callable[..., None]) -> None:
+    """Wrap ``module.ModelRunner.forward`` once (``marker`` names this probe's wrapper): after every
+    extend forward, ``hook(runner, forward_batch, output)``; the output is returned unchanged."""
+    cls = module.ModelRunner
+    if getattr(cls.forward, marker, False):
+        return
+    original = cls.forward
+
+    @functools.wraps(original)
+    def forward(self, forward_batch, *args, **kwargs):
+        out = original(self, forward_batch, *args, **kwargs)
+        if forward_batch.forward_mode.is_extend():
+            hook(self, forward_batch, out)
+        return out
+
+    setattr(forward, marker, True)
+    cls.forward = forward
