@@ -15,13 +15,20 @@ Boots, one at a time, same model, seed and server arguments:
 3. what a user would try instead: ``--prefill-decode-interval`` 1/2/4, ``--enable-mixed-chunk``
    and a smaller ``--chunked-prefill-size`` (a boot that fails to start says why).
 
-Each row is the median of its rounds. Each boot also times the long prompt alone first (no
+Stock and each pct run in ``boots`` boots (3; interleaved: stock, 20, 33, 50, 70, then again), each
+row the median of all its rounds: on a shared 2-core machine one boot's decode steps can run 25 %
+faster or slower against its prefill chunks than the calibration boot's, for the whole boot, and the
+share follows that ratio (a clock-free model cannot see it). So each boot also reports its own cost
+ratio (median forward of a decode step of the streams over the mean forward of a prefill chunk, from
+its forward-pass metrics) and the share the cost model gives at that ratio
+(``expected_share``: pct/(100-pct) times the boot's ratio over the calibration boot's, as odds):
+measured against expected is the model's error, expected against pct the machine's. Each boot also times the long prompt alone first (no
 streams; decode yield leaves a lone prompt as stock): ``ttft_factor_in_boot`` is TTFT over that, free
 of the load drift between boots on a shared machine; ``ttft_factor`` is over the stock boot's TTFT
 (the figure measured before the iteration fit). Targets (decode yield rows): share within ±0.03 of pct/100, both TTFT factors
 at most 100/(100-pct)+0.10, and a TTFT (in-boot factor) no worse than 1.05x that of the alternative
 whose share is closest (within 0.05) to it. Slow (minutes per boot on 2 cores): a benchmark, never
-a timed test. ``--quick``: a 2,048-token prompt, pct 50 only, one round, alternatives interval 1.
+a timed test. ``--quick``: a 2,048-token prompt, pct 50 only, one boot, one round, alternatives interval 1.
 """
 
 from __future__ import annotations
@@ -36,13 +43,13 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "build" / "bench-decode-yield-engine"
-FULL = {"pcts": (20, 33, 50, 70), "rounds": 2, "long": 6000,
+FULL = {"pcts": (20, 33, 50, 70), "rounds": 2, "boots": 3, "long": 6000,
         "alternatives": (("interval 1", ["--prefill-decode-interval", "1"]),
                          ("interval 2", ["--prefill-decode-interval", "2"]),
                          ("interval 4", ["--prefill-decode-interval", "4"]),
                          ("mixed chunk", ["--enable-mixed-chunk"]),
                          ("chunk 32", "chunk=32"))}
-QUICK = {"pcts": (50,), "rounds": 1, "long": 2048, "alternatives": (("interval 1", ["--prefill-decode-interval", "1"]),)}
+QUICK = {"pcts": (50,), "rounds": 1, "boots": 1, "long": 2048, "alternatives": (("interval 1", ["--prefill-decode-interval", "1"]),)}
 CHUNK = 64
 MAX_TOTAL_TOKENS = 32768  # 4 streams x (32 + 4000) + the long prompt, never short of KV
 SHARE_TOL, TTFT_SLACK, SAME_SHARE = 0.03, 0.10, 0.05
@@ -161,12 +168,13 @@ def lone_ttft(base_url: str, w: Any, tag: str, clock: SchedulerClock | None = No
 
 def boot_rounds(label: str, model: Path, w: Any, rounds: int, *, profile: dict[str, str] | None = None,
                 extra: list[str] | None = None, chunk: int = CHUNK, calibrate: bool = False,
-                say: Any = print) -> dict[str, Any]:
-    """One boot: ``rounds`` yield rounds (and the calibration requests first when ``calibrate``)."""
+                say: Any = print, repeat: int = 0) -> dict[str, Any]:
+    """One boot: ``rounds`` yield rounds (and the calibration requests first when ``calibrate``);
+    ``repeat`` numbers the boots of one label (logs ``<label>.log``, ``<label>-2.log``, ...)."""
     from devkit.engine_kit import fpm, launcher
     from devkit.engine_kit import workload as wl
 
-    safe = label.replace(" ", "-")
+    safe = label.replace(" ", "-") + (f"-{repeat + 1}" if repeat else "")
     ipc = f"ipc://{tempfile.gettempdir()}/dsv41-bench-dy-{os.getpid()}-{safe}"
     args = launcher.server_args(model, launcher.free_port(), max_total_tokens=MAX_TOTAL_TOKENS, chunk=chunk, extra=[
         "--enable-forward-pass-metrics", "--forward-pass-metrics-ipc-name", ipc, *(extra or [])])
@@ -203,7 +211,7 @@ def boot_rounds(label: str, model: Path, w: Any, rounds: int, *, profile: dict[s
             streamed = (phase["decode_rate_during"] or 0) * phase["measured_s"]
             phase["throughput"] = round((streamed + w.long_prompt_tokens) / ttft, 1) if ttft > 0 else None
             result["rounds"].append(phase)
-            say(f"  {label} round {r + 1}: share {phase['decode_share']} (CPU {phase.get('share_cpu')}), "
+            say(f"  {label}{f' #{repeat + 1}' if repeat else ''} round {r + 1}: share {phase['decode_share']} (CPU {phase.get('share_cpu')}), "
                 f"TTFT {ttft:.2f} s (alone {result['alone_s']:.2f} s; CPU {phase.get('ttft_cpu_s')} / "
                 f"{result.get('alone_cpu_s')}), "
                 f"before {phase['decode_rate_before']} tok/s, throughput {phase['throughput']} tok/s")
@@ -213,6 +221,38 @@ def boot_rounds(label: str, model: Path, w: Any, rounds: int, *, profile: dict[s
         result["leftover"] = server.stop()
         recorder.stop()
     return result
+
+
+def cost_ratio(fpm_log: Path, streams: int, chunk: int = CHUNK) -> float | None:
+    """The boot's decode-to-prefill cost ratio: the median forward of a decode-only batch of the
+    ``streams`` rows over the mean forward of a prefill-only batch of ``chunk`` tokens (every long
+    prompt is the same, so the mean over its chunks is comparable between boots)."""
+    import json
+
+    steps, chunks = [], []
+    for line in fpm_log.read_text().splitlines():
+        try:
+            record = json.loads(line)
+            batch, forward = record["scheduled_requests"], float(record["wall_time"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        if batch["num_prefill_requests"] == 0 and batch["num_decode_requests"] == streams:
+            steps.append(forward)
+        elif batch["num_decode_requests"] == 0 and batch["sum_prefill_tokens"] == chunk:
+            chunks.append(forward)
+    if not steps or not chunks:
+        return None
+    return round(statistics.median(steps) / statistics.fmean(chunks), 4)
+
+
+def expected_share(pct: int, ratio: float | None, calibration_ratio: float | None) -> float | None:
+    """The share the cost model gives on a boot whose cost ratio is ``ratio`` when its coefficients
+    were fitted where it was ``calibration_ratio``: the model grants steps for odds pct/(100-pct) at
+    the calibrated ratio, and the odds scale with the ratio (N steps of cost r against a chunk)."""
+    if not ratio or not calibration_ratio:
+        return None
+    odds = pct / (100 - pct) * ratio / calibration_ratio
+    return round(odds / (1 + odds), 4)
 
 
 def _median(rounds: list[dict[str, Any]], key: str) -> float | None:
@@ -259,48 +299,67 @@ def run(quick: bool, say: Any = print) -> dict[str, Any]:
     load = os.getloadavg()
     say(f"decode-yield-engine: {w.long_prompt_tokens}-token prompt in chunks of {CHUNK}, {w.streams} streams, "
         f"{grid['rounds']} round(s); load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; logs in {OUT}")
-    stock = boot_rounds("stock", model, w, grid["rounds"], calibrate=True, say=say)
+    runs: dict[str, list[dict[str, Any]]] = {}
+
+    def boot(label: str, **kwargs: Any) -> dict[str, Any]:
+        result = boot_rounds(label, model, w, grid["rounds"], say=say, repeat=len(runs.get(label, [])), **kwargs)
+        runs.setdefault(label, []).append(result)
+        return result
+
+    stock = boot("stock", calibrate=True)
     if "error" in stock or not stock["rounds"]:
         raise RuntimeError(f"the stock boot did not run: {stock.get('error')}")
     keys, fit_text = _fit(stock["fpm_log"])
     for line in fit_text.strip().splitlines():
         say(f"  | {line}")
-    boots = [("stock", stock)]
-    for pct in grid["pcts"]:
-        profile = {"DSV41_DECODE_YIELD": str(pct), **keys}
-        boots.append((f"yield {pct}", boot_rounds(f"yield {pct}", model, w, grid["rounds"], profile=profile, say=say)))
+    calibration_ratio = cost_ratio(stock["fpm_log"], w.streams)
+    for repeat in range(grid["boots"]):
+        if repeat:
+            boot("stock")
+        for pct in grid["pcts"]:
+            boot(f"yield {pct}", profile={"DSV41_DECODE_YIELD": str(pct), **keys})
     for label, how in grid["alternatives"]:
-        if how == "chunk=32":
-            boots.append((label, boot_rounds(label, model, w, grid["rounds"], chunk=32, say=say)))
-        else:
-            boots.append((label, boot_rounds(label, model, w, grid["rounds"], extra=list(how), say=say)))
+        boot(label, **({"chunk": 32} if how == "chunk=32" else {"extra": list(how)}))
 
-    stock_ttft = _median(stock["rounds"], "prefill_s")
-    stock_cpu = _median(stock["rounds"], "ttft_cpu_s")
+    stock_rounds = [r for b in runs["stock"] for r in b["rounds"]]
+    stock_ttft = _median(stock_rounds, "prefill_s")
+    stock_cpu = _median(stock_rounds, "ttft_cpu_s")
     summary: dict[str, dict[str, Any]] = {}
-    for label, b in boots:
-        if "error" in b:
-            summary[label] = {"error": b["error"]}
+    for label, label_boots in runs.items():
+        ran = [b for b in label_boots if "error" not in b]
+        if not ran:
+            summary[label] = {"error": label_boots[0]["error"]}
             continue
-        ttft = _median(b["rounds"], "prefill_s")
+        rounds = [r for b in ran for r in b["rounds"]]
+        ttft = _median(rounds, "prefill_s")
+        ratios = [cost_ratio(b["fpm_log"], w.streams) for b in ran]
         summary[label] = {
-            "share": _median(b["rounds"], "decode_share"), "ttft_s": ttft,
+            "share": _median(rounds, "decode_share"), "ttft_s": ttft,
             "ttft_factor": round(ttft / stock_ttft, 3) if ttft and stock_ttft else None,
-            "ttft_factor_in_boot": _median(b["rounds"], "ttft_in_boot"),
-            "alone_s": round(b["alone_s"], 3),
-            "share_cpu": _median(b["rounds"], "share_cpu"),
-            "ttft_cpu_s": _median(b["rounds"], "ttft_cpu_s"),
-            "ttft_cpu_in_boot": _median(b["rounds"], "ttft_cpu_in_boot"),
-            "ttft_cpu_factor": (round(_median(b["rounds"], "ttft_cpu_s") / stock_cpu, 3)
-                                if stock_cpu and _median(b["rounds"], "ttft_cpu_s") else None),
-            "throughput": _median(b["rounds"], "throughput"),
-            "rate_before": _median(b["rounds"], "decode_rate_before"),
+            "ttft_factor_in_boot": _median(rounds, "ttft_in_boot"),
+            "alone_s": round(statistics.median(b["alone_s"] for b in ran), 3),
+            "share_cpu": _median(rounds, "share_cpu"),
+            "ttft_cpu_s": _median(rounds, "ttft_cpu_s"),
+            "ttft_cpu_in_boot": _median(rounds, "ttft_cpu_in_boot"),
+            "ttft_cpu_factor": (round(_median(rounds, "ttft_cpu_s") / stock_cpu, 3)
+                                if stock_cpu and _median(rounds, "ttft_cpu_s") else None),
+            "throughput": _median(rounds, "throughput"),
+            "rate_before": _median(rounds, "decode_rate_before"),
+            "boots": len(ran),
+            "boot_shares": [_median(b["rounds"], "decode_share") for b in ran],
+            "cost_ratio": ratios,
         }
+        if label.startswith("yield"):
+            pct = int(label.split()[1])
+            expected = [expected_share(pct, r, calibration_ratio) for r in ratios]
+            summary[label]["expected_shares"] = expected
+            summary[label]["expected_share"] = (statistics.median(e for e in expected if e is not None)
+                                                if any(e is not None for e in expected) else None)
     alternatives = {k: v for k, v in summary.items() if not k.startswith("yield") and "error" not in v}
     rows, table, misses = [], [], []
     for label, s in summary.items():
         if "error" in s:
-            table.append([label, *["-"] * 9, f"not supported here: {s['error'][:80]}"])
+            table.append([label, *["-"] * 12, f"not supported here: {s['error'][:80]}"])
             continue
         verdict = ""
         if label.startswith("yield"):
@@ -325,23 +384,30 @@ def run(quick: bool, say: Any = print) -> dict[str, Any]:
                       and s["ttft_cpu_factor"] is not None and s["ttft_cpu_factor"] <= bound)
             rows.append({"pct": pct, "share": share, "ttft_factor": factor,
                          "ttft_factor_in_boot": s["ttft_factor_in_boot"], "share_cpu": s["share_cpu"],
-                         "ttft_cpu_factor": s["ttft_cpu_factor"], "cpu_targets_met": cpu_ok})
+                         "ttft_cpu_factor": s["ttft_cpu_factor"], "cpu_targets_met": cpu_ok,
+                         "boot_shares": s["boot_shares"], "expected_share": s["expected_share"]})
         def f(v: Any, fmt: str) -> str:
             return "-" if v is None else format(v, fmt)
 
-        table.append([label, f(s["share"], ".3f"), f(s["share_cpu"], ".3f"), f(s["ttft_s"], ".2f"), f(s["alone_s"], ".2f"),
-                      f(s["ttft_factor"], ".2f"), f(s["ttft_factor_in_boot"], ".2f"), f(s["ttft_cpu_factor"], ".2f"),
+        ratios = [r for r in s["cost_ratio"] if r is not None]
+        table.append([label, f(s["share"], ".3f"), "/".join(f(v, ".2f") for v in s["boot_shares"]),
+                      f(s.get("expected_share"), ".3f"), f(s["share_cpu"], ".3f"), f(s["ttft_s"], ".2f"),
+                      f(s["alone_s"], ".2f"), f(s["ttft_factor"], ".2f"), f(s["ttft_factor_in_boot"], ".2f"),
+                      f(s["ttft_cpu_factor"], ".2f"),
+                      "/".join(f(r / calibration_ratio, ".2f") for r in ratios) if calibration_ratio else "-",
                       f(s["rate_before"], ".1f"), f(s["throughput"], ".0f"), verdict])
-    say(_table(table, ["boot", "share", "share_cpu", "ttft_s", "alone_s", "ttft_x", "ttft_x_in_boot", "ttft_cpu_x",
-                       "rate_before", "tok/s", "target"]))
+    header = ["boot", "share", "per boot", "expected", "share_cpu", "ttft_s", "alone_s", "ttft_x", "ttft_x_in_boot",
+              "ttft_cpu_x", "ratio/cal", "rate_before", "tok/s", "target"]
+    say(_table(table, header))
     load = os.getloadavg()
     return {
         "rows": rows,
         "boots": summary,
         "calibration": keys,
+        "calibration_cost_ratio": calibration_ratio,
         "targets_missed": misses,
         "long_prompt_tokens": w.long_prompt_tokens,
         "load_average_end": [round(x, 2) for x in load],
         "wall_s": round(time.monotonic() - t0, 1),
-        "leftover_processes": sum(len(b.get("leftover", [])) for _, b in boots),
+        "leftover_processes": sum(len(b.get("leftover", [])) for label_boots in runs.values() for b in label_boots),
     }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import statistics
 import time
 
 from devkit.bench import BENCHMARKS
@@ -36,3 +37,69 @@ def test_share_and_ttft_in_cpu_seconds_take_the_load_out():
              "decode_rate_before": 50.0, "decode_rate_during": 12.5}  # wall tokens/s
     figures = bench.cpu_figures(phase, clock)
     assert figures == {"share_cpu": 0.5, "ttft_cpu_s": 1.0}
+
+
+def _fpm_line(prefill_requests: int, prefill_tokens: int, decode_requests: int, forward_s: float) -> str:
+    import json
+
+    return json.dumps({"wall_time": forward_s, "scheduled_requests": {
+        "num_prefill_requests": prefill_requests, "sum_prefill_tokens": prefill_tokens,
+        "num_decode_requests": decode_requests}})
+
+
+def test_a_boots_cost_ratio_is_its_stream_steps_median_forward_over_its_chunks_mean_forward(tmp_path):
+    log = tmp_path / "fpm.jsonl"
+    log.write_text("\n".join([
+        _fpm_line(0, 0, 4, 0.010), _fpm_line(0, 0, 4, 0.012), _fpm_line(0, 0, 4, 0.030),  # median 12 ms
+        _fpm_line(1, 64, 0, 0.020), _fpm_line(1, 64, 0, 0.040),  # mean 30 ms
+        _fpm_line(0, 0, 3, 0.001),  # fewer rows than the streams: a stream finishing
+        _fpm_line(1, 64, 4, 0.500),  # a mixed batch (decode rows in the chunk)
+        _fpm_line(1, 17, 0, 0.900),  # a prompt's last, short chunk
+        "not json",
+    ]))
+    assert bench.cost_ratio(log, streams=4) == 0.4
+    log.write_text(_fpm_line(1, 64, 0, 0.02))
+    assert bench.cost_ratio(log, streams=4) is None  # no decode step of the streams: no ratio
+
+
+def test_the_expected_share_is_pct_at_the_calibrated_ratio_and_moves_with_the_ratio_as_odds():
+    assert bench.expected_share(50, 0.5, 0.5) == 0.5
+    assert bench.expected_share(20, 0.3, 0.3) == 0.2
+    # the boot's steps cost 0.8 of the calibration's against its chunks: 0.8 x the odds 1:1
+    assert bench.expected_share(50, 0.4, 0.5) == round(0.8 / 1.8, 4)
+    # steps 1.25 x dearer relatively: odds 7/3 x 1.25
+    assert bench.expected_share(70, 0.625, 0.5) == round((7 / 3 * 1.25) / (1 + 7 / 3 * 1.25), 4)
+    assert bench.expected_share(50, None, 0.5) is None and bench.expected_share(50, 0.5, None) is None
+
+
+def test_the_full_bench_interleaves_three_boots_per_pct_and_takes_each_rows_median_over_all_their_rounds(monkeypatch, tmp_path):
+    from devkit.engine_kit import model as mk
+
+    order, shares = [], {"stock": [0.01, 0.02, 0.01], "yield 50": [0.44, 0.52, 0.50]}
+    ratios = {"stock": 0.5, "yield 50": 0.4}
+
+    def fake_boot(label, model, w, rounds, *, repeat=0, profile=None, calibrate=False, **kwargs):
+        order.append((label, repeat, calibrate))
+        log = tmp_path / f"{label}-{repeat}.jsonl"
+        log.write_text(label)
+        share = shares.get(label, [0.3])[repeat]
+        return {"label": label, "fpm_log": log, "alone_s": 4.0, "leftover": [], "rounds": [
+            {"decode_share": share + d, "prefill_s": 5.0 + repeat, "ttft_in_boot": 1.2, "throughput": 900.0,
+             "decode_rate_before": 150.0} for d in (-0.01, 0.01)][:rounds]}
+
+    monkeypatch.setattr(bench, "boot_rounds", fake_boot)
+    monkeypatch.setattr(bench, "_fit", lambda log: ({"DSV41_DECODE_YIELD_STEP_US": "1"}, "profile line:\nX"))
+    monkeypatch.setattr(bench, "cost_ratio", lambda log, streams: ratios.get(log.read_text(), 0.5))
+    monkeypatch.setattr(mk, "make_model", lambda out, spec: tmp_path)
+    monkeypatch.setattr(bench, "OUT", tmp_path)
+    monkeypatch.setitem(bench.FULL, "pcts", (50,))
+    monkeypatch.setitem(bench.FULL, "alternatives", (("interval 1", ["--prefill-decode-interval", "1"]),))
+    result = bench.run(quick=False, say=lambda *a: None)
+    assert order == [("stock", 0, True), ("yield 50", 0, False), ("stock", 1, False), ("yield 50", 1, False),
+                     ("stock", 2, False), ("yield 50", 2, False), ("interval 1", 0, False)]
+    row = result["rows"][0]
+    assert row["pct"] == 50 and row["boot_shares"] == [0.44, 0.52, 0.50]
+    assert row["share"] == statistics.median([0.43, 0.45, 0.51, 0.53, 0.49, 0.51])  # all 6 rounds
+    assert row["expected_share"] == bench.expected_share(50, 0.4, 0.5)
+    assert result["boots"]["stock"]["ttft_s"] == 6.0 and row["ttft_factor"] == 1.0
+    assert result["calibration_cost_ratio"] == 0.5
