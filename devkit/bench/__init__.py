@@ -6,6 +6,7 @@ BENCHMARKS = {
     "kv-park": "devkit.bench.kv_park:run",
     "decode-yield": "devkit.bench.decode_yield:run",
     "decode-yield-engine": "devkit.bench.decode_yield_engine:run",
+    "decode-yield-engine-dsv4": "devkit.bench.decode_yield_engine:run_dsv4",
     "native-decode": "devkit.bench.native_decode:run",
     "swa-thin": "devkit.bench.swa_thin:run",
     "cone-replay": "devkit.bench.cone_replay:run",

@@ -50,17 +50,85 @@ FULL = {"pcts": (20, 33, 50, 70), "rounds": 2, "boots": 3, "long": 6000,
                          ("mixed chunk", ["--enable-mixed-chunk"]),
                          ("chunk 32", "chunk=32"))}
 QUICK = {"pcts": (50,), "rounds": 1, "boots": 1, "long": 2048, "alternatives": (("interval 1", ["--prefill-decode-interval", "1"]),)}
+# The DSV4 kit: one boot per pct (a DSV4 boot costs minutes here), the alternatives SGLang runs with it.
+DSV4_FULL = {"pcts": (20, 33, 50, 70), "rounds": 2, "boots": 1, "long": 16 * 256,
+             "alternatives": (("interval 1", ["--prefill-decode-interval", "1"]),
+                              ("interval 2", ["--prefill-decode-interval", "2"]),
+                              ("mixed chunk", ["--enable-mixed-chunk"]))}
+DSV4_QUICK = {"pcts": (50,), "rounds": 1, "boots": 1, "long": 8 * 256,
+              "alternatives": (("interval 1", ["--prefill-decode-interval", "1"]),)}
 CHUNK = 64
 MAX_TOTAL_TOKENS = 32768  # 4 streams x (32 + 4000) + the long prompt, never short of KV
 SHARE_TOL, TTFT_SLACK, SAME_SHARE = 0.03, 0.10, 0.05
+# A round whose streams' rate after the prompt differs from the rate before by more than this (of
+# their mean) measured the machine's drift, not the switch: left out of the medians while a round
+# of the label stays within it (the count is reported).
+DRIFT_TOL = 0.10
 
 
-def _workload(long_tokens: int) -> Any:
-    from devkit.engine_kit import workload as wl
+class MellumEngine:
+    """The tiny Mellum kit (:mod:`devkit.engine_kit`): 4 streams, chunks of 64."""
 
-    # Streams long enough never to run out during the slowest prefill (pct 70: ~3.5x stock's TTFT).
-    return wl.Workload(streams=4, stream_prompt_tokens=32, stream_max_tokens=4000, long_prompt_tokens=long_tokens,
-                       before_s=2.0)
+    name, chunk, streams = "mellum", CHUNK, 4
+    full, quick = FULL, QUICK
+
+    @property
+    def out(self) -> Path:
+        return OUT
+
+    def model(self) -> Path:
+        from devkit.engine_kit import model as mk
+
+        spec = mk.ModelSpec()
+        return mk.make_model(OUT.parent / f"engine_kit_model_{spec.digest()}", spec)
+
+    def server(self, model: Path, log: Path, profile: dict[str, str], extra: list[str], chunk: int) -> Any:
+        from devkit.engine_kit import launcher
+
+        args = launcher.server_args(model, launcher.free_port(), max_total_tokens=MAX_TOTAL_TOKENS, chunk=chunk,
+                                    extra=extra)
+        return launcher.Server(args, log, profile)
+
+    def workload(self, long_tokens: int) -> Any:
+        from devkit.engine_kit import workload as wl
+
+        # Streams long enough never to run out during the slowest prefill (pct 70: ~3.5x stock's TTFT).
+        return wl.Workload(streams=self.streams, stream_prompt_tokens=32, stream_max_tokens=4000,
+                           long_prompt_tokens=long_tokens, before_s=2.0, after_s=2.0)
+
+
+class Dsv4Engine(MellumEngine):
+    """The tiny DeepSeek-V4 kit (:mod:`devkit.engine_kit.dsv4`, the gate's DSV4 model: 3 layers
+    C0/C4/C128, 256-token pages, fp8 KV): 2 streams, a prompt of 16 pages in chunks of one page
+    (16 windows)."""
+
+    name, chunk, streams = "dsv4", 256, 2
+    full, quick = DSV4_FULL, DSV4_QUICK
+    max_total_tokens, max_running = 64 * 256, 3
+
+    @property
+    def out(self) -> Path:
+        return OUT.parent / "bench-decode-yield-engine-dsv4"
+
+    def model(self) -> Path:
+        from devkit.engine_kit.dsv4 import checkpoint
+
+        return checkpoint.make_checkpoint(OUT.parent / "dsv4_kit_model_deepseek_v41", model_type="deepseek_v41")
+
+    def server(self, model: Path, log: Path, profile: dict[str, str], extra: list[str], chunk: int) -> Any:
+        from devkit.engine_kit.dsv4 import launch
+
+        return launch.server(model, log, profile, ready_timeout_s=600.0, max_total_tokens=self.max_total_tokens,
+                             max_running=self.max_running, chunk=chunk, extra=extra)
+
+    def workload(self, long_tokens: int) -> Any:
+        from devkit.engine_kit import workload as wl
+
+        return wl.Workload(streams=self.streams, stream_prompt_tokens=32, stream_max_tokens=1500,
+                           long_prompt_tokens=long_tokens, before_s=3.0, after_s=3.0, timeout_s=900.0)
+
+
+MELLUM, DSV4 = MellumEngine(), Dsv4Engine()
 
 
 def _calibration_requests(base_url: str, w: Any) -> None:
@@ -168,7 +236,7 @@ def lone_ttft(base_url: str, w: Any, tag: str, clock: SchedulerClock | None = No
 
 def boot_rounds(label: str, model: Path, w: Any, rounds: int, *, profile: dict[str, str] | None = None,
                 extra: list[str] | None = None, chunk: int = CHUNK, calibrate: bool = False,
-                say: Any = print, repeat: int = 0) -> dict[str, Any]:
+                say: Any = print, repeat: int = 0, engine: MellumEngine = MELLUM) -> dict[str, Any]:
     """One boot: ``rounds`` yield rounds (and the calibration requests first when ``calibrate``);
     ``repeat`` numbers the boots of one label (logs ``<label>.log``, ``<label>-2.log``, ...)."""
     from devkit.engine_kit import fpm, launcher
@@ -176,10 +244,9 @@ def boot_rounds(label: str, model: Path, w: Any, rounds: int, *, profile: dict[s
 
     safe = label.replace(" ", "-") + (f"-{repeat + 1}" if repeat else "")
     ipc = f"ipc://{tempfile.gettempdir()}/dsv41-bench-dy-{os.getpid()}-{safe}"
-    args = launcher.server_args(model, launcher.free_port(), max_total_tokens=MAX_TOTAL_TOKENS, chunk=chunk, extra=[
-        "--enable-forward-pass-metrics", "--forward-pass-metrics-ipc-name", ipc, *(extra or [])])
-    server = launcher.Server(args, OUT / f"{safe}.log", profile or {})
-    fpm_log = OUT / f"fpm-{safe}.jsonl"
+    server = engine.server(model, engine.out / f"{safe}.log", profile or {},
+                           ["--enable-forward-pass-metrics", "--forward-pass-metrics-ipc-name", ipc, *(extra or [])], chunk)
+    fpm_log = engine.out / f"fpm-{safe}.jsonl"
     recorder = fpm.Recorder(ipc, fpm_log).start()
     result: dict[str, Any] = {"label": label, "fpm_log": fpm_log, "rounds": []}
     clock: SchedulerClock | None = None
@@ -200,6 +267,8 @@ def boot_rounds(label: str, model: Path, w: Any, rounds: int, *, profile: dict[s
             phase = wl.run_yield_phase(server.base_url, w, f"{safe}-r{r}")
             ttft = phase["prefill_s"]
             phase["ttft_in_boot"] = round(ttft / result["alone_s"], 3)
+            # the share against the rates before and after the prefill (the workload's bracket)
+            phase["share"] = phase.get("decode_share_bracketed", phase["decode_share"])
             if clock is not None and clock.samples:
                 time.sleep(0.05)
                 try:
@@ -211,7 +280,8 @@ def boot_rounds(label: str, model: Path, w: Any, rounds: int, *, profile: dict[s
             streamed = (phase["decode_rate_during"] or 0) * phase["measured_s"]
             phase["throughput"] = round((streamed + w.long_prompt_tokens) / ttft, 1) if ttft > 0 else None
             result["rounds"].append(phase)
-            say(f"  {label}{f' #{repeat + 1}' if repeat else ''} round {r + 1}: share {phase['decode_share']} (CPU {phase.get('share_cpu')}), "
+            say(f"  {label}{f' #{repeat + 1}' if repeat else ''} round {r + 1}: share {phase['share']} "
+                f"(before only {phase['decode_share']}, drift {phase.get('reference_drift')}; CPU {phase.get('share_cpu')}), "
                 f"TTFT {ttft:.2f} s (alone {result['alone_s']:.2f} s; CPU {phase.get('ttft_cpu_s')} / "
                 f"{result.get('alone_cpu_s')}), "
                 f"before {phase['decode_rate_before']} tok/s, throughput {phase['throughput']} tok/s")
@@ -255,6 +325,13 @@ def expected_share(pct: int, ratio: float | None, calibration_ratio: float | Non
     return round(odds / (1 + odds), 4)
 
 
+def steady_rounds(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rounds whose reference rate held (drift within :data:`DRIFT_TOL`, or not measured); all
+    of them when none did."""
+    steady = [r for r in rounds if r.get("reference_drift") is None or r["reference_drift"] <= DRIFT_TOL]
+    return steady or rounds
+
+
 def _median(rounds: list[dict[str, Any]], key: str) -> float | None:
     values = [r[key] for r in rounds if r.get(key) is not None]
     return statistics.median(values) if values else None
@@ -287,22 +364,27 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
     return "\n".join(lines)
 
 
-def run(quick: bool, say: Any = print) -> dict[str, Any]:
-    from devkit.engine_kit import model as mk
+def run_dsv4(quick: bool, say: Any = print) -> dict[str, Any]:
+    """``python -m adapter bench decode-yield-engine-dsv4 [--quick]``: the same on the DSV4 kit."""
+    return run(quick, say, engine=DSV4)
 
-    grid = QUICK if quick else FULL
+
+def run(quick: bool, say: Any = print, engine: MellumEngine = MELLUM) -> dict[str, Any]:
+    grid = engine.quick if quick else engine.full
     t0 = time.monotonic()
-    OUT.mkdir(parents=True, exist_ok=True)
-    spec = mk.ModelSpec()
-    model = mk.make_model(OUT.parent / f"engine_kit_model_{spec.digest()}", spec)
-    w = _workload(grid["long"])
+    engine.out.mkdir(parents=True, exist_ok=True)
+    model = engine.model()
+    w = engine.workload(grid["long"])
     load = os.getloadavg()
-    say(f"decode-yield-engine: {w.long_prompt_tokens}-token prompt in chunks of {CHUNK}, {w.streams} streams, "
-        f"{grid['rounds']} round(s); load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; logs in {OUT}")
+    say(f"decode-yield-engine ({engine.name}): {w.long_prompt_tokens}-token prompt in chunks of {engine.chunk}, "
+        f"{w.streams} streams, {grid['boots']} boot(s) per pct, {grid['rounds']} round(s); "
+        f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; logs in {engine.out}")
     runs: dict[str, list[dict[str, Any]]] = {}
 
     def boot(label: str, **kwargs: Any) -> dict[str, Any]:
-        result = boot_rounds(label, model, w, grid["rounds"], say=say, repeat=len(runs.get(label, [])), **kwargs)
+        kwargs.setdefault("chunk", engine.chunk)
+        result = boot_rounds(label, model, w, grid["rounds"], say=say, repeat=len(runs.get(label, [])),
+                             engine=engine, **kwargs)
         runs.setdefault(label, []).append(result)
         return result
 
@@ -312,16 +394,16 @@ def run(quick: bool, say: Any = print) -> dict[str, Any]:
     keys, fit_text = _fit(stock["fpm_log"])
     for line in fit_text.strip().splitlines():
         say(f"  | {line}")
-    calibration_ratio = cost_ratio(stock["fpm_log"], w.streams)
+    calibration_ratio = cost_ratio(stock["fpm_log"], w.streams, engine.chunk)
     for repeat in range(grid["boots"]):
         if repeat:
             boot("stock")
         for pct in grid["pcts"]:
             boot(f"yield {pct}", profile={"DSV41_DECODE_YIELD": str(pct), **keys})
     for label, how in grid["alternatives"]:
-        boot(label, **({"chunk": 32} if how == "chunk=32" else {"extra": list(how)}))
+        boot(label, **({"chunk": int(how.split("=")[1])} if isinstance(how, str) else {"extra": list(how)}))
 
-    stock_rounds = [r for b in runs["stock"] for r in b["rounds"]]
+    stock_rounds = steady_rounds([r for b in runs["stock"] for r in b["rounds"]])
     stock_ttft = _median(stock_rounds, "prefill_s")
     stock_cpu = _median(stock_rounds, "ttft_cpu_s")
     summary: dict[str, dict[str, Any]] = {}
@@ -330,11 +412,13 @@ def run(quick: bool, say: Any = print) -> dict[str, Any]:
         if not ran:
             summary[label] = {"error": label_boots[0]["error"]}
             continue
-        rounds = [r for b in ran for r in b["rounds"]]
+        every_round = [r for b in ran for r in b["rounds"]]
+        rounds = steady_rounds(every_round)
         ttft = _median(rounds, "prefill_s")
-        ratios = [cost_ratio(b["fpm_log"], w.streams) for b in ran]
+        ratios = [cost_ratio(b["fpm_log"], w.streams, engine.chunk) for b in ran]
         summary[label] = {
-            "share": _median(rounds, "decode_share"), "ttft_s": ttft,
+            "share": _median(rounds, "share"), "share_before_only": _median(every_round, "decode_share"),
+            "rounds_used": f"{len(rounds)}/{len(every_round)}", "ttft_s": ttft,
             "ttft_factor": round(ttft / stock_ttft, 3) if ttft and stock_ttft else None,
             "ttft_factor_in_boot": _median(rounds, "ttft_in_boot"),
             "alone_s": round(statistics.median(b["alone_s"] for b in ran), 3),
@@ -346,7 +430,7 @@ def run(quick: bool, say: Any = print) -> dict[str, Any]:
             "throughput": _median(rounds, "throughput"),
             "rate_before": _median(rounds, "decode_rate_before"),
             "boots": len(ran),
-            "boot_shares": [_median(b["rounds"], "decode_share") for b in ran],
+            "boot_shares": [_median(steady_rounds(b["rounds"]), "share") for b in ran],
             "cost_ratio": ratios,
         }
         if label.startswith("yield"):
@@ -359,7 +443,7 @@ def run(quick: bool, say: Any = print) -> dict[str, Any]:
     rows, table, misses = [], [], []
     for label, s in summary.items():
         if "error" in s:
-            table.append([label, *["-"] * 12, f"not supported here: {s['error'][:80]}"])
+            table.append([label, *["-"] * 13, f"not supported here: {s['error'][:80]}"])
             continue
         verdict = ""
         if label.startswith("yield"):
@@ -382,7 +466,8 @@ def run(quick: bool, say: Any = print) -> dict[str, Any]:
                 misses.append(f"{label}: {','.join(failed)}")
             cpu_ok = (s["share_cpu"] is not None and abs(s["share_cpu"] - pct / 100) <= SHARE_TOL
                       and s["ttft_cpu_factor"] is not None and s["ttft_cpu_factor"] <= bound)
-            rows.append({"pct": pct, "share": share, "ttft_factor": factor,
+            rows.append({"pct": pct, "share": share, "ttft_factor": factor, "rounds_used": s["rounds_used"],
+                         "share_before_only": s["share_before_only"],
                          "ttft_factor_in_boot": s["ttft_factor_in_boot"], "share_cpu": s["share_cpu"],
                          "ttft_cpu_factor": s["ttft_cpu_factor"], "cpu_targets_met": cpu_ok,
                          "boot_shares": s["boot_shares"], "expected_share": s["expected_share"]})
@@ -390,13 +475,13 @@ def run(quick: bool, say: Any = print) -> dict[str, Any]:
             return "-" if v is None else format(v, fmt)
 
         ratios = [r for r in s["cost_ratio"] if r is not None]
-        table.append([label, f(s["share"], ".3f"), "/".join(f(v, ".2f") for v in s["boot_shares"]),
+        table.append([label, s["rounds_used"], f(s["share"], ".3f"), "/".join(f(v, ".2f") for v in s["boot_shares"]),
                       f(s.get("expected_share"), ".3f"), f(s["share_cpu"], ".3f"), f(s["ttft_s"], ".2f"),
                       f(s["alone_s"], ".2f"), f(s["ttft_factor"], ".2f"), f(s["ttft_factor_in_boot"], ".2f"),
                       f(s["ttft_cpu_factor"], ".2f"),
                       "/".join(f(r / calibration_ratio, ".2f") for r in ratios) if calibration_ratio else "-",
                       f(s["rate_before"], ".1f"), f(s["throughput"], ".0f"), verdict])
-    header = ["boot", "share", "per boot", "expected", "share_cpu", "ttft_s", "alone_s", "ttft_x", "ttft_x_in_boot",
+    header = ["boot", "rounds", "share", "per boot", "expected", "share_cpu", "ttft_s", "alone_s", "ttft_x", "ttft_x_in_boot",
               "ttft_cpu_x", "ratio/cal", "rate_before", "tok/s", "target"]
     say(_table(table, header))
     load = os.getloadavg()
@@ -406,6 +491,7 @@ def run(quick: bool, say: Any = print) -> dict[str, Any]:
         "calibration": keys,
         "calibration_cost_ratio": calibration_ratio,
         "targets_missed": misses,
+        "engine": engine.name,
         "long_prompt_tokens": w.long_prompt_tokens,
         "load_average_end": [round(x, 2) for x in load],
         "wall_s": round(time.monotonic() - t0, 1),

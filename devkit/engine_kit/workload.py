@@ -57,6 +57,11 @@ class Workload:
     stream_max_tokens: int = 600
     long_prompt_tokens: int = 2048
     before_s: float = 2.0  # how long the streams' rate is measured before the long prompt
+    # How long it is measured again once the long prompt is done (0: not). A machine whose speed
+    # drifts within seconds moves the rate before the prefill as much as decode yield does; the
+    # share against the mean of both (``decode_share_bracketed``) and their spread (``reference_drift``)
+    # say how far the reference itself moved.
+    after_s: float = 0.0
     timeout_s: float = 300.0
     # A follow-up turn of the branched session before the churn (0: none). On a paged DeepSeek-V4
     # pool an evicted leaf goes whole, Full KV included: the follow-up makes the answer an inner
@@ -136,6 +141,16 @@ def run_cache_phases(base_url: str, w: Workload, api: Any = client) -> dict[str,
     }
 
 
+def bracketed_share(before: float, during: float, after: float | None) -> dict[str, float]:
+    """The streams' rate during the prefill against the mean of their rates before and after it,
+    and how far those two are apart (of their mean); nothing without a rate after."""
+    if after is None or before <= 0 or after <= 0:
+        return {}
+    reference = (before + after) / 2
+    return {"decode_rate_after": round(after, 2), "decode_share_bracketed": round(during / reference, 4),
+            "reference_drift": round(abs(after - before) / reference, 4)}
+
+
 def run_yield_phase(base_url: str, w: Workload, tag: str) -> dict[str, Any]:
     """Phase 3: decode share of running streams while a long prompt prefills in chunks."""
     client.flush_cache(base_url)
@@ -154,6 +169,9 @@ def run_yield_phase(base_url: str, w: Workload, tag: str) -> dict[str, Any]:
         client.wait_until(lambda: long.tokens >= 1 or long.error, w.timeout_s, "the long prompt's first token")
         t_first = long.ticks[0][0] if long.ticks else time.monotonic()
         long.join(w.timeout_s)
+        t_after = time.monotonic()
+        time.sleep(w.after_s)
+        t_after_end = time.monotonic()
     finally:
         client.stop_streams(base_url, streams)
     if long.error:
@@ -162,6 +180,10 @@ def run_yield_phase(base_url: str, w: Workload, tag: str) -> dict[str, Any]:
     t_end = min([t_first] + [s.ticks[-1][0] for s in streams if s.tokens >= w.stream_max_tokens])
     before = sum(s.tokens_at(t_send) - s.tokens_at(t_before) for s in streams) / max(t_send - t_before, 1e-9)
     during = sum(s.tokens_at(t_end) - s.tokens_at(t_send) for s in streams) / max(t_end - t_send, 1e-9)
+    after = None
+    if w.after_s > 0 and all(s.tokens_at(t_after_end) < w.stream_max_tokens for s in streams):
+        after = sum(s.tokens_at(t_after_end) - s.tokens_at(t_after) for s in streams) / max(t_after_end - t_after, 1e-9)
+    bracket = bracketed_share(before, during, after)
     # Streams are aborted at different lengths on each boot: the gate compares their common prefix.
     outputs = {f"stream{i}": s.output_ids for i, s in enumerate(streams)}
     shortest = min(len(s.output_ids) for s in streams)
@@ -176,4 +198,5 @@ def run_yield_phase(base_url: str, w: Workload, tag: str) -> dict[str, Any]:
         # the phase's instants (time.monotonic()), for readers that account time another way
         "times": {"before": t_before, "send": t_send, "first": t_first, "end": t_end},
         "stream_tokens_compared": shortest,
+        **bracket,
     }

@@ -72,7 +72,7 @@ def test_the_expected_share_is_pct_at_the_calibrated_ratio_and_moves_with_the_ra
     assert bench.expected_share(50, None, 0.5) is None and bench.expected_share(50, 0.5, None) is None
 
 
-def test_the_full_bench_interleaves_three_boots_per_pct_and_takes_each_rows_median_over_all_their_rounds(monkeypatch, tmp_path):
+def test_the_full_bench_interleaves_three_boots_per_pct_and_takes_each_rows_median_over_their_steady_rounds(monkeypatch, tmp_path):
     from devkit.engine_kit import model as mk
 
     order, shares = [], {"stock": [0.01, 0.02, 0.01], "yield 50": [0.44, 0.52, 0.50]}
@@ -83,13 +83,15 @@ def test_the_full_bench_interleaves_three_boots_per_pct_and_takes_each_rows_medi
         log = tmp_path / f"{label}-{repeat}.jsonl"
         log.write_text(label)
         share = shares.get(label, [0.3])[repeat]
-        return {"label": label, "fpm_log": log, "alone_s": 4.0, "leftover": [], "rounds": [
-            {"decode_share": share + d, "prefill_s": 5.0 + repeat, "ttft_in_boot": 1.2, "throughput": 900.0,
-             "decode_rate_before": 150.0} for d in (-0.01, 0.01)][:rounds]}
+        steady = [{"share": share + d, "decode_share": share + d, "reference_drift": 0.05, "prefill_s": 5.0 + repeat,
+                   "ttft_in_boot": 1.2, "throughput": 900.0, "decode_rate_before": 150.0} for d in (-0.01, 0.01)]
+        # a round whose streams ran 30 % faster after the prompt than before it: left out
+        drifted = {**steady[0], "share": 0.95, "reference_drift": 0.3, "prefill_s": 60.0}
+        return {"label": label, "fpm_log": log, "alone_s": 4.0, "leftover": [], "rounds": [*steady[:rounds], drifted]}
 
     monkeypatch.setattr(bench, "boot_rounds", fake_boot)
     monkeypatch.setattr(bench, "_fit", lambda log: ({"DSV41_DECODE_YIELD_STEP_US": "1"}, "profile line:\nX"))
-    monkeypatch.setattr(bench, "cost_ratio", lambda log, streams: ratios.get(log.read_text(), 0.5))
+    monkeypatch.setattr(bench, "cost_ratio", lambda log, streams, chunk: ratios.get(log.read_text(), 0.5))
     monkeypatch.setattr(mk, "make_model", lambda out, spec: tmp_path)
     monkeypatch.setattr(bench, "OUT", tmp_path)
     monkeypatch.setitem(bench.FULL, "pcts", (50,))
@@ -99,7 +101,39 @@ def test_the_full_bench_interleaves_three_boots_per_pct_and_takes_each_rows_medi
                      ("stock", 2, False), ("yield 50", 2, False), ("interval 1", 0, False)]
     row = result["rows"][0]
     assert row["pct"] == 50 and row["boot_shares"] == [0.44, 0.52, 0.50]
-    assert row["share"] == statistics.median([0.43, 0.45, 0.51, 0.53, 0.49, 0.51])  # all 6 rounds
+    assert row["share"] == statistics.median([0.43, 0.45, 0.51, 0.53, 0.49, 0.51])  # all 6 steady rounds
+    assert row["rounds_used"] == "6/9" and result["boots"]["stock"]["rounds_used"] == "6/9"
     assert row["expected_share"] == bench.expected_share(50, 0.4, 0.5)
     assert result["boots"]["stock"]["ttft_s"] == 6.0 and row["ttft_factor"] == 1.0
     assert result["calibration_cost_ratio"] == 0.5
+
+
+def test_the_bracketed_share_divides_the_rate_during_by_the_mean_of_the_rates_before_and_after():
+    from devkit.engine_kit.workload import bracketed_share
+
+    # the machine sped up: 100 tok/s before, 140 after; 60 during is half of the mean 120
+    assert bracketed_share(100.0, 60.0, 140.0) == {"decode_rate_after": 140.0, "decode_share_bracketed": 0.5,
+                                                     "reference_drift": round(40 / 120, 4)}
+    assert bracketed_share(100.0, 60.0, None) == {} and bracketed_share(0.0, 60.0, 100.0) == {}
+
+
+def test_rounds_whose_reference_rate_drifted_are_left_out_unless_no_round_held():
+    held, drifted, unmeasured = {"reference_drift": 0.1}, {"reference_drift": 0.11}, {"share": 0.5}
+    assert bench.steady_rounds([held, drifted, unmeasured]) == [held, unmeasured]
+    assert bench.steady_rounds([drifted]) == [drifted]
+
+
+def test_the_dsv4_bench_boots_the_dsv4_kit_with_one_page_chunks_its_own_logs_and_the_metrics_flags(tmp_path):
+    from pathlib import Path
+
+    assert BENCHMARKS["decode-yield-engine-dsv4"] == "devkit.bench.decode_yield_engine:run_dsv4"
+    extra = ["--enable-forward-pass-metrics", "--forward-pass-metrics-ipc-name", "ipc://x"]
+    server = bench.DSV4.server(Path("/model"), tmp_path / "stock.log", {"DSV41_DECODE_YIELD": "50"}, extra, 256)
+    args = server.args
+    assert args[args.index("--attention-backend") + 1] == "dsv4"
+    assert args[args.index("--chunked-prefill-size") + 1] == "256"
+    assert args[args.index("--max-running-requests") + 1] == "3"  # 2 streams and the long prompt
+    assert args[-3:] == extra and server.env["DSV41_DECODE_YIELD"] == "50" and server.env["SGL_STUB_DSV4"] == "1"
+    assert bench.DSV4.out != bench.MELLUM.out  # the two kits' logs never mix
+    w = bench.DSV4.workload(bench.DSV4.full["long"])
+    assert w.long_prompt_tokens // bench.DSV4.chunk == 16 and w.streams == 2
