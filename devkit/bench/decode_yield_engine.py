@@ -2,33 +2,38 @@
 
 The tiny Mellum kit (:mod:`devkit.engine_kit`) serves 4 streaming requests; a long prompt (6,000
 tokens, chunks of 64: 94 chunks) arrives while they decode. Per boot and round (the gate's yield
-phase, :func:`devkit.engine_kit.workload.run_yield_phase`): the streams' decode rate during the
-prefill over their rate before it (the share), the long prompt's time to first token (TTFT), and
-total throughput over that TTFT (stream tokens decoded plus prompt tokens prefilled, per second).
+phase, :func:`devkit.engine_kit.workload.run_yield_phase`, with a rate measured after the prompt
+too): the streams' decode rate during the prefill over the mean of their rates in the seconds
+before and after it (the share; ``share_before_only`` over the rate before, as the gate has it:
+a stream's step costs more as its context grows, and this machine's speed moves within seconds,
+so the rate before alone misstates the reference of a long prefill), how far those two rates are
+apart (``reference_drift``), the long prompt's time to first token (TTFT), and total throughput
+over that TTFT (stream tokens decoded plus prompt tokens prefilled, per second).
 
-Boots, one at a time, same model, seed and server arguments:
+Boots, one at a time, same model, seed and server arguments, in ``boots`` repetitions (3):
 
-1. stock, with forward-pass metrics recorded: its rounds are the reference TTFT, and the log is
-   fitted with ``fit-cost-model`` (as the gate's calibration does: forward and per-iteration wall
-   fits, ``--topk 0``), so the yield boots run on coefficients fitted on this machine;
-2. ``DSV41_DECODE_YIELD=<pct>`` with the fitted coefficients, per pct;
-3. what a user would try instead: ``--prefill-decode-interval`` 1/2/4, ``--enable-mixed-chunk``
-   and a smaller ``--chunked-prefill-size`` (a boot that fails to start says why).
+1. stock, with forward-pass metrics recorded: the reference TTFT, and the log is fitted with
+   ``fit-cost-model`` (as the gate's calibration does: forward and per-iteration wall fits,
+   ``--topk 0``), so the repetition's yield boots run on coefficients fitted on this machine minutes
+   earlier (its speed moves over minutes: a decode step took 12 ms in one boot, 20 ms ten minutes on);
+2. ``DSV41_DECODE_YIELD=<pct>`` with those coefficients, per pct;
 
-Stock and each pct run in ``boots`` boots (3; interleaved: stock, 20, 33, 50, 70, then again), each
-row the median of all its rounds: on a shared 2-core machine one boot's decode steps can run 25 %
-faster or slower against its prefill chunks than the calibration boot's, for the whole boot, and the
-share follows that ratio (a clock-free model cannot see it). So each boot also reports its own cost
-ratio (median forward of a decode step of the streams over the mean forward of a prefill chunk, from
-its forward-pass metrics) and the share the cost model gives at that ratio
-(``expected_share``: pct/(100-pct) times the boot's ratio over the calibration boot's, as odds):
-measured against expected is the model's error, expected against pct the machine's. Each boot also times the long prompt alone first (no
-streams; decode yield leaves a lone prompt as stock): ``ttft_factor_in_boot`` is TTFT over that, free
-of the load drift between boots on a shared machine; ``ttft_factor`` is over the stock boot's TTFT
-(the figure measured before the iteration fit). Targets (decode yield rows): share within ±0.03 of pct/100, both TTFT factors
-at most 100/(100-pct)+0.10, and a TTFT (in-boot factor) no worse than 1.05x that of the alternative
-whose share is closest (within 0.05) to it. Slow (minutes per boot on 2 cores): a benchmark, never
-a timed test. ``--quick``: a 2,048-token prompt, pct 50 only, one boot, one round, alternatives interval 1.
+and once: what a user would try instead, ``--prefill-decode-interval`` 1/2/4,
+``--enable-mixed-chunk`` and a smaller ``--chunked-prefill-size`` (a boot that fails to start says
+why). Each row is the median of all its rounds. A clock-free model cannot see a boot whose decode
+steps run faster or slower against its chunks than in its calibration boot, and the share follows
+that ratio; so each boot also reports its cost ratio (median forward of a decode step of the streams
+over the mean forward of a prefill chunk, from its forward-pass metrics) over its calibration boot's,
+and the share the cost model gives at it (``expected_share``: the odds pct/(100-pct) times that
+ratio): measured against expected is the model's error, expected against pct the machine's. Each
+boot also times the long prompt alone first (no streams; decode yield leaves a lone prompt as
+stock): ``ttft_factor_in_boot`` is TTFT over that, free of the drift between boots;
+``ttft_factor`` is over the stock boots' median TTFT. Targets (decode yield rows): share within
+±0.03 of pct/100, both TTFT factors at most 100/(100-pct)+0.10, and a TTFT (in-boot factor) no worse
+than 1.05x that of the alternative whose share is closest (within 0.05) to it. Slow (about a minute
+per boot on 2 cores, 20 boots): a benchmark, never a timed test. ``--quick``: a 2,048-token prompt,
+pct 50 only, one repetition, one round, alternatives interval 1. ``decode-yield-engine-dsv4``: the
+same on the DSV4 kit (:class:`Dsv4Engine`).
 """
 
 from __future__ import annotations
@@ -60,10 +65,6 @@ DSV4_QUICK = {"pcts": (50,), "rounds": 1, "boots": 1, "long": 8 * 256,
 CHUNK = 64
 MAX_TOTAL_TOKENS = 32768  # 4 streams x (32 + 4000) + the long prompt, never short of KV
 SHARE_TOL, TTFT_SLACK, SAME_SHARE = 0.03, 0.10, 0.05
-# A round whose streams' rate after the prompt differs from the rate before by more than this (of
-# their mean) measured the machine's drift, not the switch: left out of the medians while a round
-# of the label stays within it (the count is reported).
-DRIFT_TOL = 0.10
 
 
 class MellumEngine:
@@ -325,13 +326,6 @@ def expected_share(pct: int, ratio: float | None, calibration_ratio: float | Non
     return round(odds / (1 + odds), 4)
 
 
-def steady_rounds(rounds: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The rounds whose reference rate held (drift within :data:`DRIFT_TOL`, or not measured); all
-    of them when none did."""
-    steady = [r for r in rounds if r.get("reference_drift") is None or r["reference_drift"] <= DRIFT_TOL]
-    return steady or rounds
-
-
 def _median(rounds: list[dict[str, Any]], key: str) -> float | None:
     values = [r[key] for r in rounds if r.get(key) is not None]
     return statistics.median(values) if values else None
@@ -388,22 +382,25 @@ def run(quick: bool, say: Any = print, engine: MellumEngine = MELLUM) -> dict[st
         runs.setdefault(label, []).append(result)
         return result
 
-    stock = boot("stock", calibrate=True)
-    if "error" in stock or not stock["rounds"]:
-        raise RuntimeError(f"the stock boot did not run: {stock.get('error')}")
-    keys, fit_text = _fit(stock["fpm_log"])
-    for line in fit_text.strip().splitlines():
-        say(f"  | {line}")
-    calibration_ratio = cost_ratio(stock["fpm_log"], w.streams, engine.chunk)
+    # Each repetition is calibrated on its own stock boot, right before its yield boots: this
+    # machine's speed moves over minutes (a decode step 12 ms in one boot, 20 ms ten minutes later).
+    calibrations: list[dict[str, Any]] = []
     for repeat in range(grid["boots"]):
-        if repeat:
-            boot("stock")
+        stock = boot("stock", calibrate=True)
+        if "error" in stock or not stock["rounds"]:
+            raise RuntimeError(f"the stock boot did not run: {stock.get('error')}")
+        keys, fit_text = _fit(stock["fpm_log"])
+        for line in fit_text.strip().splitlines() if not repeat else fit_text.strip().splitlines()[-1:]:
+            say(f"  | {line}")
+        ratio = cost_ratio(stock["fpm_log"], w.streams, engine.chunk)
+        calibrations.append({"keys": keys, "cost_ratio": ratio})
         for pct in grid["pcts"]:
-            boot(f"yield {pct}", profile={"DSV41_DECODE_YIELD": str(pct), **keys})
+            boot(f"yield {pct}", profile={"DSV41_DECODE_YIELD": str(pct), **keys})["calibration_ratio"] = ratio
     for label, how in grid["alternatives"]:
         boot(label, **({"chunk": int(how.split("=")[1])} if isinstance(how, str) else {"extra": list(how)}))
+    first_ratio = calibrations[0]["cost_ratio"]
 
-    stock_rounds = steady_rounds([r for b in runs["stock"] for r in b["rounds"]])
+    stock_rounds = [r for b in runs["stock"] for r in b["rounds"]]
     stock_ttft = _median(stock_rounds, "prefill_s")
     stock_cpu = _median(stock_rounds, "ttft_cpu_s")
     summary: dict[str, dict[str, Any]] = {}
@@ -412,13 +409,12 @@ def run(quick: bool, say: Any = print, engine: MellumEngine = MELLUM) -> dict[st
         if not ran:
             summary[label] = {"error": label_boots[0]["error"]}
             continue
-        every_round = [r for b in ran for r in b["rounds"]]
-        rounds = steady_rounds(every_round)
+        rounds = [r for b in ran for r in b["rounds"]]
         ttft = _median(rounds, "prefill_s")
         ratios = [cost_ratio(b["fpm_log"], w.streams, engine.chunk) for b in ran]
         summary[label] = {
-            "share": _median(rounds, "share"), "share_before_only": _median(every_round, "decode_share"),
-            "rounds_used": f"{len(rounds)}/{len(every_round)}", "ttft_s": ttft,
+            "share": _median(rounds, "share"), "share_before_only": _median(rounds, "decode_share"),
+            "reference_drift": _median(rounds, "reference_drift"), "ttft_s": ttft,
             "ttft_factor": round(ttft / stock_ttft, 3) if ttft and stock_ttft else None,
             "ttft_factor_in_boot": _median(rounds, "ttft_in_boot"),
             "alone_s": round(statistics.median(b["alone_s"] for b in ran), 3),
@@ -430,12 +426,16 @@ def run(quick: bool, say: Any = print, engine: MellumEngine = MELLUM) -> dict[st
             "throughput": _median(rounds, "throughput"),
             "rate_before": _median(rounds, "decode_rate_before"),
             "boots": len(ran),
-            "boot_shares": [_median(steady_rounds(b["rounds"]), "share") for b in ran],
+            "boot_shares": [_median(b["rounds"], "share") for b in ran],
             "cost_ratio": ratios,
+            # each boot's ratio over its calibration boot's (the first one's for stock and the alternatives)
+            "ratio_vs_calibration": [round(r / b.get("calibration_ratio", first_ratio), 3)
+                                     if r and b.get("calibration_ratio", first_ratio) else None
+                                     for r, b in zip(ratios, ran)],
         }
         if label.startswith("yield"):
             pct = int(label.split()[1])
-            expected = [expected_share(pct, r, calibration_ratio) for r in ratios]
+            expected = [expected_share(pct, r, b.get("calibration_ratio")) for r, b in zip(ratios, ran)]
             summary[label]["expected_shares"] = expected
             summary[label]["expected_share"] = (statistics.median(e for e in expected if e is not None)
                                                 if any(e is not None for e in expected) else None)
@@ -443,7 +443,7 @@ def run(quick: bool, say: Any = print, engine: MellumEngine = MELLUM) -> dict[st
     rows, table, misses = [], [], []
     for label, s in summary.items():
         if "error" in s:
-            table.append([label, *["-"] * 13, f"not supported here: {s['error'][:80]}"])
+            table.append([label, *["-"] * 14, f"not supported here: {s['error'][:80]}"])
             continue
         verdict = ""
         if label.startswith("yield"):
@@ -466,8 +466,8 @@ def run(quick: bool, say: Any = print, engine: MellumEngine = MELLUM) -> dict[st
                 misses.append(f"{label}: {','.join(failed)}")
             cpu_ok = (s["share_cpu"] is not None and abs(s["share_cpu"] - pct / 100) <= SHARE_TOL
                       and s["ttft_cpu_factor"] is not None and s["ttft_cpu_factor"] <= bound)
-            rows.append({"pct": pct, "share": share, "ttft_factor": factor, "rounds_used": s["rounds_used"],
-                         "share_before_only": s["share_before_only"],
+            rows.append({"pct": pct, "share": share, "ttft_factor": factor,
+                         "share_before_only": s["share_before_only"], "reference_drift": s["reference_drift"],
                          "ttft_factor_in_boot": s["ttft_factor_in_boot"], "share_cpu": s["share_cpu"],
                          "ttft_cpu_factor": s["ttft_cpu_factor"], "cpu_targets_met": cpu_ok,
                          "boot_shares": s["boot_shares"], "expected_share": s["expected_share"]})
@@ -475,21 +475,21 @@ def run(quick: bool, say: Any = print, engine: MellumEngine = MELLUM) -> dict[st
             return "-" if v is None else format(v, fmt)
 
         ratios = [r for r in s["cost_ratio"] if r is not None]
-        table.append([label, s["rounds_used"], f(s["share"], ".3f"), "/".join(f(v, ".2f") for v in s["boot_shares"]),
+        table.append([label, f(s["reference_drift"], ".2f"), f(s["share"], ".3f"), f(s["share_before_only"], ".3f"),
+                      "/".join(f(v, ".2f") for v in s["boot_shares"]),
                       f(s.get("expected_share"), ".3f"), f(s["share_cpu"], ".3f"), f(s["ttft_s"], ".2f"),
                       f(s["alone_s"], ".2f"), f(s["ttft_factor"], ".2f"), f(s["ttft_factor_in_boot"], ".2f"),
                       f(s["ttft_cpu_factor"], ".2f"),
-                      "/".join(f(r / calibration_ratio, ".2f") for r in ratios) if calibration_ratio else "-",
+                      "/".join(f(r, ".2f") for r in s["ratio_vs_calibration"]),
                       f(s["rate_before"], ".1f"), f(s["throughput"], ".0f"), verdict])
-    header = ["boot", "rounds", "share", "per boot", "expected", "share_cpu", "ttft_s", "alone_s", "ttft_x", "ttft_x_in_boot",
+    header = ["boot", "drift", "share", "before_only", "per boot", "expected", "share_cpu", "ttft_s", "alone_s", "ttft_x", "ttft_x_in_boot",
               "ttft_cpu_x", "ratio/cal", "rate_before", "tok/s", "target"]
     say(_table(table, header))
     load = os.getloadavg()
     return {
         "rows": rows,
         "boots": summary,
-        "calibration": keys,
-        "calibration_cost_ratio": calibration_ratio,
+        "calibrations": calibrations,
         "targets_missed": misses,
         "engine": engine.name,
         "long_prompt_tokens": w.long_prompt_tokens,

@@ -72,40 +72,44 @@ def test_the_expected_share_is_pct_at_the_calibrated_ratio_and_moves_with_the_ra
     assert bench.expected_share(50, None, 0.5) is None and bench.expected_share(50, 0.5, None) is None
 
 
-def test_the_full_bench_interleaves_three_boots_per_pct_and_takes_each_rows_median_over_their_steady_rounds(monkeypatch, tmp_path):
+def test_the_full_bench_calibrates_each_of_its_three_repetitions_on_its_own_stock_boot_and_takes_medians_over_all_rounds(
+        monkeypatch, tmp_path):
     from devkit.engine_kit import model as mk
 
     order, shares = [], {"stock": [0.01, 0.02, 0.01], "yield 50": [0.44, 0.52, 0.50]}
-    ratios = {"stock": 0.5, "yield 50": 0.4}
+    # the machine moves between repetitions: each stock boot's ratio is its yield boot's calibration
+    ratios = {"stock-0": 0.5, "stock-1": 0.4, "stock-2": 0.5, "yield 50-0": 0.4, "yield 50-1": 0.4}
 
     def fake_boot(label, model, w, rounds, *, repeat=0, profile=None, calibrate=False, **kwargs):
-        order.append((label, repeat, calibrate))
+        order.append((label, repeat, calibrate, (profile or {}).get("DSV41_DECODE_YIELD_STEP_US")))
         log = tmp_path / f"{label}-{repeat}.jsonl"
-        log.write_text(label)
+        log.write_text(f"{label}-{repeat}")
         share = shares.get(label, [0.3])[repeat]
-        steady = [{"share": share + d, "decode_share": share + d, "reference_drift": 0.05, "prefill_s": 5.0 + repeat,
-                   "ttft_in_boot": 1.2, "throughput": 900.0, "decode_rate_before": 150.0} for d in (-0.01, 0.01)]
-        # a round whose streams ran 30 % faster after the prompt than before it: left out
-        drifted = {**steady[0], "share": 0.95, "reference_drift": 0.3, "prefill_s": 60.0}
-        return {"label": label, "fpm_log": log, "alone_s": 4.0, "leftover": [], "rounds": [*steady[:rounds], drifted]}
+        return {"label": label, "fpm_log": log, "alone_s": 4.0, "leftover": [], "rounds": [
+            {"share": share + d, "decode_share": share + 2 * d, "reference_drift": 0.05, "prefill_s": 5.0 + repeat,
+             "ttft_in_boot": 1.2, "throughput": 900.0, "decode_rate_before": 150.0} for d in (-0.01, 0.01)][:rounds]}
 
+    fits = iter(["1", "2", "3"])
     monkeypatch.setattr(bench, "boot_rounds", fake_boot)
-    monkeypatch.setattr(bench, "_fit", lambda log: ({"DSV41_DECODE_YIELD_STEP_US": "1"}, "profile line:\nX"))
+    monkeypatch.setattr(bench, "_fit", lambda log: ({"DSV41_DECODE_YIELD_STEP_US": next(fits)}, "profile line:\nX"))
     monkeypatch.setattr(bench, "cost_ratio", lambda log, streams, chunk: ratios.get(log.read_text(), 0.5))
     monkeypatch.setattr(mk, "make_model", lambda out, spec: tmp_path)
     monkeypatch.setattr(bench, "OUT", tmp_path)
     monkeypatch.setitem(bench.FULL, "pcts", (50,))
     monkeypatch.setitem(bench.FULL, "alternatives", (("interval 1", ["--prefill-decode-interval", "1"]),))
     result = bench.run(quick=False, say=lambda *a: None)
-    assert order == [("stock", 0, True), ("yield 50", 0, False), ("stock", 1, False), ("yield 50", 1, False),
-                     ("stock", 2, False), ("yield 50", 2, False), ("interval 1", 0, False)]
+    assert order == [("stock", 0, True, None), ("yield 50", 0, False, "1"), ("stock", 1, True, None),
+                     ("yield 50", 1, False, "2"), ("stock", 2, True, None), ("yield 50", 2, False, "3"),
+                     ("interval 1", 0, False, None)]
     row = result["rows"][0]
     assert row["pct"] == 50 and row["boot_shares"] == [0.44, 0.52, 0.50]
-    assert row["share"] == statistics.median([0.43, 0.45, 0.51, 0.53, 0.49, 0.51])  # all 6 steady rounds
-    assert row["rounds_used"] == "6/9" and result["boots"]["stock"]["rounds_used"] == "6/9"
-    assert row["expected_share"] == bench.expected_share(50, 0.4, 0.5)
+    assert row["share"] == statistics.median([0.43, 0.45, 0.51, 0.53, 0.49, 0.51])  # all 6 rounds
+    assert row["share_before_only"] == statistics.median([0.42, 0.46, 0.50, 0.54, 0.48, 0.52])
+    # boot 1 ran at 0.4 against its calibration's 0.5 (0.8 of the odds); boot 2 at 0.4 against 0.4
+    assert result["boots"]["yield 50"]["ratio_vs_calibration"] == [0.8, 1.0, 1.0]
+    assert row["expected_share"] == statistics.median([bench.expected_share(50, 0.4, 0.5), 0.5, 0.5])
     assert result["boots"]["stock"]["ttft_s"] == 6.0 and row["ttft_factor"] == 1.0
-    assert result["calibration_cost_ratio"] == 0.5
+    assert [c["cost_ratio"] for c in result["calibrations"]] == [0.5, 0.4, 0.5]
 
 
 def test_the_bracketed_share_divides_the_rate_during_by_the_mean_of_the_rates_before_and_after():
@@ -115,12 +119,6 @@ def test_the_bracketed_share_divides_the_rate_during_by_the_mean_of_the_rates_be
     assert bracketed_share(100.0, 60.0, 140.0) == {"decode_rate_after": 140.0, "decode_share_bracketed": 0.5,
                                                      "reference_drift": round(40 / 120, 4)}
     assert bracketed_share(100.0, 60.0, None) == {} and bracketed_share(0.0, 60.0, 100.0) == {}
-
-
-def test_rounds_whose_reference_rate_drifted_are_left_out_unless_no_round_held():
-    held, drifted, unmeasured = {"reference_drift": 0.1}, {"reference_drift": 0.11}, {"share": 0.5}
-    assert bench.steady_rounds([held, drifted, unmeasured]) == [held, unmeasured]
-    assert bench.steady_rounds([drifted]) == [drifted]
 
 
 def test_the_dsv4_bench_boots_the_dsv4_kit_with_one_page_chunks_its_own_logs_and_the_metrics_flags(tmp_path):
