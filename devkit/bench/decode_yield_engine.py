@@ -241,7 +241,6 @@ def boot_rounds(label: str, model: Path, w: Any, rounds: int, *, profile: dict[s
     """One boot: ``rounds`` yield rounds (and the calibration requests first when ``calibrate``);
     ``repeat`` numbers the boots of one label (logs ``<label>.log``, ``<label>-2.log``, ...)."""
     from devkit.engine_kit import fpm, launcher
-    from devkit.engine_kit import workload as wl
 
     safe = label.replace(" ", "-") + (f"-{repeat + 1}" if repeat else "")
     ipc = f"ipc://{tempfile.gettempdir()}/dsv41-bench-dy-{os.getpid()}-{safe}"
@@ -261,31 +260,11 @@ def boot_rounds(label: str, model: Path, w: Any, rounds: int, *, profile: dict[s
             return result
         pid = SchedulerClock.find(server.proc.pid)
         clock = SchedulerClock(pid).start() if pid is not None else None
-        if calibrate:
-            _calibration_requests(server.base_url, w)
-        result["alone_s"], result["alone_cpu_s"] = lone_ttft(server.base_url, w, safe, clock)
-        for r in range(rounds):
-            phase = wl.run_yield_phase(server.base_url, w, f"{safe}-r{r}")
-            ttft = phase["prefill_s"]
-            phase["ttft_in_boot"] = round(ttft / result["alone_s"], 3)
-            # the share against the rates before and after the prefill (the workload's bracket)
-            phase["share"] = phase.get("decode_share_bracketed", phase["decode_share"])
-            if clock is not None and clock.samples:
-                time.sleep(0.05)
-                try:
-                    phase.update(cpu_figures(phase, clock))
-                except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:  # the wall figures still stand
-                    say(f"  {label}: no CPU-time figures: {type(exc).__name__}: {exc}")
-                if result["alone_cpu_s"] and phase.get("ttft_cpu_s"):
-                    phase["ttft_cpu_in_boot"] = round(phase["ttft_cpu_s"] / result["alone_cpu_s"], 3)
-            streamed = (phase["decode_rate_during"] or 0) * phase["measured_s"]
-            phase["throughput"] = round((streamed + w.long_prompt_tokens) / ttft, 1) if ttft > 0 else None
-            result["rounds"].append(phase)
-            say(f"  {label}{f' #{repeat + 1}' if repeat else ''} round {r + 1}: share {phase['share']} "
-                f"(before only {phase['decode_share']}, drift {phase.get('reference_drift')}; CPU {phase.get('share_cpu')}), "
-                f"TTFT {ttft:.2f} s (alone {result['alone_s']:.2f} s; CPU {phase.get('ttft_cpu_s')} / "
-                f"{result.get('alone_cpu_s')}), "
-                f"before {phase['decode_rate_before']} tok/s, throughput {phase['throughput']} tok/s")
+        try:
+            _serve_rounds(server, w, rounds, result, clock, safe, calibrate, say, label, repeat)
+        except (RuntimeError, TimeoutError, OSError) as exc:  # a boot that fails under load: said, not fatal
+            result["error"] = f"failed while serving: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            say(f"  {label}: {result['error']}")
     finally:
         if clock is not None:
             clock.stop()
@@ -294,12 +273,45 @@ def boot_rounds(label: str, model: Path, w: Any, rounds: int, *, profile: dict[s
     return result
 
 
+def _serve_rounds(server: Any, w: Any, rounds: int, result: dict[str, Any], clock: SchedulerClock | None, safe: str,
+                  calibrate: bool, say: Any, label: str, repeat: int) -> None:
+    from devkit.engine_kit import workload as wl
+
+    if calibrate:
+        _calibration_requests(server.base_url, w)
+    result["alone_s"], result["alone_cpu_s"] = lone_ttft(server.base_url, w, safe, clock)
+    for r in range(rounds):
+        phase = wl.run_yield_phase(server.base_url, w, f"{safe}-r{r}")
+        ttft = phase["prefill_s"]
+        phase["ttft_in_boot"] = round(ttft / result["alone_s"], 3)
+        # the share against the rates before and after the prefill (the workload's bracket)
+        phase["share"] = phase.get("decode_share_bracketed", phase["decode_share"])
+        if clock is not None and clock.samples:
+            time.sleep(0.05)
+            try:
+                phase.update(cpu_figures(phase, clock))
+            except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:  # the wall figures still stand
+                say(f"  {label}: no CPU-time figures: {type(exc).__name__}: {exc}")
+            if result["alone_cpu_s"] and phase.get("ttft_cpu_s"):
+                phase["ttft_cpu_in_boot"] = round(phase["ttft_cpu_s"] / result["alone_cpu_s"], 3)
+        streamed = (phase["decode_rate_during"] or 0) * phase["measured_s"]
+        phase["throughput"] = round((streamed + w.long_prompt_tokens) / ttft, 1) if ttft > 0 else None
+        result["rounds"].append(phase)
+        say(f"  {label}{f' #{repeat + 1}' if repeat else ''} round {r + 1}: share {phase['share']} "
+            f"(before only {phase['decode_share']}, drift {phase.get('reference_drift')}; CPU {phase.get('share_cpu')}), "
+            f"TTFT {ttft:.2f} s (alone {result['alone_s']:.2f} s; CPU {phase.get('ttft_cpu_s')} / "
+            f"{result.get('alone_cpu_s')}), "
+            f"before {phase['decode_rate_before']} tok/s, throughput {phase['throughput']} tok/s")
+
+
 def cost_ratio(fpm_log: Path, streams: int, chunk: int = CHUNK) -> float | None:
     """The boot's decode-to-prefill cost ratio: the median forward of a decode-only batch of the
     ``streams`` rows over the mean forward of a prefill-only batch of ``chunk`` tokens (every long
     prompt is the same, so the mean over its chunks is comparable between boots)."""
     import json
 
+    if not fpm_log.is_file():
+        return None
     steps, chunks = [], []
     for line in fpm_log.read_text().splitlines():
         try:
@@ -443,7 +455,7 @@ def run(quick: bool, say: Any = print, engine: MellumEngine = MELLUM) -> dict[st
     rows, table, misses = [], [], []
     for label, s in summary.items():
         if "error" in s:
-            table.append([label, *["-"] * 14, f"not supported here: {s['error'][:80]}"])
+            table.append([label, *["-"] * 14, f"did not run: {s['error'][:80]}"])
             continue
         verdict = ""
         if label.startswith("yield"):

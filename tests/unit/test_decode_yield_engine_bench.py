@@ -135,3 +135,38 @@ def test_the_dsv4_bench_boots_the_dsv4_kit_with_one_page_chunks_its_own_logs_and
     assert bench.DSV4.out != bench.MELLUM.out  # the two kits' logs never mix
     w = bench.DSV4.workload(bench.DSV4.full["long"])
     assert w.long_prompt_tokens // bench.DSV4.chunk == 16 and w.streams == 2
+
+
+def test_a_boot_that_fails_while_serving_is_reported_and_stopped_not_fatal(monkeypatch, tmp_path):
+    from devkit.engine_kit import fpm
+
+    stopped = []
+
+    class FakeServer:
+        base_url, proc = "http://127.0.0.1:1", type("P", (), {"pid": 1})()
+
+        def start(self):
+            return self
+
+        def stop(self):
+            stopped.append(True)
+            return []
+
+    class FakeEngine(bench.MellumEngine):
+        out = tmp_path
+
+        def server(self, *args):
+            return FakeServer()
+
+    def timed_out(*args):
+        raise TimeoutError("timed out after 900 s waiting for the long prompt's first token")
+
+    monkeypatch.setattr(fpm, "Recorder", lambda ipc, log: type("R", (), {"start": lambda self: self,
+                                                                         "stop": lambda self: None})())
+    monkeypatch.setattr(bench.SchedulerClock, "find", staticmethod(lambda group: None))
+    monkeypatch.setattr(bench, "_serve_rounds", timed_out)
+    said = []
+    result = bench.boot_rounds("mixed chunk", tmp_path, None, 2, say=said.append, engine=FakeEngine())
+    assert result["error"] == "failed while serving: TimeoutError: timed out after 900 s waiting for the long prompt's first token"
+    assert stopped == [True] and said == [f"  mixed chunk: {result['error']}"]
+    assert bench.cost_ratio(result["fpm_log"], 4) is None  # no metrics were written
