@@ -306,13 +306,17 @@ def _serve_rounds(server: Any, w: Any, rounds: int, result: dict[str, Any], cloc
 
 def cost_ratio(fpm_log: Path, streams: int, chunk: int = CHUNK) -> float | None:
     """The boot's decode-to-prefill cost ratio: the median forward of a decode-only batch of the
-    ``streams`` rows over the mean forward of a prefill-only batch of ``chunk`` tokens (every long
-    prompt is the same, so the mean over its chunks is comparable between boots)."""
+    ``streams`` rows over the mean forward of the chunks of its longest run of back-to-back chunks of
+    one prompt (prefill-only batches of ``chunk`` tokens at prefixes 0, chunk, 2 chunk, ... with no
+    other batch between them: the lone prompt, the same in every boot, and never a chunk right after a
+    decode step, which costs more on this engine)."""
     import json
 
     if not fpm_log.is_file():
         return None
-    steps, chunks = [], []
+    steps: list[float] = []
+    best: list[float] = []
+    run: list[float] = []
     for line in fpm_log.read_text().splitlines():
         try:
             record = json.loads(line)
@@ -321,11 +325,17 @@ def cost_ratio(fpm_log: Path, streams: int, chunk: int = CHUNK) -> float | None:
             continue
         if batch["num_prefill_requests"] == 0 and batch["num_decode_requests"] == streams:
             steps.append(forward)
-        elif batch["num_decode_requests"] == 0 and batch["sum_prefill_tokens"] == chunk:
-            chunks.append(forward)
-    if not steps or not chunks:
+        is_chunk = batch["num_decode_requests"] == 0 and batch["sum_prefill_tokens"] == chunk
+        prefix = batch.get("sum_prefill_kv_tokens", -1)
+        if is_chunk and prefix == len(run) * chunk:
+            run.append(forward)
+        else:
+            run = [forward] if is_chunk and prefix == 0 else []
+        if len(run) > len(best):
+            best = list(run)
+    if not steps or not best:
         return None
-    return round(statistics.median(steps) / statistics.fmean(chunks), 4)
+    return round(statistics.median(steps) / statistics.fmean(best), 4)
 
 
 def expected_share(pct: int, ratio: float | None, calibration_ratio: float | None) -> float | None:

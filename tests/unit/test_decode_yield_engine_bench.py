@@ -39,22 +39,28 @@ def test_share_and_ttft_in_cpu_seconds_take_the_load_out():
     assert figures == {"share_cpu": 0.5, "ttft_cpu_s": 1.0}
 
 
-def _fpm_line(prefill_requests: int, prefill_tokens: int, decode_requests: int, forward_s: float) -> str:
+def _fpm_line(prefill_requests: int, prefill_tokens: int, decode_requests: int, forward_s: float,
+              prefix: int = 0) -> str:
     import json
 
     return json.dumps({"wall_time": forward_s, "scheduled_requests": {
         "num_prefill_requests": prefill_requests, "sum_prefill_tokens": prefill_tokens,
-        "num_decode_requests": decode_requests}})
+        "sum_prefill_kv_tokens": prefix, "num_decode_requests": decode_requests}})
 
 
-def test_a_boots_cost_ratio_is_its_stream_steps_median_forward_over_its_chunks_mean_forward(tmp_path):
+def test_a_boots_cost_ratio_is_its_stream_steps_median_forward_over_its_longest_back_to_back_prompts_chunks(tmp_path):
     log = tmp_path / "fpm.jsonl"
     log.write_text("\n".join([
+        _fpm_line(1, 64, 0, 0.100, 0), _fpm_line(1, 64, 0, 0.100, 64),  # a short prompt: 2 chunks
+        # the lone prompt: 3 chunks back to back, mean 30 ms
+        _fpm_line(1, 64, 0, 0.020, 0), _fpm_line(1, 64, 0, 0.040, 64), _fpm_line(1, 64, 0, 0.030, 128),
         _fpm_line(0, 0, 4, 0.010), _fpm_line(0, 0, 4, 0.012), _fpm_line(0, 0, 4, 0.030),  # median 12 ms
-        _fpm_line(1, 64, 0, 0.020), _fpm_line(1, 64, 0, 0.040),  # mean 30 ms
+        # a yielding prompt: its chunks come after decode steps (never back to back), left out
+        _fpm_line(1, 64, 0, 0.500, 0), _fpm_line(0, 0, 4, 0.012), _fpm_line(1, 64, 0, 0.500, 64),
+        _fpm_line(0, 0, 4, 0.012), _fpm_line(1, 64, 0, 0.500, 128), _fpm_line(0, 0, 4, 0.012),
+        _fpm_line(1, 64, 0, 0.500, 192),
         _fpm_line(0, 0, 3, 0.001),  # fewer rows than the streams: a stream finishing
-        _fpm_line(1, 64, 4, 0.500),  # a mixed batch (decode rows in the chunk)
-        _fpm_line(1, 17, 0, 0.900),  # a prompt's last, short chunk
+        _fpm_line(1, 64, 4, 0.500, 256),  # a mixed batch (decode rows in the chunk)
         "not json",
     ]))
     assert bench.cost_ratio(log, streams=4) == 0.4
