@@ -163,6 +163,11 @@ def run_yield_phase(base_url: str, w: Workload, tag: str) -> dict[str, Any]:
             raise RuntimeError(f"stream failed: {failed[0]}")
         t_before = time.monotonic()
         time.sleep(w.before_s)
+        done = [s.rid for s in streams if s.tokens >= w.stream_max_tokens]
+        if done:
+            # e.g. the engine kept one stream in its queue while another decoded all its tokens
+            raise RuntimeError(f"streams {done} finished their {w.stream_max_tokens} tokens before the long prompt "
+                               "was sent: the streams did not decode together")
         long = client.Stream(base_url, f"{tag}-long", w.ids("long", w.long_prompt_tokens), 8, w.timeout_s)
         t_send = time.monotonic()
         long.start()

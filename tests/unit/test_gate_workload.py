@@ -62,3 +62,29 @@ def test_a_branch_inside_the_prompt_is_checked_against_the_prompt_and_named_when
         wl.Workload(cone_prompt_tokens=2048, cone_tokens=2056, cone_branch_at=2048, cone_branch_in_prompt=True).validate()
     with pytest.raises(ValueError, match=r"cone_branch_at=1792 is invalid: expected cone_prompt_tokens=2048 < it"):
         wl.Workload(cone_prompt_tokens=2048, cone_tokens=2056, cone_branch_at=1792).validate()
+
+
+def test_the_yield_phase_refuses_a_round_whose_streams_did_not_decode_together(monkeypatch):
+    """An engine that keeps one stream queued while another decodes all its tokens gives no share
+    to measure (the streams' window would end before the prompt is sent): a clear error, not a
+    meaningless number."""
+    from devkit.engine_kit import client
+    from devkit.engine_kit import workload as wl
+
+    w = wl.Workload(streams=2, stream_max_tokens=100, before_s=0.0)
+
+    class FinishedStream:
+        def __init__(self, base_url, rid, ids, max_new_tokens, timeout_s):
+            self.rid, self.error = rid, None
+            self.tokens = max_new_tokens if rid.endswith("-s0") else 8  # s0 ran to its end meanwhile
+
+        def start(self):
+            return self
+
+    stopped = []
+    monkeypatch.setattr(client, "flush_cache", lambda url: None)
+    monkeypatch.setattr(client, "Stream", FinishedStream)
+    monkeypatch.setattr(client, "stop_streams", lambda url, streams: stopped.append(len(streams)))
+    with pytest.raises(RuntimeError, match=r"streams \['r-s0'\] finished their 100 tokens before the long prompt"):
+        wl.run_yield_phase("http://x", w, "r")
+    assert stopped == [2]  # the streams are stopped on the way out
