@@ -23,7 +23,8 @@ and once: what a user would try instead, ``--prefill-decode-interval`` 1/2/4,
 why). Each row is the median of all its rounds. A clock-free model cannot see a boot whose decode
 steps run faster or slower against its chunks than in its calibration boot, and the share follows
 that ratio; so each boot also reports its cost ratio (median forward of a decode step of the streams
-over the mean forward of a prefill chunk, from its forward-pass metrics) over its calibration boot's,
+over the mean forward of the lone prompt's chunks, from its forward-pass metrics: :func:`cost_ratio`)
+over its calibration boot's,
 and the share the cost model gives at it (``expected_share``: the odds pct/(100-pct) times that
 ratio): measured against expected is the model's error, expected against pct the machine's. Each
 boot also times the long prompt alone first (no streams; decode yield leaves a lone prompt as
