@@ -45,7 +45,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "build" / "bench-decode-yield-engine"
@@ -66,6 +66,25 @@ DSV4_QUICK = {"pcts": (50,), "rounds": 1, "boots": 1, "long": 8 * 256,
 CHUNK = 64
 MAX_TOTAL_TOKENS = 32768  # 4 streams x (32 + 4000) + the long prompt, never short of KV
 SHARE_TOL, TTFT_SLACK, SAME_SHARE = 0.03, 0.10, 0.05
+
+
+class Engine(Protocol):
+    """A kit the bench boots: its model, its server, its workload and its grids (``full`` / ``quick``)."""
+
+    name: str
+    chunk: int
+    streams: int
+    full: dict[str, Any]
+    quick: dict[str, Any]
+
+    @property
+    def out(self) -> Path: ...
+
+    def model(self) -> Path: ...
+
+    def server(self, model: Path, log: Path, profile: dict[str, str], extra: list[str], chunk: int) -> Any: ...
+
+    def workload(self, long_tokens: int) -> Any: ...
 
 
 class MellumEngine:
@@ -99,7 +118,7 @@ class MellumEngine:
                            long_prompt_tokens=long_tokens, before_s=2.0, after_s=2.0)
 
 
-class Dsv4Engine(MellumEngine):
+class Dsv4Engine:
     """The tiny DeepSeek-V4 kit (:mod:`devkit.engine_kit.dsv4`, the gate's DSV4 model: 3 layers
     C0/C4/C128, 256-token pages, fp8 KV): 2 streams, a prompt of 16 pages in chunks of one page
     (16 windows)."""
@@ -238,7 +257,7 @@ def lone_ttft(base_url: str, w: Any, tag: str, clock: SchedulerClock | None = No
 
 def boot_rounds(label: str, model: Path, w: Any, rounds: int, *, profile: dict[str, str] | None = None,
                 extra: list[str] | None = None, chunk: int = CHUNK, calibrate: bool = False,
-                say: Any = print, repeat: int = 0, engine: MellumEngine = MELLUM) -> dict[str, Any]:
+                say: Any = print, repeat: int = 0, engine: Engine = MELLUM) -> dict[str, Any]:
     """One boot: ``rounds`` yield rounds (and the calibration requests first when ``calibrate``);
     ``repeat`` numbers the boots of one label (logs ``<label>.log``, ``<label>-2.log``, ...)."""
     from devkit.engine_kit import fpm, launcher
@@ -386,7 +405,7 @@ def run_dsv4(quick: bool, say: Any = print) -> dict[str, Any]:
     return run(quick, say, engine=DSV4)
 
 
-def run(quick: bool, say: Any = print, engine: MellumEngine = MELLUM) -> dict[str, Any]:
+def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any]:
     grid = engine.quick if quick else engine.full
     t0 = time.monotonic()
     engine.out.mkdir(parents=True, exist_ok=True)

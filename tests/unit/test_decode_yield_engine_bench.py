@@ -158,7 +158,7 @@ def test_a_boot_that_fails_while_serving_is_reported_and_stopped_not_fatal(monke
             stopped.append(True)
             return []
 
-    class FakeEngine(bench.MellumEngine):
+    class FakeEngine:
         out = tmp_path
 
         def server(self, *args):
