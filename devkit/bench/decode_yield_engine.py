@@ -98,10 +98,9 @@ class MellumEngine:
         return OUT
 
     def model(self) -> Path:
-        from devkit.engine_kit import model as mk
+        from devkit.gate import kits
 
-        spec = mk.ModelSpec()
-        return mk.make_model(OUT.parent / f"engine_kit_model_{spec.digest()}", spec)
+        return kits.kit("mellum").build(OUT)  # the gate's model folder, built once
 
     def server(self, model: Path, log: Path, profile: dict[str, str], extra: list[str], chunk: int) -> Any:
         from devkit.engine_kit import launcher
@@ -125,22 +124,23 @@ class Dsv4Engine:
 
     name, chunk, streams = "dsv4", 256, 2
     full, quick = DSV4_FULL, DSV4_QUICK
-    max_total_tokens, max_running = 64 * 256, 3
 
     @property
     def out(self) -> Path:
         return OUT.parent / "bench-decode-yield-engine-dsv4"
 
     def model(self) -> Path:
-        from devkit.engine_kit.dsv4 import checkpoint
+        from devkit.gate import kits
 
-        return checkpoint.make_checkpoint(OUT.parent / "dsv4_kit_model_deepseek_v41", model_type="deepseek_v41")
+        return kits.kit("dsv4").build(OUT)  # the gate's checkpoint folder, built once
 
     def server(self, model: Path, log: Path, profile: dict[str, str], extra: list[str], chunk: int) -> Any:
         from devkit.engine_kit.dsv4 import launch
+        from devkit.gate import kits
 
-        return launch.server(model, log, profile, ready_timeout_s=600.0, max_total_tokens=self.max_total_tokens,
-                             max_running=self.max_running, chunk=chunk, extra=extra)
+        # the gate's pool and running rows (2 streams and the long prompt); the SWA share sized for the chunk
+        return launch.server(model, log, profile, ready_timeout_s=600.0, max_total_tokens=kits.DSV4_MAX_TOTAL_TOKENS,
+                             max_running=kits.DSV4_MAX_RUNNING, chunk=chunk, extra=extra)
 
     def workload(self, long_tokens: int) -> Any:
         from devkit.engine_kit import workload as wl
