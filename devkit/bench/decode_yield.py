@@ -66,6 +66,16 @@ class PromptTimes:
         total = self.cycle_chunk_fs + self.cycle_decode_fs
         return self.cycle_decode_fs / total if total else 0.0
 
+    def rate_share(self, rode_along: int) -> float:
+        """The rows' token rate over the cycles, over their rate alone at the cycles' mean step cost:
+        one token a decode step plus ``rode_along`` a chunk (1 under ``--enable-mixed-chunk``)."""
+        steps = sum(self.gaps)
+        total = self.cycle_chunk_fs + self.cycle_decode_fs
+        if not steps or not total:
+            return 0.0
+        tokens = steps + rode_along * len(self.gaps)
+        return tokens * (self.cycle_decode_fs / steps) / total
+
     @property
     def prefill_fs(self) -> int:
         """First chunk to the end of the final chunk: the prompt's time to first token."""

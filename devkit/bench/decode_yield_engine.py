@@ -20,7 +20,8 @@ Boots, one at a time, same model, seed and server arguments, in ``boots`` repeti
 
 and once: what a user would try instead, ``--prefill-decode-interval`` 1/2/4,
 ``--enable-mixed-chunk`` and a smaller ``--chunked-prefill-size`` (a boot that fails to start says
-why). Each row is the median of all its rounds. A clock-free model cannot see a boot whose decode
+why); then decode yield at pct 50 and 70 on top of ``--enable-mixed-chunk`` (``rows_on_mixed_chunk``:
+the window credits the token each stream gets inside a chunk). Each row is the median of all its rounds. A clock-free model cannot see a boot whose decode
 steps run faster or slower against its chunks than in its calibration boot, and the share follows
 that ratio; so each boot also reports its cost ratio (median forward of a decode step of the streams
 over the mean forward of the lone prompt's chunks, from its forward-pass metrics: :func:`cost_ratio`)
@@ -32,7 +33,7 @@ stock): ``ttft_factor_in_boot`` is TTFT over that, free of the drift between boo
 ``ttft_factor`` is over the stock boots' median TTFT. Targets (decode yield rows): share within
 ±0.03 of pct/100, both TTFT factors at most 100/(100-pct)+0.10, and a TTFT (in-boot factor) no worse
 than 1.05x that of the alternative whose share is closest (within 0.05) to it. Slow (about a minute
-per boot on 2 cores, 20 boots): a benchmark, never a timed test. ``--quick``: a 2,048-token prompt,
+per boot on 2 cores, 22 boots): a benchmark, never a timed test. ``--quick``: a 2,048-token prompt,
 pct 50 only, one repetition, one round, alternatives interval 1. ``decode-yield-engine-dsv4``: the
 same on the DSV4 kit (:class:`Dsv4Engine`).
 """
@@ -54,7 +55,9 @@ FULL = {"pcts": (20, 33, 50, 70), "rounds": 2, "boots": 3, "long": 6000,
                          ("interval 2", ["--prefill-decode-interval", "2"]),
                          ("interval 4", ["--prefill-decode-interval", "4"]),
                          ("mixed chunk", ["--enable-mixed-chunk"]),
-                         ("chunk 32", "chunk=32"))}
+                         ("chunk 32", "chunk=32")),
+        # decode yield on top of --enable-mixed-chunk: the window credits the token each stream got in the chunk
+        "on_mixed_chunk": (50, 70)}
 QUICK = {"pcts": (50,), "rounds": 1, "boots": 1, "long": 2048, "alternatives": (("interval 1", ["--prefill-decode-interval", "1"]),)}
 # The DSV4 kit: one boot per pct (a DSV4 boot costs minutes here), the alternatives SGLang runs with it.
 DSV4_FULL = {"pcts": (20, 33, 50, 70), "rounds": 2, "boots": 1, "long": 16 * 256,
@@ -66,6 +69,7 @@ DSV4_QUICK = {"pcts": (50,), "rounds": 1, "boots": 1, "long": 8 * 256,
 CHUNK = 64
 MAX_TOTAL_TOKENS = 32768  # 4 streams x (32 + 4000) + the long prompt, never short of KV
 SHARE_TOL, TTFT_SLACK, SAME_SHARE = 0.03, 0.10, 0.05
+ON_MIXED = "+ mixed chunk"  # the label's tail of a decode-yield boot with --enable-mixed-chunk
 
 
 class Engine(Protocol):
@@ -440,6 +444,10 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
             boot(f"yield {pct}", profile={"DSV41_DECODE_YIELD": str(pct), **keys})["calibration_ratio"] = ratio
     for label, how in grid["alternatives"]:
         boot(label, **({"chunk": int(how.split("=")[1])} if isinstance(how, str) else {"extra": list(how)}))
+    for pct in grid.get("on_mixed_chunk", ()):
+        last = calibrations[-1]
+        boot(f"yield {pct} {ON_MIXED}", profile={"DSV41_DECODE_YIELD": str(pct), **last["keys"]},
+             extra=["--enable-mixed-chunk"])["calibration_ratio"] = last["cost_ratio"]
     first_ratio = calibrations[0]["cost_ratio"]
 
     stock_rounds = [r for b in runs["stock"] for r in b["rounds"]]
@@ -475,14 +483,14 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
                                      if r and b.get("calibration_ratio", first_ratio) else None
                                      for r, b in zip(ratios, ran)],
         }
-        if label.startswith("yield"):
+        if label.startswith("yield") and not label.endswith(ON_MIXED):  # the model's share is for plain chunks
             pct = int(label.split()[1])
             expected = [expected_share(pct, r, b.get("calibration_ratio")) for r, b in zip(ratios, ran)]
             summary[label]["expected_shares"] = expected
             summary[label]["expected_share"] = (statistics.median(e for e in expected if e is not None)
                                                 if any(e is not None for e in expected) else None)
     alternatives = {k: v for k, v in summary.items() if not k.startswith("yield") and "error" not in v}
-    rows, table, misses = [], [], []
+    rows, rows_on_mixed, table, misses = [], [], [], []
     for label, s in summary.items():
         if "error" in s:
             table.append([label, *["-"] * 14, f"did not run: {s['error'][:80]}"])
@@ -508,11 +516,11 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
                 misses.append(f"{label}: {','.join(failed)}")
             cpu_ok = (s["share_cpu"] is not None and abs(s["share_cpu"] - pct / 100) <= SHARE_TOL
                       and s["ttft_cpu_factor"] is not None and s["ttft_cpu_factor"] <= bound)
-            rows.append({"pct": pct, "share": share, "ttft_factor": factor,
+            (rows_on_mixed if label.endswith(ON_MIXED) else rows).append({"pct": pct, "share": share, "ttft_factor": factor,
                          "share_before_only": s["share_before_only"], "reference_drift": s["reference_drift"],
                          "ttft_factor_in_boot": s["ttft_factor_in_boot"], "share_cpu": s["share_cpu"],
                          "ttft_cpu_factor": s["ttft_cpu_factor"], "cpu_targets_met": cpu_ok,
-                         "boot_shares": s["boot_shares"], "expected_share": s["expected_share"]})
+                         "boot_shares": s["boot_shares"], "expected_share": s.get("expected_share")})
         def f(v: Any, fmt: str) -> str:
             return "-" if v is None else format(v, fmt)
 
@@ -530,6 +538,7 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
     load = os.getloadavg()
     return {
         "rows": rows,
+        "rows_on_mixed_chunk": rows_on_mixed,
         "boots": summary,
         "calibrations": calibrations,
         "targets_missed": misses,

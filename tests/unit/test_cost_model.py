@@ -103,6 +103,28 @@ def test_the_window_matches_hand_worked_cases(pct, chunk, step, floor, n):
     assert cost_model.yield_steps(pct, chunk, step, floor) == n
 
 
+@pytest.mark.parametrize(("pct", "chunk", "step", "n"), [
+    # worked by hand: the rows got 1 token in the chunk, so 1 + n tokens in chunk + n*step
+    (50, 200, 100, 0),  # 1 token in 200: 100/200 = 50 % already (without the credit: 2 steps, 300/400)
+    (50, 201, 100, 1),  # 1/201 < 50 %; 2 tokens in 301: 66 %
+    (33, 1000, 100, 4),  # 3 steps: 400/1300 = 30.8 %; 4 steps: 500/1400 = 35.7 %
+    (20, 1000, 300, 0),  # 300/1000 = 30 % from the chunk alone: nothing to add
+])
+def test_a_mixed_chunk_window_credits_the_token_each_row_got_inside_the_chunk(pct, chunk, step, n):
+    assert cost_model.yield_window(pct, chunk, step, rode_along=1)[0] == n
+
+
+@given(pct=st.integers(1, 99), chunk=st.integers(10**6, 10**12), step=st.integers(10**6, 10**11))
+@settings(max_examples=300, deadline=None)
+def test_a_mixed_chunk_window_is_the_fewest_steps_that_give_the_rows_their_token_rate_share(pct, chunk, step):
+    n, _ = cost_model.yield_window(pct, chunk, step, rode_along=1)
+    assert n <= cost_model.MAX_YIELD_STEPS
+    if n < cost_model.MAX_YIELD_STEPS:
+        assert 100 * (1 + n) * step >= pct * (chunk + n * step)  # rate during / rate alone >= pct
+    if n > 0:
+        assert 100 * n * step < pct * (chunk + (n - 1) * step)  # one step fewer falls short
+
+
 @given(
     pct=st.integers(1, 99),
     step=st.integers(10**6, 10**11),

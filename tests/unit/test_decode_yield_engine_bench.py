@@ -80,14 +80,16 @@ def test_the_expected_share_is_pct_at_the_calibrated_ratio_and_moves_with_the_ra
 
 def test_the_full_bench_calibrates_each_of_its_three_repetitions_on_its_own_stock_boot_and_takes_medians_over_all_rounds(
         monkeypatch, tmp_path):
+    """And yield on top of mixed chunk runs on the last calibration, with the flag, in rows of its own."""
     from devkit.engine_kit import model as mk
 
-    order, shares = [], {"stock": [0.01, 0.02, 0.01], "yield 50": [0.44, 0.52, 0.50]}
+    order, flags, shares = [], {}, {"stock": [0.01, 0.02, 0.01], "yield 50": [0.44, 0.52, 0.50]}
     # the machine moves between repetitions: each stock boot's ratio is its yield boot's calibration
     ratios = {"stock-0": 0.5, "stock-1": 0.4, "stock-2": 0.5, "yield 50-0": 0.4, "yield 50-1": 0.4}
 
     def fake_boot(label, model, w, rounds, *, repeat=0, profile=None, calibrate=False, **kwargs):
         order.append((label, repeat, calibrate, (profile or {}).get("DSV41_DECODE_YIELD_STEP_US")))
+        flags[label] = kwargs.get("extra")
         log = tmp_path / f"{label}-{repeat}.jsonl"
         log.write_text(f"{label}-{repeat}")
         share = shares.get(label, [0.3])[repeat]
@@ -103,10 +105,14 @@ def test_the_full_bench_calibrates_each_of_its_three_repetitions_on_its_own_stoc
     monkeypatch.setattr(bench, "OUT", tmp_path)
     monkeypatch.setitem(bench.FULL, "pcts", (50,))
     monkeypatch.setitem(bench.FULL, "alternatives", (("interval 1", ["--prefill-decode-interval", "1"]),))
+    monkeypatch.setitem(bench.FULL, "on_mixed_chunk", (70,))
     result = bench.run(quick=False, say=lambda *a: None)
     assert order == [("stock", 0, True, None), ("yield 50", 0, False, "1"), ("stock", 1, True, None),
                      ("yield 50", 1, False, "2"), ("stock", 2, True, None), ("yield 50", 2, False, "3"),
-                     ("interval 1", 0, False, None)]
+                     ("interval 1", 0, False, None), ("yield 70 + mixed chunk", 0, False, "3")]
+    assert flags["yield 70 + mixed chunk"] == ["--enable-mixed-chunk"]
+    assert [r["pct"] for r in result["rows"]] == [50] and [r["pct"] for r in result["rows_on_mixed_chunk"]] == [70]
+    assert result["rows_on_mixed_chunk"][0]["expected_share"] is None  # the model's share is for plain chunks
     row = result["rows"][0]
     assert row["pct"] == 50 and row["boot_shares"] == [0.44, 0.52, 0.50]
     assert row["share"] == statistics.median([0.43, 0.45, 0.51, 0.53, 0.49, 0.51])  # all 6 rounds

@@ -180,22 +180,29 @@ def yield_steps(pct: int, chunk: int, step: int, floor: int = 0, cap: int = MAX_
 
 
 def yield_window(
-    pct: int, chunk: int, step: int, floor: int = 0, carry: int = 0, cap: int = MAX_YIELD_STEPS
+    pct: int, chunk: int, step: int, floor: int = 0, carry: int = 0, cap: int = MAX_YIELD_STEPS,
+    rode_along: int = 0,
 ) -> tuple[int, int]:
     """``(N, carry)`` for one window, with the previous window's rounding surplus ``carry``.
 
-    ``N = max(floor, min(cap, ceil((pct*chunk - carry) / ((100-pct)*step))))``: the ceil of the
-    window formula less the decode time earlier windows of the same prompt gave beyond their
-    share (``carry``, in fs scaled by ``100-pct``). Rounding each window up on its own overshoots
-    by up to one decode step per chunk (with 64 streams a step is ~1/7 of a chunk: +0.03..0.05 of
-    share); carrying the surplus keeps the prompt's total at its share, never below it. The
-    returned carry is clamped to ``[0, one step)``: it carries rounding only, never a debt from the
-    floor or the cap. The first window of a prompt (``carry == 0``) is the plain formula.
+    ``N = max(floor, min(cap, ceil((pct*chunk - 100*rode_along*step - carry) / ((100-pct)*step))))``:
+    the ceil of the window formula less the decode time earlier windows of the same prompt gave
+    beyond their share (``carry``, in fs scaled by ``100-pct``). Rounding each window up on its own
+    overshoots by up to one decode step per chunk (with 64 streams a step is ~1/7 of a chunk:
+    +0.03..0.05 of share); carrying the surplus keeps the prompt's total at its share, never below
+    it. The returned carry is clamped to ``[0, one step)``: it carries rounding only, never a debt
+    from the floor or the cap. The first window of a prompt (``carry == 0``) is the plain formula.
+
+    ``rode_along`` is the decode tokens each row already got inside the chunk (1 under
+    ``--enable-mixed-chunk``). The share is the rows' token rate over their rate alone, so over a
+    chunk and its window ``(rode_along + N) * step = pct/100 * (chunk + N*step)``: without the
+    credit, pct 50 on a chunk worth two steps gives the rows 3 tokens in 4 steps' time, 0.75.
     """
     den = (100 - pct) * max(step, 1)
-    need = max(0, -(-(pct * chunk - carry) // den))
+    owed = pct * chunk - 100 * rode_along * max(step, 1)
+    need = max(0, -(-(owed - carry) // den))
     n = max(floor, min(cap, need))
-    left = carry + den * n - pct * chunk
+    left = carry + den * n - owed
     return n, min(max(left, 0), den - 1)
 
 

@@ -9,6 +9,10 @@ against one decode iteration, forward and scheduling both) from :mod:`adapter.sw
 rounding surplus earlier windows of the same prompt gave, so the prompt's total tracks the share),
 never shorter than ``--prefill-decode-interval``, never longer than 128 steps. Only *when* the
 next chunk runs changes: chunk boundaries, batch contents and outputs stay the engine's own.
+Under ``--enable-mixed-chunk`` the running rows also decode one token inside the chunk
+(``Scheduler`` mixes them in and sets ``batch.decoding_reqs``); the share is on the streams' token
+rate, so the window credits that token (``cost_model.yield_window``'s ``rode_along``) and is empty
+when the chunk alone already gives the share.
 
 Why: in SGLang 0.5.23 a chunked prompt is rescheduled on every pass, so running streams get no
 decode step between chunks unless ``--prefill-decode-interval`` is set, and then a fixed number of
@@ -148,7 +152,7 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
         step_fs = cost_model.decode_cost(rows, kv, kv_topk, coef)
         floor = instance._prefill_decode_interval_remaining  # what the engine's own arm wrote
         carry = state.carry if state.carry_req is chunked else 0
-        n, state.carry = cost_model.yield_window(pct, chunk_fs, step_fs, floor, carry)
+        n, state.carry = cost_model.yield_window(pct, chunk_fs, step_fs, floor, carry, rode_along=1 if decoding else 0)
         state.carry_req = chunked
         instance._prefill_decode_interval_remaining = n
         state.window = _Window(chunked, n, floor, batch.extend_lens[index], batch.prefix_lens[index], rows)
