@@ -70,6 +70,9 @@ class ProbeServer(launcher.Server):
 class Kit:
     server: ProbeServer
     probe: Path
+    # decoder SWA bounded replay computes logits for each extend's last ``tail`` rows only (SGLang
+    # refuses input logprobs below them): turn 2's logprobs then start there
+    tail: int | None = None
 
     @property
     def url(self) -> str:
@@ -80,6 +83,8 @@ class Kit:
 
     def generate(self, ids: list[int], *, start: int | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {"input_ids": ids, "sampling_params": client.greedy(1)}
+        if start is not None and self.tail is not None:
+            start = max(start, len(ids) - self.tail)
         if start is not None:
             body.update(return_logprob=True, logprob_start_len=start, top_logprobs_num=TOP)
         t0 = time.monotonic()
@@ -96,17 +101,20 @@ class Kit:
         return [torch.load(p, weights_only=False) for p in paths]
 
 
-def boot(workdir: Path, *, tokens: int = N, log_name: str = "server.log") -> Kit:
-    model = checkpoint.make_checkpoint(workdir / "ckpt")
+def boot(workdir: Path, *, tokens: int = N, log_name: str = "server.log", model: Path | None = None,
+         extra: tuple[str, ...] = (), tail: int | None = None) -> Kit:
+    """The kit server with the cone at depth ``tokens``; ``model``: a checkpoint folder (default: the
+    DSV4 kit's C0/C4/C128), ``extra``: more server flags, ``tail``: see :class:`Kit`."""
+    model = checkpoint.make_checkpoint(workdir / "ckpt") if model is None else model
     probe = workdir / "probe"
     shutil.rmtree(probe, ignore_errors=True)
     probe.mkdir(parents=True)
     profile = {"DSV41_SWA_CONE_REPLAY": "1", "DSV41_SWA_CONE_TOKENS": str(tokens)}
-    args = launch.server_args(model, launcher.free_port(), **GEOMETRY)
-    server = ProbeServer(args, workdir / log_name, profile, ready_timeout_s=600)
+    args = launch.server_args(model, launcher.free_port(), extra=extra, **GEOMETRY)
+    server = ProbeServer(args, workdir / log_name, profile, ready_timeout_s=900)
     server.env = launch.child_env(profile)
     server.env["CONE_PROBE_DIR"] = str(probe)
-    kit = Kit(server, probe)
+    kit = Kit(server, probe, tail)
     kit.control()
     server.start()
     return kit
@@ -158,16 +166,21 @@ PHASES = {
     "shallow": dict(evict=True, tokens=N - PAGE),
     "short": dict(evict=True, tokens=GEOMETRY["chunk"] + PAGE),  # the first chunk cannot cover [s, F)
 }
+AFTER = {"below": "cone"}  # phases that read the tree the one before left
 
 
-def run(workdir: Path, phases: tuple[str, ...] = tuple(PHASES)) -> dict[str, Any]:
-    kit = boot(workdir)
+def run(workdir: Path, phases: tuple[str, ...] = tuple(PHASES), depths: dict[str, int] | None = None,
+        **boot_kwargs: Any) -> dict[str, Any]:
+    """The ``phases`` in one boot (:func:`boot`'s ``boot_kwargs``); ``depths``: a phase's cone depth
+    in place of its own (``{"shallow": 768}``)."""
+    kit = boot(workdir, **boot_kwargs)
     try:
         out = {"startup_s": round(kit.server.startup_s or 0.0, 1)}
         for name in phases:
-            assert name != "below" or phases[phases.index(name) - 1] == "cone", "below runs right after cone"
+            after = AFTER.get(name)
+            assert after is None or phases[phases.index(name) - 1] == after, f"{name} runs right after {after}"
             t0 = time.monotonic()
-            out[name] = _phase(kit, name, **PHASES[name])
+            out[name] = _phase(kit, name, **{**PHASES[name], **({"tokens": depths[name]} if name in (depths or {}) else {})})
             print(f"[dsv4 cone] phase {name}: cached {out[name]['cached_tokens']} ttft {out[name]['ttft_s']} s "
                   f"({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
         out["log"] = kit.server.log_lines()

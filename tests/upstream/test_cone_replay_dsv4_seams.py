@@ -82,6 +82,7 @@ def test_the_dsv4_bound_takes_the_largest_per_layer_need_and_names_a_bad_ratio_l
 
     assert cone_bound_dsv4(W, PAGE, 3, ratios=[0, 4, 128]) == 768  # the kit's model: C128 last
     assert cone_bound_dsv4(W, PAGE, 3, ratios=[0, 128, 4]) == 1024  # a C4 layer last pools 4 rows more
+    assert cone_bound_dsv4(W, PAGE, 5, ratios=[0, 2, 1, 1, 0]) == 1024  # the V4.1 kit: ratios 1/2 pool no earlier rows
     assert cone_bound_dsv4(W, PAGE, 61, ratios=[4] * 60 + [128]) == 8192  # the profile's N covers it
     assert cone_bound_dsv4(W, PAGE, 61) == 8448  # ratios unknown: every layer taken as C4
     with pytest.raises(ValueError, match=r"ratios=\[0, 4\] has 2 entries, expected layers=3"):
@@ -167,6 +168,8 @@ def test_dsv4_layouts_the_cone_cannot_replay_are_refused_with_one_line_naming_th
         finally:
             setattr(dsv4_pool, attr, old)
     Cache.decoder_swa_bounded_replay = True
-    assert "--enable-decoder-swa-bounded-replay" in dsv4.unsupported(dsv4_pool, Cache(), True)
+    assert "--enable-decoder-swa-bounded-replay" in dsv4.unsupported(dsv4_pool, Cache(), False)
+    assert dsv4.unsupported(dsv4_pool, Cache(), True) is None  # the test-only key measures it anyway
     Cache.decoder_swa_bounded_replay = False
     assert dsv4.unsupported(dsv4_pool, Cache(), True) is None
+    assert dsv4.unsupported(dsv4_pool, Cache(), False) is None  # V4 layout, no replay: it acts

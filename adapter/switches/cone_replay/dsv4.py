@@ -20,19 +20,26 @@ What the DSV4 forward does with a replay batch (read from SGLang 0.5.23):
   gather has no floor), and the bound does not need one: replay rows near s read the evicted
   positions below s as the SWA padding slot, which changes rows inside the cone only.
 
-Shown exact (``tests/engine/test_cone_replay_dsv4_server.py``, the DSV4 kit server on CPU: real
-pool, backend and tree, the kit's torch stand-ins for the CUDA kernels): for the V4 layout with
-C0/C4/C128 layers, every row >= F leaves bit for bit the SWA KV, C4/C128 latents and C4 index keys
-of a stock prefix hit at F and gets the same logprobs; a later session resuming one page below F
-too; without the mask or one page below the bound they differ. GPU kernels: not verified.
+* DeepSeek-V4.1's ratio-1/2 KV-source layers write their latents (``c1_out_loc`` / ``c2_out_loc``,
+  built from the same masked ``out_cache_loc``) and fp4 index keys through the same slot-0 rule,
+  and read every row's latents from the request's pages (``_snapshot_low_ratio_k_slots``), so the
+  copied bytes of ``[s, F - R)`` stay what the rows >= F read. The layers that read a source
+  layer's KV own none: their window is their SWA KV only.
+
+Shown exact on CPU (the kit servers: real pool, backend and tree, the kits' torch stand-ins for the
+CUDA kernels): for the V4 layout with C0/C4/C128 layers (``tests/engine/test_cone_replay_dsv4_server.py``)
+and with V4.1's ratio-1/2 KV-source layers (``tests/engine/test_cone_replay_v41_server.py``), every
+row >= F leaves bit for bit the SWA KV and compressed pages (latents, index keys) of a stock prefix
+hit at F and gets the same logprobs; a later session resuming one page below F too; without the
+mask they differ. GPU kernels: not verified.
 
 What is refused at cache build (one line each, :func:`unsupported`): the unified KV ring (HIP), the
 request window of ``--enable-encoder-swa-bounded-replay`` (the tree then keeps no SWA component:
 refused earlier, see the switch's cache check; with a paged draft SWA it still does not gate the
 match), ``--enable-decoder-swa-bounded-replay`` (late layers run only on each chunk's last 128
 rows and their window KV of earlier rows is never written; not verified with the cone), a KV
-layout other than V4 (V4.1's 528-byte fp8, fp4, TRT-LLM uniform fp8) and V4.1's compress ratios
-1/2, unless the test-only ``DSV41_SWA_CONE_FORWARD_STANDIN=1`` says act anyway.
+layout other than V4 (V4.1's 528-byte fp8, fp4, TRT-LLM uniform fp8: SGLang picks them on SM100 /
+gfx950 only), unless the test-only ``DSV41_SWA_CONE_FORWARD_STANDIN=1`` says act anyway.
 """
 
 from __future__ import annotations
@@ -73,20 +80,16 @@ def unsupported(kvpool: Any, cache: Any, standin: bool) -> str | None:
     if getattr(kvpool, "request_window", None) is not None:
         return ("--enable-encoder-swa-bounded-replay: SWA lives in per-request window rings the tree does not own "
                 "(upstream replays min(prefix, 128) tokens on every hit itself); nothing for the cone to replay")
+    if standin:
+        return None
     if getattr(cache, "decoder_swa_bounded_replay", False):
         return ("--enable-decoder-swa-bounded-replay: late layers run only on each chunk's last 128 rows and prefix "
                 "matches are capped at L - 128; the cone is not verified against its tail")
-    if standin:
-        return None
     layout = "uniform_fp8" if getattr(kvpool, "uniform_fp8", False) else getattr(
         getattr(kvpool, "kv_layout", None), "value", str(getattr(kvpool, "kv_layout", None)))
     if layout != VERIFIED_LAYOUT:
         return (f"DeepSeek-V4 KV layout {layout}: cone replay's exactness is shown on the {VERIFIED_LAYOUT} layout "
                 "(584 B rows) only; the engine stays stock")
-    low = sorted({r for r in (getattr(kvpool, "compression_ratios", None) or ()) if r in (1, 2)})
-    if low:
-        return (f"DeepSeek-V4.1 compress ratios {low} (KV-source layers, low-ratio index snapshots): cone replay's "
-                "exactness is shown on C0/C4/C128 layers only; the engine stays stock")
     return None
 
 

@@ -33,11 +33,12 @@ The package, one job a module (this module installs and holds the scheduler-side
   copied rows ``[s, F - align_up(W, page) - page)`` go to slot 0). No window floor is set:
   ``encoder_swa_row_floor`` has no effect on the paged pool's main window (only the request-window
   branch and the decoder-replay tail read it), and the bound does not need one. Shown exact on
-  the DSV4 kit server (CPU: real pool, backend and tree; the kit's torch stand-ins for the CUDA
-  kernels) for the V4 layout with C0/C4/C128 layers; GPU kernels unverified. Refused at cache
-  build, one line each: the unified KV ring, the encoder-replay request window, decoder SWA
-  bounded replay, any other KV layout (V4.1 528-byte fp8, fp4, TRT-LLM uniform fp8) and V4.1's
-  compress ratios 1/2, unless the test-only ``DSV41_SWA_CONE_FORWARD_STANDIN=1`` says act anyway.
+  the DSV4 and DSV4.1 kit servers (CPU: real pool, backend and tree; the kits' torch stand-ins for
+  the CUDA kernels) for the V4 layout with C0/C4/C128 layers and with V4.1's ratio-1/2 KV-source
+  layers; GPU kernels unverified. Refused at cache build, one line each: the unified KV ring, the
+  encoder-replay request window, decoder SWA bounded replay and any other KV layout (V4.1
+  528-byte fp8, fp4, TRT-LLM uniform fp8: SM100 / gfx950 only), unless the test-only
+  ``DSV41_SWA_CONE_FORWARD_STANDIN=1`` says act anyway.
 
 It never replays inexactly: every case it cannot make exact is a one-line refusal at cache build
 (a boot failure under ``DSV41_STRICT=1``), never a silent no-op.

@@ -87,4 +87,18 @@ PINS: dict[str, str] = {
     "sglang.srt.layers.moe.fused_moe_native:moe_forward_native": (
         "53b7e13072dbf34488e8a461eda07f378e25b2da3fe57205d126ced4878745da"
     ),
+    # 8. V4.1 ratio-1/2 KV-source layers: the fp4 index-K pool's Triton kernels
+    "sglang.kernels.ops.quantization.fp4_indexer_quant:quantize_fp4_indexer_tensor": (
+        "45fa6596cc3b0efa55e03a6565e01c6d1b841b24a4d2e060463e82a7e21612cd"
+    ),
+    "sglang.kernels.ops.kvcache.dsv4_fp4_index_k_cache:store_fp4_index_k_cache": (
+        "53eed9930493318027e700c012295e0d655fea1653a53dbe6806a9712402c472"
+    ),
+    "sglang.kernels.ops.attention.dsv4.fp4_indexer:fp4_index_logits_decode": (
+        "3ad02e4bd99040549e4960317e8df356acada867a9cb81524233d0ef9937a53b"
+    ),
+    # ... and the torch prefill top-k, whose choice among tied scores moved with the forward's width
+    "sglang.srt.layers.attention.dsv4.v41_indexer.full_topk:FullTopKIndexer._torch_prefill": (
+        "d9e1475013a691a22dda098f8006dd20f8d42b4c1aec360a5dac2fe07013d030"
+    ),
 }

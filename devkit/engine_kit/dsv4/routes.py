@@ -31,6 +31,12 @@ What is routed, in boot order (the CPU engine map's blocker table):
    switches select the torch mixes and post; ``fused_hc_head`` (Triton) by SGLang's ``hc_head_torch``.
 7. SwiGLU clamp (JIT) and the MoE CPU path: ``moe_forward_native`` applies DSV4's
    ``swiglu_limit`` as the GPU runners do (upstream's native path ignores it).
+8. DeepSeek-V4.1's ratio-1/2 KV-source layers (:mod:`devkit.engine_kit.dsv41`): the fp4 index-K
+   quantization, the paged index-K store and the decode index logits (Triton) by
+   :mod:`.fp4_index`; the torch prefill top-k (``FullTopKIndexer._torch_prefill``) takes ties at
+   the lowest column (:func:`.fp4_index.topk_lowest_index_ties`: upstream's ``topk(sorted=False)``
+   chose among ties by the forward's width, so a row's KV depended on its chunk's length). A V4
+   model never calls them.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from devkit.engine_kit.dsv4 import kernels
+from devkit.engine_kit.dsv4 import fp4_index, kernels
 from devkit.engine_kit.dsv4.pins import PINS
 
 
@@ -165,6 +171,16 @@ def _clamped_silu_and_mul(x, limit: float):
     return out
 
 
+def _prefill_topk(module, original):
+    @functools.wraps(original)
+    def _torch_prefill(self, inputs):
+        for request, chunks in module.prefill_requests(inputs=inputs, token_to_kv_pool=self.token_to_kv_pool):
+            for chunk in chunks:
+                module.write_prefill(inputs, request, chunk, fp4_index.topk_lowest_index_ties(chunk.scores, request.k))
+
+    return _torch_prefill
+
+
 def _moe_native(module, original):
     @functools.wraps(original)
     def moe_forward_native(layer, x, topk_output, moe_runner_config):
@@ -236,6 +252,16 @@ ROUTE_TABLE: dict[str, tuple[Patch, ...]] = {
         Patch("silu_and_mul_clamp", _replace_with(kernels.silu_and_mul_clamp)),
     ),
     "sglang.srt.layers.moe.fused_moe_native": (Patch("moe_forward_native", _moe_native),),
+    "sglang.kernels.ops.quantization.fp4_indexer_quant": (
+        Patch("quantize_fp4_indexer_tensor", _replace_with(fp4_index.quantize_fp4_indexer_tensor)),
+    ),
+    "sglang.kernels.ops.kvcache.dsv4_fp4_index_k_cache": (
+        Patch("store_fp4_index_k_cache", _replace_with(fp4_index.store_fp4_index_k_cache)),
+    ),
+    "sglang.kernels.ops.attention.dsv4.fp4_indexer": (
+        Patch("fp4_index_logits_decode", _replace_with(fp4_index.fp4_index_logits_decode)),
+    ),
+    "sglang.srt.layers.attention.dsv4.v41_indexer.full_topk": (Patch("FullTopKIndexer._torch_prefill", _prefill_topk),),
 }
 
 

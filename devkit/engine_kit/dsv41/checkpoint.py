@@ -1,0 +1,96 @@
+"""A tiny seeded DeepSeek-V4.1 checkpoint with ratio-1/2 KV-source layers (devkit only).
+
+Built on :mod:`devkit.engine_kit.dsv4.checkpoint` (same seeding rule: one generator per tensor,
+seeded by ``(seed, crc32(name))``; same :data:`SCALES`; same tokenizer). Layers of ratio 0/4/128
+get exactly the DSV4 kit's tensors. Ratio-1/2 layers get what SGLang 0.5.23's V4.1 modules own
+(``srt/layers/attention/dsv4/dsv41_sparse.py``):
+
+* a kv_source layer: ``attn.compressor.wkv.weight`` ``[head_dim, hidden]``, for ratio 2 also
+  ``attn.compressor.wgate.weight`` (no ``ape``), ``attn.compressor.norm.weight`` ``[head_dim]``;
+* an index-source layer: ``attn.indexer.wq_b.weight``, ``attn.indexer.weights_proj.weight``, and when
+  it is also a kv_source ``attn.indexer.wk.weight`` ``[index_head_dim, head_dim]`` +
+  ``attn.indexer.k_norm.weight``;
+* a ratio-1/2 layer that is neither: only the common attention tensors (it reads its source).
+
+``make_checkpoint(out, ratios=...)`` writes config.json (the V4.1 flat schema of
+:func:`devkit.engine_kit.dsv41.launch.tiny_v41_config`), model.safetensors and the tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from devkit.engine_kit.dsv4 import checkpoint as base
+
+STAMP = "dsv41_kit_checkpoint_spec.json"
+
+
+def tensor_specs(config: Mapping[str, Any]) -> dict[str, tuple[tuple[int, ...], str, str, float]]:
+    ratios = list(config["compress_ratios"])
+    plain = dict(config, compress_ratios=[r if r in (0, 4, 128) else 0 for r in ratios])
+    specs = base.tensor_specs(plain)
+    D, hd = config["hidden_size"], config["head_dim"]
+    ql, ih, ihd = config["q_lora_rank"], config["index_n_heads"], config["index_head_dim"]
+    s = base.SCALES
+
+    def mat(rows: int, cols: int, gain: float):
+        return (rows, cols), "bfloat16", "normal", gain / cols ** 0.5
+
+    def norm(n: int):
+        return (n,), "bfloat16", "norm", s["norm"]
+
+    kv_sources = set(config.get("kv_source_layer_ids") or ())
+    index_sources = set(config.get("index_source_layer_ids") or ())
+    for i, ratio in enumerate(ratios):
+        if ratio not in (1, 2):
+            continue
+        a = f"layers.{i}.attn."
+        if i in kv_sources:
+            specs[f"{a}compressor.wkv.weight"] = mat(hd, D, s["compressor"])
+            if ratio == 2:
+                specs[f"{a}compressor.wgate.weight"] = mat(hd, D, s["compressor"])
+            specs[f"{a}compressor.norm.weight"] = norm(hd)
+        if i in index_sources:
+            specs[f"{a}indexer.wq_b.weight"] = mat(ih * ihd, ql, s["attn"])
+            specs[f"{a}indexer.weights_proj.weight"] = mat(ih, D, s["attn"])
+            if i in kv_sources:
+                specs[f"{a}indexer.wk.weight"] = mat(ihd, hd, s["compressor"])
+                specs[f"{a}indexer.k_norm.weight"] = norm(ihd)
+    return specs
+
+
+def make_weights(config: Mapping[str, Any], seed: int = 0) -> dict[str, Any]:
+    return {name: base._draw(name, spec, seed, config["n_routed_experts"])
+            for name, spec in tensor_specs(config).items()}
+
+
+def make_checkpoint(out_dir: str | Path, *, seed: int = 0, **config_kwargs: Any) -> Path:
+    """Write (or reuse, when the stamp matches) a V4.1 checkpoint folder; ``config_kwargs`` go to
+    :func:`devkit.engine_kit.dsv41.launch.tiny_v41_config` (``ratios``, ``kv_sources`` ...)."""
+    from safetensors.torch import save_file
+
+    from devkit.engine_kit import model as kit_model
+    from devkit.engine_kit.dsv41.launch import tiny_v41_config
+
+    out = Path(out_dir)
+    tokenizer = kit_model._tokenizer(kit_model.ModelSpec(seed=seed))
+    ids = {key: tokenizer.convert_tokens_to_ids(tok)
+           for key, tok in (("bos_token_id", "<|bos|>"), ("eos_token_id", "<|eos|>"), ("pad_token_id", "<|pad|>"))}
+    config = tiny_v41_config(special_ids=ids, **config_kwargs)
+    spec = {"config": config, "seed": seed, "scales": base.SCALES}
+    stamp = out / STAMP
+    if stamp.is_file() and json.loads(stamp.read_text()) == spec:
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(out)
+    (out / "config.json").write_text(json.dumps(config, indent=1, sort_keys=True) + "\n")
+    save_file(make_weights(config, seed), str(out / base.WEIGHTS), metadata={"format": "pt"})
+    stamp.write_text(json.dumps(spec, indent=1, sort_keys=True) + "\n")
+    return out
+
+
+def ratios_arg(text: str) -> Sequence[int]:
+    return tuple(int(r) for r in text.split(","))
