@@ -293,26 +293,38 @@ def make_checkpoint(out_dir: str | Path, *, model_type: str = "deepseek_v4", num
                     compress_ratios: Sequence[int] = (0, 4, 128), seed: int = 0, num_hash_layers: int = 1,
                     overrides: Mapping[str, Any] | None = None) -> Path:
     """Write (or reuse, when its stamp matches) the checkpoint folder ``out_dir``; returns its path."""
+    spec = {"model_type": model_type, "num_layers": num_layers, "compress_ratios": list(compress_ratios),
+            "seed": seed, "num_hash_layers": num_hash_layers, "overrides": dict(overrides or {})}
+    vocab = int((overrides or {}).get("vocab_size", 1024))
+
+    def config_for(ids: Mapping[str, int]) -> dict[str, Any]:
+        return tiny_config(model_type=model_type, num_layers=num_layers, compress_ratios=compress_ratios,
+                           num_hash_layers=num_hash_layers, vocab=vocab, special_ids=ids, overrides=overrides)
+
+    return write_folder(out_dir, spec, config_for, lambda config: make_weights(config, seed), seed=seed, vocab=vocab)
+
+
+def write_folder(out_dir: str | Path, spec: Mapping[str, Any], config_for: Any, weights_for: Any, *,
+                 seed: int = 0, vocab: int = 1024) -> Path:
+    """Write (or reuse, when its stamp's digest of ``spec`` matches) a kit checkpoint folder: the kit's
+    tokenizer, ``config_for(special_ids)`` as config.json, ``weights_for(config)`` as the safetensors,
+    then the stamp. Shared by this kit and :mod:`devkit.engine_kit.dsv41.checkpoint`."""
     from safetensors.torch import save_file
 
     from devkit.engine_kit import model as kit_model
 
     out = Path(out_dir)
-    spec = {"model_type": model_type, "num_layers": num_layers, "compress_ratios": list(compress_ratios),
-            "seed": seed, "num_hash_layers": num_hash_layers, "overrides": dict(overrides or {})}
     stamp = out / STAMP
     if stamp.is_file() and json.loads(stamp.read_text()).get("digest") == _digest(spec):
         return out
     out.mkdir(parents=True, exist_ok=True)
-    vocab = int((overrides or {}).get("vocab_size", 1024))
     tokenizer = kit_model._tokenizer(kit_model.ModelSpec(seed=seed, vocab=vocab))
     tokenizer.save_pretrained(out)
     ids = {key: tokenizer.convert_tokens_to_ids(tok)
            for key, tok in (("bos_token_id", "<|bos|>"), ("eos_token_id", "<|eos|>"), ("pad_token_id", "<|pad|>"))}
-    config = tiny_config(model_type=model_type, num_layers=num_layers, compress_ratios=compress_ratios,
-                         num_hash_layers=num_hash_layers, vocab=vocab, special_ids=ids, overrides=overrides)
+    config = config_for(ids)
     (out / "config.json").write_text(json.dumps(config, indent=1, sort_keys=True) + "\n")
-    save_file(make_weights(config, seed), str(out / WEIGHTS), metadata={"format": "pt"})
+    save_file(weights_for(config), str(out / WEIGHTS), metadata={"format": "pt"})
     stamp.write_text(json.dumps({"digest": _digest(spec), "spec": spec}, indent=1) + "\n")
     return out
 

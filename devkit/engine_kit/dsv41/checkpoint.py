@@ -18,14 +18,11 @@ get exactly the DSV4 kit's tensors. Ratio-1/2 layers get what SGLang 0.5.23's V4
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from devkit.engine_kit.dsv4 import checkpoint as base
-
-STAMP = "dsv41_kit_checkpoint_spec.json"
 
 
 def tensor_specs(config: Mapping[str, Any]) -> dict[str, tuple[tuple[int, ...], str, str, float]]:
@@ -70,26 +67,11 @@ def make_weights(config: Mapping[str, Any], seed: int = 0) -> dict[str, Any]:
 def make_checkpoint(out_dir: str | Path, *, seed: int = 0, **config_kwargs: Any) -> Path:
     """Write (or reuse, when the stamp matches) a V4.1 checkpoint folder; ``config_kwargs`` go to
     :func:`devkit.engine_kit.dsv41.launch.tiny_v41_config` (``ratios``, ``kv_sources`` ...)."""
-    from safetensors.torch import save_file
-
-    from devkit.engine_kit import model as kit_model
     from devkit.engine_kit.dsv41.launch import tiny_v41_config
 
-    out = Path(out_dir)
-    tokenizer = kit_model._tokenizer(kit_model.ModelSpec(seed=seed))
-    ids = {key: tokenizer.convert_tokens_to_ids(tok)
-           for key, tok in (("bos_token_id", "<|bos|>"), ("eos_token_id", "<|eos|>"), ("pad_token_id", "<|pad|>"))}
-    config = tiny_v41_config(special_ids=ids, **config_kwargs)
-    spec = {"config": config, "seed": seed, "scales": base.SCALES}
-    stamp = out / STAMP
-    if stamp.is_file() and json.loads(stamp.read_text()) == spec:
-        return out
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer.save_pretrained(out)
-    (out / "config.json").write_text(json.dumps(config, indent=1, sort_keys=True) + "\n")
-    save_file(make_weights(config, seed), str(out / base.WEIGHTS), metadata={"format": "pt"})
-    stamp.write_text(json.dumps(spec, indent=1, sort_keys=True) + "\n")
-    return out
+    spec = {"model_type": "deepseek_v41", "seed": seed, **config_kwargs}
+    return base.write_folder(out_dir, spec, lambda ids: tiny_v41_config(special_ids=ids, **config_kwargs),
+                             lambda config: make_weights(config, seed), seed=seed)
 
 
 def ratios_arg(text: str) -> Sequence[int]:
