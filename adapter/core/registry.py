@@ -317,6 +317,10 @@ SWITCHES: tuple[Switch, ...] = (
             # and compressor states to slot 0; every layer stores its caches, then reads them back.
             "sglang.srt.layers.attention.deepseek_v4_backend:DeepseekV4AttnBackend._compressor_out_loc",
             "sglang.srt.layers.attention.deepseek_v4_backend:DeepseekV4AttnBackend._forward_attention",
+            # Decoder SWA bounded replay (the bound's tail): the last KV source compresses every row,
+            # then the late layers run on each extend's last W rows, floored at seq_len - W.
+            "sglang.srt.layers.attention.deepseek_v4_backend:DeepseekV4AttnBackend.write_tail_source_kv",
+            "sglang.kernels.ops.attention.dsv4.attn_metadata_kernels:late_layer_tail_layout",
         ),
         install="adapter.switches.cone_replay.switch:install",
         volatile=True,

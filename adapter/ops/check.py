@@ -93,6 +93,8 @@ class Model:
     swa_layers: int | None = None
     layers: int | None = None
     compress_ratios: tuple[int, ...] = ()
+    model_type: str = ""
+    kv_sources: tuple[int, ...] = ()  # DeepSeek-V4.1's kv_source_layer_ids
 
 
 def read_model(path: str | Path) -> Model:
@@ -107,7 +109,9 @@ def read_model(path: str | Path) -> Model:
     if arch in DSV4_ARCHS or str(config.get("model_type", "")).startswith("deepseek_v4"):
         window = config.get("sliding_window") or config.get("window_size")
         ratios = tuple(int(r) for r in config.get("compress_ratios") or ())
-        return Model(str(path), arch, "DeepSeekV4TokenToKVPool", window, layers, layers, ratios)
+        sources = tuple(int(x) for x in config.get("kv_source_layer_ids") or ())
+        return Model(str(path), arch, "DeepSeekV4TokenToKVPool", window, layers, layers, ratios,
+                     str(config.get("model_type", "")), sources)
     types = list(config.get("layer_types") or [])
     window = config.get("sliding_window")
     if window and "sliding_attention" in types and "full_attention" in types:
@@ -169,6 +173,28 @@ def dsv4_kv_layout(environ: Mapping[str, str], launch: Launch) -> tuple[str, boo
     return ("v41" if sm100 else "v4"), False
 
 
+def decoder_replay(model: Model, launch: Launch) -> tuple[bool, str]:
+    """Whether SGLang's decoder SWA bounded replay will run, as ``validate_deepseek_v41_features``
+    resolves it: the flag when set, else on for DeepSeek-V4.1 on CUDA / HIP unless every hidden
+    state is returned (the CP, DP-attention and prefill-graph exclusions are not predicted here)."""
+    flags = set(launch.argv)
+    if "--enable-decoder-swa-bounded-replay" in flags:
+        return True, "on (--enable-decoder-swa-bounded-replay)"
+    if "--no-enable-decoder-swa-bounded-replay" in flags:
+        return False, "off (--no-enable-decoder-swa-bounded-replay)"
+    if model.model_type != "deepseek_v41":
+        return False, f"off (model_type {model.model_type or '?'}: V4.1 only)"
+    if "--enable-return-hidden-states" in flags:
+        return False, "off (auto: --enable-return-hidden-states)"
+    try:
+        import torch
+
+        gpu = torch.cuda.is_available()
+    except Exception:  # no torch here: no GPU to resolve it on
+        gpu = False
+    return (True, "on (auto: V4.1 on CUDA/HIP)") if gpu else (False, "off (auto: no CUDA/HIP on this machine)")
+
+
 def predict_cone(model: Model | None, launch: Launch, values: Mapping[str, Any], environ: Mapping[str, str]) -> tuple[str, dict[str, Any]]:
     """The line ``cone_replay`` logs when the cache is built (the switch's own rules)."""
     from types import SimpleNamespace
@@ -200,15 +226,19 @@ def predict_cone(model: Model | None, launch: Launch, values: Mapping[str, Any],
     pool = type(model.pool, (), {})()
     layout, uniform_fp8 = dsv4_kv_layout(environ, launch) if dsv4 else ("", False)
     pool.__dict__.update(_unified_kv=unified, compression_ratios=list(model.compress_ratios), start_layer=0,
-                         layer_num=layers, request_window=None,
+                         layer_num=layers, request_window=None, kv_source_layers=list(model.kv_sources),
                          kv_layout=SimpleNamespace(value=layout), uniform_fp8=uniform_fp8)
+    decoder = False
     if dsv4:
         facts["kv_layout"] = "uniform_fp8" if uniform_fp8 else layout
-    cache = SimpleNamespace(decoder_swa_bounded_replay="--enable-decoder-swa-bounded-replay" in flags)
+        decoder, facts["decoder_replay"] = decoder_replay(model, launch)
     standin = bool(values.get("DSV41_SWA_CONE_FORWARD_STANDIN"))
     if dsv4 and unified:
-        return "refused: " + str(cone_dsv4.unsupported(pool, cache, True)), facts
-    bound = geometry.bound_for(pool, window, page, layers)
+        return "refused: " + str(cone_dsv4.unsupported(pool, True)), facts
+    tail_start = geometry.decoder_tail_start(pool) if decoder else None
+    if decoder and tail_start is None:
+        return "refused: " + cone_dsv4.NO_TAIL_LAYER, facts
+    bound = geometry.bound_for(pool, window, page, layers, tail_start=tail_start)
     facts["bound"] = bound
     if tokens % page:
         return f"refused: {TOKENS_KEY}={tokens} is not a multiple of the page size {page}", facts
@@ -216,7 +246,7 @@ def predict_cone(model: Model | None, launch: Launch, values: Mapping[str, Any],
         return (f"refused: {TOKENS_KEY}={tokens} < bound={bound} (window {window}, page {page}, {layers} sliding-window "
                 f"layers): set it to at least {bound}"), facts
     if dsv4:
-        why = cone_dsv4.unsupported(pool, cache, standin)
+        why = cone_dsv4.unsupported(pool, standin)
     elif launch.kv_cache_dtype != "auto":
         why = f"the Full KV cache is quantized ({launch.kv_cache_dtype}); the replay rows' K/V cannot be read back exactly"
     else:

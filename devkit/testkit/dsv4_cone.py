@@ -70,9 +70,12 @@ class ProbeServer(launcher.Server):
 class Kit:
     server: ProbeServer
     probe: Path
-    # decoder SWA bounded replay computes logits for each extend's last ``tail`` rows only (SGLang
-    # refuses input logprobs below them): turn 2's logprobs then start there
-    tail: int | None = None
+    # False: turn 2 asks for the logprobs of its output tokens only (``new_tokens`` greedy tokens).
+    # Under decoder SWA bounded replay a request that asks for prompt logprobs runs its whole
+    # extend through the late layers (SGLang's ``late_layer_whole_extend``), so only this mode
+    # measures the tail-only path a serving request takes.
+    prompt_logprobs: bool = True
+    new_tokens: int = 1
 
     @property
     def url(self) -> str:
@@ -83,9 +86,9 @@ class Kit:
 
     def generate(self, ids: list[int], *, start: int | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {"input_ids": ids, "sampling_params": client.greedy(1)}
-        if start is not None and self.tail is not None:
-            start = max(start, len(ids) - self.tail)
-        if start is not None:
+        if start is not None and not self.prompt_logprobs:
+            body.update(return_logprob=True, top_logprobs_num=TOP, sampling_params=client.greedy(self.new_tokens))
+        elif start is not None:
             body.update(return_logprob=True, logprob_start_len=start, top_logprobs_num=TOP)
         t0 = time.monotonic()
         response = requests.post(self.url + "/generate", json=body, timeout=1800)
@@ -102,9 +105,10 @@ class Kit:
 
 
 def boot(workdir: Path, *, tokens: int = N, log_name: str = "server.log", model: Path | None = None,
-         extra: tuple[str, ...] = (), tail: int | None = None) -> Kit:
+         extra: tuple[str, ...] = (), prompt_logprobs: bool = True, new_tokens: int = 1) -> Kit:
     """The kit server with the cone at depth ``tokens``; ``model``: a checkpoint folder (default: the
-    DSV4 kit's C0/C4/C128), ``extra``: more server flags, ``tail``: see :class:`Kit`."""
+    DSV4 kit's C0/C4/C128), ``extra``: more server flags, ``prompt_logprobs`` / ``new_tokens``:
+    see :class:`Kit`."""
     model = checkpoint.make_checkpoint(workdir / "ckpt") if model is None else model
     probe = workdir / "probe"
     shutil.rmtree(probe, ignore_errors=True)
@@ -114,7 +118,7 @@ def boot(workdir: Path, *, tokens: int = N, log_name: str = "server.log", model:
     server = ProbeServer(args, workdir / log_name, profile, ready_timeout_s=900)
     server.env = launch.child_env(profile)
     server.env["CONE_PROBE_DIR"] = str(probe)
-    kit = Kit(server, probe, tail)
+    kit = Kit(server, probe, prompt_logprobs, new_tokens)
     kit.control()
     server.start()
     return kit
@@ -141,15 +145,19 @@ def _phase(kit: Kit, name: str, *, evict: bool = False, cold: bool = False, turn
     out = kit.generate(a[:BELOW] + _ids(3, B_LEN) if below else a + b, start=start)
     kit.control()
     meta = out["meta_info"]
+    which = "input" if kit.prompt_logprobs else "output"
+    dumps = kit.dumps(name)
     return {
         "name": name,
         "start": start,
         "cached_tokens": int(meta.get("cached_tokens", -1)),
         "ttft_s": round(out["e2e_s"], 3),
         "token": out["output_ids"][0],
-        "logprobs": [row[0] for row in meta["input_token_logprobs"]],
-        "top": [[(t[0], t[1]) for t in row] for row in meta["input_top_logprobs"] if row is not None],
-        "dumps": kit.dumps(name),
+        "tokens": list(out["output_ids"]),
+        "logprobs": [row[0] for row in meta[f"{which}_token_logprobs"]],
+        "top": [[(t[0], t[1]) for t in row] for row in meta[f"{which}_top_logprobs"] if row is not None],
+        "logits": dumps[-1]["logits"] if dumps else None,  # the last extend forward's next-token logits
+        "dumps": dumps,
         "turn1": kit.dumps(f"{name}.a"),
     }
 
@@ -212,6 +220,28 @@ def page_diffs(a: dict[int, Any], b: dict[int, Any]) -> dict[str, int]:
             for i, (x, y) in enumerate(zip(a[start][kind], b[start][kind])):
                 key = f"{kind}.{i}"
                 out[key] = out.get(key, 0) + int((x.view(torch.uint8) != y.view(torch.uint8)).sum())
+    return out
+
+
+def swa_row_diffs(a: dict[int, Any], b: dict[int, Any], layers: range, rows: range) -> dict[str, int]:
+    """Per SWA layer of ``layers``: bytes that differ over the rows ``rows`` (absolute positions)
+    only, each row its 576 data and 8 scale bytes of the V4 page (``kernels.v4_page_bytes``)."""
+    import torch
+
+    from devkit.engine_kit.dsv4.kernels import V4_DATA, V4_SCALE
+
+    out: dict[str, int] = {}
+    for start in sorted(set(a) & set(b)):
+        lo, hi = max(rows.start, start) - start, min(rows.stop, start + PAGE) - start
+        if lo >= hi:
+            continue
+        for layer in layers:
+            x, y = (page["swa"][layer].view(torch.uint8) for page in (a[start], b[start]))
+            data = [t[: PAGE * V4_DATA].view(PAGE, V4_DATA)[lo:hi] for t in (x, y)]
+            scale = [t[PAGE * V4_DATA : PAGE * (V4_DATA + V4_SCALE)].view(PAGE, V4_SCALE)[lo:hi] for t in (x, y)]
+            key = f"swa.{layer}"
+            out[key] = out.get(key, 0) + int((data[0] != data[1]).sum()) + int((scale[0] != scale[1]).sum())
+    assert out, f"no rows of {rows} in pages {sorted(a)} / {sorted(b)}"
     return out
 
 

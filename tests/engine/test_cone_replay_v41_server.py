@@ -4,7 +4,7 @@ The DSV4.1 kit (:mod:`devkit.engine_kit.dsv41`): layer 0 SWA-only, 1 ratio 2 (KV
 ratio 1 (the last KV source), 3 ratio 1 (reads layer 2's KV), 4 SWA-only; the real
 ``DeepSeekV4TokenToKVPool`` with its ratio-1/2 latent pools and fp4 index-K pool, the real backend
 and tree, run through :mod:`devkit.engine_kit.dsv4.cone_probe` (:mod:`devkit.testkit.dsv4_cone`
-runs the phases). Decoder SWA bounded replay off here (the production profile's choice).
+runs the phases). Decoder SWA bounded replay off here (beside it: ``test_cone_replay_v41_decoder_server.py``).
 
 Exactness: every row >= F of a session whose SWA window at F was evicted by churn, replayed through
 the cone at N = the bound (1,024: five layers), leaves in the pool exactly the bytes a stock prefix

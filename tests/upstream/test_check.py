@@ -30,6 +30,16 @@ def dsv4(tmp_path_factory):
     return check.read_model(dsv4_launch.write_dummy_model(tmp_path_factory.mktemp("dsv4") / "model"))
 
 
+@pytest.fixture(scope="module")
+def dsv41(tmp_path_factory):
+    from devkit.engine_kit.dsv41.launch import tiny_v41_config
+
+    out = tmp_path_factory.mktemp("dsv41") / "model"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps(tiny_v41_config(ratios=(0, 2, 1, 1, 0))))
+    return check.read_model(out)
+
+
 def _warnings(environ: dict[str, str], argv: list[str], found: check.Model | None = None) -> list[str]:
     return check.warnings_for(environ, registry.resolve(environ), found, check.parse_launch(argv))
 
@@ -68,6 +78,21 @@ def test_cone_replay_on_a_deepseek_v4_pool_is_predicted_from_its_kv_layout_and_b
     assert v41.startswith("refused: DeepSeek-V4 KV layout v41: cone replay's exactness is shown on the v4 layout")
     unified, _ = check.predict_cone(dsv4, launch, values, {"SGLANG_HACK_FLASHMLA_BACKEND": "unified_kv_triton"})
     assert unified.startswith("refused: DeepSeek-V4 unified KV ring")
+
+
+def test_beside_decoder_replay_the_cone_is_predicted_at_the_bound_of_the_layers_before_the_tail(dsv41):
+    values = {"DSV41_SWA_CONE_TOKENS": 768}
+    base = ["--model-path", dsv41.path, "--page-size", "256"]
+    on, facts = check.predict_cone(dsv41, check.parse_launch([*base, "--enable-decoder-swa-bounded-replay"]), values, {})
+    assert (on, facts["bound"], facts["decoder_replay"]) == ("installed", 768, "on (--enable-decoder-swa-bounded-replay)")
+    off, facts = check.predict_cone(dsv41, check.parse_launch([*base, "--no-enable-decoder-swa-bounded-replay"]), values, {})
+    assert off.startswith("refused: DSV41_SWA_CONE_TOKENS=768 < bound=1024") and facts["bound"] == 1024
+    import torch
+
+    _, facts = check.predict_cone(dsv41, check.parse_launch(base), values, {})  # auto: on where a GPU is
+    gpu = torch.cuda.is_available()
+    assert facts["decoder_replay"] == ("on (auto: V4.1 on CUDA/HIP)" if gpu else "off (auto: no CUDA/HIP on this machine)")
+    assert facts["bound"] == (768 if gpu else 1024)
 
 
 def test_an_option_key_without_its_gate_key_is_warned_about():

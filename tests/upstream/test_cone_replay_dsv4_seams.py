@@ -4,7 +4,9 @@ here; what runs is the real pool and the real torch functions the forward calls:
 * the copy on a real ``DeepSeekV4TokenToKVPool`` (C4/C128 latents, C4 index keys), over exactly
   the buffers its ``get_contiguous_buf_infos`` registers for PD transfer;
 * the write mask through the real ``DeepseekV4AttnBackend._compressor_out_loc``;
-* the window floor through the real torch ``build_causal_swa_page_indices``.
+* the window floor through the real torch ``build_causal_swa_page_indices``;
+* decoder SWA bounded replay's tail rows and their window floor through the real
+  ``late_layer_tail_layout``.
 """
 
 from __future__ import annotations
@@ -89,6 +91,33 @@ def test_the_dsv4_bound_takes_the_largest_per_layer_need_and_names_a_bad_ratio_l
         cone_bound_dsv4(W, PAGE, 3, ratios=[0, 4])
 
 
+def test_under_decoder_replay_the_dsv4_bound_counts_the_layers_up_to_the_last_kv_source_only():
+    from adapter.switches.cone_replay.geometry import cone_bound_dsv4
+
+    # the V4.1 kit, sources 1 and 2: layers 0..2 count, max(512, 512 + W, 512 + 2W) = 768
+    assert cone_bound_dsv4(W, PAGE, 5, ratios=[0, 2, 1, 1, 0], tail_from=2) == 768
+    assert cone_bound_dsv4(W, PAGE, 5, ratios=[0, 2, 1, 1, 0], tail_from=4) == 1024  # every layer: no trim
+    # 61 layers whose last KV source is layer 10 (C4): 512 + 4 + 10W = 1796 -> 2048 (8192 without the tail)
+    assert cone_bound_dsv4(W, PAGE, 61, ratios=[4] * 60 + [128], tail_from=10) == 2048
+    assert cone_bound_dsv4(W, PAGE, 5, ratios=[0, 2, 1, 1, 0], tail_from=-1) == 512  # a stage of tail layers only
+
+
+def test_decoder_replay_tail_rows_read_no_window_below_the_tail_and_a_v4_pool_names_no_tail_layer(dsv4_pool):
+    from sglang.kernels.ops.attention.dsv4.attn_metadata_kernels import late_layer_tail_layout
+
+    from adapter.switches.cone_replay.geometry import decoder_tail_start
+
+    # SGLang's tail of a 1,536-row extend ending at 2,560 (one request) and of a batch of two: the
+    # last W rows, each floored at seq_len - W (so the late layers of those rows read only each other)
+    rows, lens, floor = late_layer_tail_layout(extend_lens_cpu=[1536], seq_lens_cpu=[2560], tail_len=W,
+                                               device=torch.device("cpu"))
+    assert lens == [W] and torch.equal(rows, torch.arange(1536 - W, 1536)) and (floor == 2560 - W).all()
+    rows, lens, floor = late_layer_tail_layout(extend_lens_cpu=[512, 300], seq_lens_cpu=[2560, 300], tail_len=W,
+                                               device=torch.device("cpu"))
+    assert lens == [W, W] and torch.equal(floor, torch.tensor([2560 - W] * W + [300 - W] * W, dtype=torch.int32))
+    assert dsv4_pool.kv_source_layers == [] and decoder_tail_start(dsv4_pool) is None  # V4: decoder replay cannot run
+
+
 def test_write_mask_sends_masked_replay_rows_to_slot_zero_through_compressor_out_loc():
     from sglang.srt.layers.attention.deepseek_v4_backend import DeepseekV4AttnBackend
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
@@ -156,20 +185,13 @@ def test_only_the_v4_layout_of_a_real_dsv4_paged_pool_acts(dsv4_pool):
 def test_dsv4_layouts_the_cone_cannot_replay_are_refused_with_one_line_naming_the_feature(dsv4_pool):
     from adapter.switches.cone_replay import dsv4
 
-    class Cache:
-        decoder_swa_bounded_replay = False
-
     cases = {"_unified_kv": "unified KV ring", "request_window": "--enable-encoder-swa-bounded-replay"}
     for attr, named in cases.items():
         old = getattr(dsv4_pool, attr)
         setattr(dsv4_pool, attr, object())
         try:
-            assert named in dsv4.unsupported(dsv4_pool, Cache(), True)
+            assert named in dsv4.unsupported(dsv4_pool, True)
         finally:
             setattr(dsv4_pool, attr, old)
-    Cache.decoder_swa_bounded_replay = True
-    assert "--enable-decoder-swa-bounded-replay" in dsv4.unsupported(dsv4_pool, Cache(), False)
-    assert dsv4.unsupported(dsv4_pool, Cache(), True) is None  # the test-only key measures it anyway
-    Cache.decoder_swa_bounded_replay = False
-    assert dsv4.unsupported(dsv4_pool, Cache(), True) is None
-    assert dsv4.unsupported(dsv4_pool, Cache(), False) is None  # V4 layout, no replay: it acts
+    assert dsv4.unsupported(dsv4_pool, True) is None
+    assert dsv4.unsupported(dsv4_pool, False) is None  # V4 layout: it acts

@@ -269,6 +269,13 @@ PINS: dict[str, str] = {
     "sglang.srt.layers.attention.deepseek_v4_backend:DeepseekV4AttnBackend._forward_attention": (
         "6e3dd09145897339bfdef95cf0a20f8f728182ad53b4ca4481b47cb6ff005e87"
     ),
+    # cone_replay (relied on, decoder SWA bounded replay: the tail rows and their window floor)
+    "sglang.srt.layers.attention.deepseek_v4_backend:DeepseekV4AttnBackend.write_tail_source_kv": (
+        "b19a61a3f397aa4729c576147b9e0bbb756c2e72d080491e019848040a042995"
+    ),
+    "sglang.kernels.ops.attention.dsv4.attn_metadata_kernels:late_layer_tail_layout": (
+        "1e0617c2cbe527b86109ff864d7238e87eefa91049bd8cb0a41ec3559d63e274"
+    ),
     # cone_replay (relied on: called with a fixed signature)
     "sglang.srt.mem_cache.allocator.swa:SWATokenToKVPoolAllocator.get_kvcache": (
         "5202e7dfdfe1c33e92ababe7a673ea3ba5f724999466889183b826cc1fd334dc"

@@ -25,21 +25,35 @@ What the DSV4 forward does with a replay batch (read from SGLang 0.5.23):
   and read every row's latents from the request's pages (``_snapshot_low_ratio_k_slots``), so the
   copied bytes of ``[s, F - R)`` stay what the rows >= F read. The layers that read a source
   layer's KV own none: their window is their SWA KV only.
+* Decoder SWA bounded replay (``--enable-decoder-swa-bounded-replay``, which SGLang turns on for
+  V4.1 on CUDA/HIP): the last KV-source layer first compresses every row of the extend
+  (``DeepseekV4AttnBackend.write_tail_source_kv``, through the same masked write locations), then
+  it and every later layer run on the extend's last W rows only, each row floored at
+  ``seq_len - W`` (``late_layer_tail_layout``): those rows read no late layer's window below the
+  tail. Window information crosses rows only in the layers before the tail, so the bound counts
+  the layers up to the last KV source (:func:`geometry.cone_bound_dsv4`'s ``tail_from``; the V4.1
+  kit: 768 instead of 1,024), and the mask keeps the compressed rows the tail reads. A request
+  asking for prompt logprobs runs its whole extend through the late layers
+  (``late_layer_whole_extend``), reading their window below the extend; that path is upstream's and
+  is not what the exactness tests compare.
 
 Shown exact on CPU (the kit servers: real pool, backend and tree, the kits' torch stand-ins for the
 CUDA kernels): for the V4 layout with C0/C4/C128 layers (``tests/engine/test_cone_replay_dsv4_server.py``)
 and with V4.1's ratio-1/2 KV-source layers (``tests/engine/test_cone_replay_v41_server.py``), every
 row >= F leaves bit for bit the SWA KV and compressed pages (latents, index keys) of a stock prefix
 hit at F and gets the same logprobs; a later session resuming one page below F too; without the
-mask they differ. GPU kernels: not verified.
+mask they differ. Beside decoder bounded replay (``tests/engine/test_cone_replay_v41_decoder_server.py``),
+every row the tail path writes (the early layers' SWA KV and the compressed pages from F, the late
+layers' last W rows) and the output tokens' logits and logprobs equal a stock hit's under the same
+flags; one page below the bound and without the mask they differ. GPU kernels: not verified.
 
 What is refused at cache build (one line each, :func:`unsupported`): the unified KV ring (HIP), the
 request window of ``--enable-encoder-swa-bounded-replay`` (the tree then keeps no SWA component:
 refused earlier, see the switch's cache check; with a paged draft SWA it still does not gate the
-match), ``--enable-decoder-swa-bounded-replay`` (late layers run only on each chunk's last 128
-rows and their window KV of earlier rows is never written; not verified with the cone), a KV
-layout other than V4 (V4.1's 528-byte fp8, fp4, TRT-LLM uniform fp8: SGLang picks them on SM100 /
-gfx950 only), unless the test-only ``DSV41_SWA_CONE_FORWARD_STANDIN=1`` says act anyway.
+match), a KV layout other than V4 (V4.1's 528-byte fp8, fp4, TRT-LLM uniform fp8: SGLang picks
+them on SM100 / gfx950 only), unless the test-only ``DSV41_SWA_CONE_FORWARD_STANDIN=1`` says act
+anyway; and (the switch's cache check) decoder bounded replay on a pool without KV-source layers
+(:data:`NO_TAIL_LAYER`).
 """
 
 from __future__ import annotations
@@ -49,6 +63,8 @@ from typing import Any
 from adapter.switches.cone_replay.geometry import dsv4_republished_rows
 
 VERIFIED_LAYOUT = "v4"  # the layout the exactness tests ran on (the CPU kit: 584-byte rows)
+NO_TAIL_LAYER = ("--enable-decoder-swa-bounded-replay on a pool without KV-source layers: cannot tell which "
+                 "layers run on the tail only")
 
 
 def forward_fields(rows: list[tuple[int, int, Any]], window: int, page: int) -> tuple[Any, Any]:
@@ -73,7 +89,7 @@ def forward_fields(rows: list[tuple[int, int, Any]], window: int, page: int) -> 
     return torch.nonzero(mask).flatten(), (torch.cat(floor) if floor else torch.zeros(0, dtype=torch.int32))
 
 
-def unsupported(kvpool: Any, cache: Any, standin: bool) -> str | None:
+def unsupported(kvpool: Any, standin: bool) -> str | None:
     """Why the cone cannot be exact on this DeepSeek-V4 pool (None: it acts); one line each."""
     if getattr(kvpool, "_unified_kv", False):
         return "DeepSeek-V4 unified KV ring (SGLANG_HACK_FLASHMLA_BACKEND=unified_kv_triton): its Full side has no pages of its own to copy"
@@ -82,9 +98,6 @@ def unsupported(kvpool: Any, cache: Any, standin: bool) -> str | None:
                 "(upstream replays min(prefix, 128) tokens on every hit itself); nothing for the cone to replay")
     if standin:
         return None
-    if getattr(cache, "decoder_swa_bounded_replay", False):
-        return ("--enable-decoder-swa-bounded-replay: late layers run only on each chunk's last 128 rows and prefix "
-                "matches are capped at L - 128; the cone is not verified against its tail")
     layout = "uniform_fp8" if getattr(kvpool, "uniform_fp8", False) else getattr(
         getattr(kvpool, "kv_layout", None), "value", str(getattr(kvpool, "kv_layout", None)))
     if layout != VERIFIED_LAYOUT:

@@ -40,7 +40,8 @@ def dsv4_republished_rows(window: int, page: int) -> int:
     return align_up(window, page) + page
 
 
-def cone_bound_dsv4(window: int, page: int, layers: int, *, ratios: Sequence[int] | None = None) -> int:
+def cone_bound_dsv4(window: int, page: int, layers: int, *, ratios: Sequence[int] | None = None,
+                    tail_from: int | None = None) -> int:
     """DeepSeek-V4 (``DeepSeekV4TokenToKVPool``): the smallest replay depth that keeps rows >= F exact.
 
     Every DSV4 layer has a sliding window (``r - j < W``) over the main SWA KV; its compressed
@@ -62,12 +63,22 @@ def cone_bound_dsv4(window: int, page: int, layers: int, *, ratios: Sequence[int
     layers' compress ratios) gives ``o_k``; without it every layer is taken as C4.
     W 128, page 256: 768 for the kit's C0/C4/C128; 61 layers: 8,192 when the last is not C4,
     else 8,448.
+
+    ``tail_from`` (decoder SWA bounded replay; :func:`decoder_tail_start`, a local layer index):
+    from that layer on, layers run only on each extend's last ``W`` rows, and those rows read no
+    layer's window below the tail (the window floor ``seq_len - W`` of SGLang's
+    ``late_layer_tail_layout``), so no window information crosses rows there; the layer at
+    ``tail_from`` (the last KV source) still compresses every row from its input
+    (``write_tail_source_kv``). Only layers ``0 .. tail_from`` count: the V4.1 kit (sources 1, 2)
+    gets 768 instead of 1,024.
     """
     _check_positive(window=window, page=page, layers=layers)
     if ratios is not None and len(ratios) != layers:
         raise ValueError(f"cone bound: ratios={list(ratios)} has {len(ratios)} entries, expected layers={layers}")
     base = dsv4_republished_rows(window, page)
-    need = max(base + (C4_OVERLAP if ratios is None or ratios[k] == 4 else 0) + k * window for k in range(layers))
+    counted = layers if tail_from is None else max(0, min(layers, tail_from + 1))
+    need = max((base + (C4_OVERLAP if ratios is None or ratios[k] == 4 else 0) + k * window for k in range(counted)),
+               default=base)
     return align_up(need, page)
 
 
@@ -94,13 +105,25 @@ def is_dsv4_pool(kvpool: Any) -> bool:
     return type(kvpool).__name__ == DSV4_POOL
 
 
-def bound_for(kvpool: Any, window: int, page: int, layers: int) -> int:
-    """The bound of the pool's family."""
+def decoder_tail_start(kvpool: Any) -> int | None:
+    """The first layer decoder SWA bounded replay runs on each extend's tail only (a model layer
+    id): the last KV-source layer (``DeepseekV4Model.__init__``: ``late_layer_start = last_source``
+    with ``tail_writes_source_kv``; were the tail to start one layer later, layers 0 .. last source
+    would still be the ones that read every row, so the bound would not change). None when the pool
+    has no KV-source layers (a V4 model: decoder replay cannot run on it)."""
+    sources = [int(x) for x in getattr(kvpool, "kv_source_layers", None) or ()]
+    return max(sources) if sources else None
+
+
+def bound_for(kvpool: Any, window: int, page: int, layers: int, *, tail_start: int | None = None) -> int:
+    """The bound of the pool's family; ``tail_start``: decoder replay's first tail layer (a model
+    layer id, :func:`decoder_tail_start`), DeepSeek-V4 only."""
     if is_dsv4_pool(kvpool):
         ratios = list(getattr(kvpool, "compression_ratios", None) or ())
         start = int(getattr(kvpool, "start_layer", 0) or 0)
         local = ratios[start : start + layers] if len(ratios) >= start + layers else None
-        return cone_bound_dsv4(window, page, layers, ratios=local)
+        tail_from = None if tail_start is None else tail_start - start
+        return cone_bound_dsv4(window, page, layers, ratios=local, tail_from=tail_from)
     return cone_bound(window, page, layers)
 
 

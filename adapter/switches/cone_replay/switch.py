@@ -35,9 +35,10 @@ The package, one job a module (this module installs and holds the scheduler-side
   branch and the decoder-replay tail read it), and the bound does not need one. Shown exact on
   the DSV4 and DSV4.1 kit servers (CPU: real pool, backend and tree; the kits' torch stand-ins for
   the CUDA kernels) for the V4 layout with C0/C4/C128 layers and with V4.1's ratio-1/2 KV-source
-  layers; GPU kernels unverified. Refused at cache build, one line each: the unified KV ring, the
-  encoder-replay request window, decoder SWA bounded replay and any other KV layout (V4.1
-  528-byte fp8, fp4, TRT-LLM uniform fp8: SM100 / gfx950 only), unless the test-only
+  layers, with decoder SWA bounded replay off and on (its bound then counts the layers up to the
+  last KV source only); GPU kernels unverified. Refused at cache build, one line each: the
+  unified KV ring, the encoder-replay request window and any other KV layout (V4.1 528-byte fp8,
+  fp4, TRT-LLM uniform fp8: SM100 / gfx950 only), unless the test-only
   ``DSV41_SWA_CONE_FORWARD_STANDIN=1`` says act anyway.
 
 It never replays inexactly: every case it cannot make exact is a one-line refusal at cache build
@@ -56,7 +57,9 @@ cases), so ``bound = align_up(align_up(W, page) + (L_swa - 1) * W, page) + page`
 :func:`geometry.cone_bound_dsv4` (those re-published rows also write compressed groups, index keys
 and the C4 state rings, and a C4 group pools 4 rows of the previous group: the largest per-layer
 need ``align_up(W, page) + page + (4 if C4) + (k - 1) * W`` over layers k, rounded to a page; 768 on
-the kit's C0/C4/C128 model, 8,192 at 61 layers when the last is not C4, 8,448 when it is).
+the kit's C0/C4/C128 model, 8,192 at 61 layers when the last is not C4, 8,448 when it is; under
+decoder SWA bounded replay only the layers up to the last KV source count, and the installed line
+names that layer: ``decoder_tail_from=..``).
 
 The bound is computed when the cache is built (the pools are sized from the loaded model config;
 under pipeline parallelism a stage counts its own layers). At import the switch logs
@@ -98,6 +101,7 @@ from adapter.switches.cone_replay.geometry import (
     cone_bound,
     cone_bound_dsv4,
     cone_start,
+    decoder_tail_start,
     is_dsv4_pool,
     swa_layer_count,
 )
@@ -152,6 +156,7 @@ __all__ = [  # re-exported for ``from adapter.switches.cone_replay import switch
     "cone_start",
     "copy_full_pages",
     "copy_replay_rows",
+    "decoder_tail_start",
     "dsv4_forward_fields",
     "fallback",
     "forward_rows",
@@ -196,28 +201,31 @@ def _check_cache(cache: Any) -> ConeConfig:
                             f"cannot read the sliding window ({window}) or its layer count from {type(kvpool).__name__}")
     is_dsv4 = is_dsv4_pool(kvpool)
     if is_dsv4 and getattr(kvpool, "_unified_kv", False):
-        return _refuse_late(ConeConfig(False, tokens, window=window, page=page),
-                            dsv4.unsupported(kvpool, cache, True))
-    bound = bound_for(kvpool, window, page, layers)
+        return _refuse_late(ConeConfig(False, tokens, window=window, page=page), dsv4.unsupported(kvpool, True))
+    tail_start = decoder_tail_start(kvpool) if is_dsv4 and cache.decoder_swa_bounded_replay else None
+    if is_dsv4 and cache.decoder_swa_bounded_replay and tail_start is None:
+        return _refuse_late(ConeConfig(False, tokens, window=window, page=page), dsv4.NO_TAIL_LAYER)
+    bound = bound_for(kvpool, window, page, layers, tail_start=tail_start)
     cfg = ConeConfig(True, tokens, bound, window, page, layers, dsv4=is_dsv4)
     if tokens % page:
         return _refuse_late(cfg, f"{TOKENS_KEY}={tokens} is not a multiple of the page size {page}")
     if tokens < bound:
         return _refuse_late(cfg, f"{TOKENS_KEY}={tokens} < bound={bound} (window {window}, page {page}, "
                                  f"{layers} sliding-window layers): set it to at least {bound}")
-    why = _forward_unsupported(kvpool, cache)
+    why = _forward_unsupported(kvpool)
     if why is not None:
         # Without the forward side the replay rows' own Full-side K/V leak into every row from F on
         # (tests/upstream/test_cone_replay_exactness.py): never run inexact, stay stock.
         return _refuse_late(cfg, why)
-    SWITCH.confirm(N=tokens, bound=bound, window=window, page=page, swa_layers=layers)
+    tail = {} if tail_start is None else {"decoder_tail_from": tail_start}
+    SWITCH.confirm(N=tokens, bound=bound, window=window, page=page, swa_layers=layers, **tail)
     return cfg
 
 
-def _forward_unsupported(kvpool: Any, cache: Any = None) -> str | None:
+def _forward_unsupported(kvpool: Any) -> str | None:
     """Why the forward side cannot be exact on this pool (None: it can)."""
     if is_dsv4_pool(kvpool):
-        return dsv4.unsupported(kvpool, cache, _STANDIN[0])
+        return dsv4.unsupported(kvpool, _STANDIN[0])
     return swa_kv_pool_unsupported(kvpool)
 
 
