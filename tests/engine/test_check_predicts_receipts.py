@@ -68,11 +68,11 @@ def test_check_predicts_the_receipts_a_dsv4_boot_of_the_production_profile_logs(
     assert booted["cone_replay"] == "installed" or booted["cone_replay"].startswith("refused: ")
 
 
-def test_a_strict_dsv4_boot_of_the_profiles_cpu_switches_passes_receipts(tmp_path):
-    """``DSV41_STRICT=1`` on the production profile's switches that install on this machine (the
-    GPU-only ones are what ``check`` predicts refused without a CUDA device): the boot comes up, and
-    ``python -m adapter receipts --ranks 1`` passes on its log, cone replay decided at cache build."""
-    model = launch.write_dummy_model(tmp_path / "dsv4")
+def _strict_boot_passes_receipts(tmp_path, model, start) -> list[str]:
+    """Boot ``start(profile, log)`` with ``DSV41_STRICT=1`` on the profile's switches that install on
+    this machine (the GPU-only ones are what ``check`` predicts refused without a CUDA device); the
+    boot comes up, serves one request, and ``python -m adapter receipts --ranks 1`` passes on its
+    log. Returns the cone's installed lines."""
     predicted = check_json(PROFILE, model)["receipts"]
     profile = env.dsv41_items(env.read_env_file(str(PROFILE)))
     installable = {name for name, decision in predicted.items() if decision == "installed"}
@@ -83,8 +83,7 @@ def test_a_strict_dsv4_boot_of_the_profiles_cpu_switches_passes_receipts(tmp_pat
     strict = {k: v for k, v in profile.items() if k in keep} | {"DSV41_STRICT": "1"}
     env_file = tmp_path / "strict.env"
     env_file.write_text("".join(f"{k}={v}\n" for k, v in sorted(strict.items())))
-    server = launch.server(model, tmp_path / "strict.log", strict, ready_timeout_s=400, load_format="dummy",
-                           max_total_tokens=2048, max_running=3, chunk=256, swa_ratio=1.0)
+    server = start(strict, tmp_path / "strict.log")
     with server:
         client.generate(server.base_url, list(range(10, 300)), 4)
     assert launcher.members(server.proc.pid) == []
@@ -93,5 +92,25 @@ def test_a_strict_dsv4_boot_of_the_profiles_cpu_switches_passes_receipts(tmp_pat
                           str(tmp_path / "strict.log")], cwd=ROOT, env={**environ, "PYTHONPATH": str(ROOT)},
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip().endswith("receipts: ok"), out.stdout + out.stderr
-    lines = [line for line in server.log_lines() if "[dsv41] cone_replay installed" in line]
+    return [line for line in server.log_lines() if "[dsv41] cone_replay installed" in line]
+
+
+def test_a_strict_dsv4_boot_of_the_profiles_cpu_switches_passes_receipts(tmp_path):
+    """The V4 kit, cone replay decided at cache build."""
+    model = launch.write_dummy_model(tmp_path / "dsv4")
+    lines = _strict_boot_passes_receipts(tmp_path, model, lambda profile, log: launch.server(
+        model, log, profile, ready_timeout_s=400, load_format="dummy", max_total_tokens=2048, max_running=3,
+        chunk=256, swa_ratio=1.0))
     assert lines and "N=8192" in lines[0], lines
+
+
+def test_a_strict_v41_boot_beside_decoder_bounded_replay_passes_receipts(tmp_path):
+    """The V4.1 kit with ``--enable-decoder-swa-bounded-replay`` (as SGLang resolves it for V4.1 on
+    CUDA, the fleet's configuration): cone replay installs with the tail's bound."""
+    from devkit.engine_kit.dsv41 import checkpoint
+    from devkit.engine_kit.dsv41 import launch as v41
+
+    model = checkpoint.make_checkpoint(tmp_path / "v41", ratios=(0, 2, 1, 1, 0))
+    lines = _strict_boot_passes_receipts(tmp_path, model, lambda profile, log: v41.server(
+        model, log, profile, ready_timeout_s=400, max_total_tokens=2048, max_running=3, chunk=256, swa_ratio=1.0))
+    assert lines and "N=8192 bound=768 " in lines[0] and "decoder_tail_from=2" in lines[0], lines

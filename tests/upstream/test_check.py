@@ -95,6 +95,13 @@ def test_beside_decoder_replay_the_cone_is_predicted_at_the_bound_of_the_layers_
     assert facts["bound"] == (768 if gpu else 1024)
 
 
+def test_decoder_replay_on_a_model_without_kv_source_layers_is_predicted_refused_with_one_line(dsv4):
+    launch = check.parse_launch(["--model-path", dsv4.path, "--page-size", "256", "--enable-decoder-swa-bounded-replay"])
+    receipt, facts = check.predict_cone(dsv4, launch, {"DSV41_SWA_CONE_TOKENS": 8192}, {})
+    assert receipt == ("refused: --enable-decoder-swa-bounded-replay on a pool without KV-source layers: cannot tell "
+                       "which layers run on the tail only") and "bound" not in facts
+
+
 def test_an_option_key_without_its_gate_key_is_warned_about():
     warnings = _warnings({"DSV41_SWA_CONE_TOKENS": "8192"}, [])
     assert warnings == ["DSV41_SWA_CONE_TOKENS set without DSV41_SWA_CONE_REPLAY: cone_replay is off and it is ignored"]
