@@ -22,13 +22,31 @@ def generate(base_url: str, input_ids: list[int], max_new_tokens: int, timeout_s
     """One greedy ``/generate`` call; returns ``{"output_ids", "meta_info", "e2e_s"}`` (with
     ``logprobs``: ``meta_info["output_token_logprobs"]`` holds each output token's logprob)."""
     t0 = time.monotonic()
-    body = {"input_ids": input_ids, "sampling_params": greedy(max_new_tokens)}
+    body = _post_generate(base_url, input_ids, max_new_tokens, timeout_s, logprobs)
+    return {"output_ids": list(body["output_ids"]), "meta_info": body["meta_info"], "e2e_s": time.monotonic() - t0}
+
+
+def generate_batch(base_url: str, prompts: list[list[int]], max_new_tokens: int,
+                   timeout_s: float = TIMEOUT_S) -> list[dict[str, Any]]:
+    """Greedy requests sent as one batched ``/generate`` call, one result per prompt in order.
+
+    Token-id prompts of a batch reach the scheduler as one message (SGLang's tokenizer manager sends
+    them as one ``BatchTokenizedGenerateReqInput``), so they are queued in the same pass on every
+    boot; requests sent from threads arrive a pass apart or not as the machine's timing falls, and
+    which rows share a batch, and when the pool retracts one, then differs from boot to boot."""
+    t0 = time.monotonic()
+    bodies = _post_generate(base_url, prompts, max_new_tokens, timeout_s, False)
+    e2e = time.monotonic() - t0
+    return [{"output_ids": list(b["output_ids"]), "meta_info": b["meta_info"], "e2e_s": e2e} for b in bodies]
+
+
+def _post_generate(base_url: str, input_ids: Any, max_new_tokens: int, timeout_s: float, logprobs: bool) -> Any:
+    body: dict[str, Any] = {"input_ids": input_ids, "sampling_params": greedy(max_new_tokens)}
     if logprobs:
         body["return_logprob"] = True
     response = requests.post(base_url + "/generate", timeout=timeout_s, json=body)
     response.raise_for_status()
-    body = response.json()
-    return {"output_ids": list(body["output_ids"]), "meta_info": body["meta_info"], "e2e_s": time.monotonic() - t0}
+    return response.json()
 
 
 def flush_cache(base_url: str) -> None:
