@@ -15,7 +15,6 @@ can be compared on the same prompts. Prompt ids come from :func:`ids` (seeded, n
 
 from __future__ import annotations
 
-import concurrent.futures
 import random
 from typing import Any
 
@@ -71,6 +70,5 @@ def yield_phase(url: str, stream_tokens: int = 1200) -> dict[str, Any]:
 
 def crowd(url: str) -> list[dict[str, Any]]:
     client.flush_cache(url)
-    prompts = [ids(f"crowd{i}", 480) for i in range(3)]
-    with concurrent.futures.ThreadPoolExecutor(3) as pool:
-        return list(pool.map(lambda p: client.generate(url, p, 64, 600), prompts))
+    # one batched call: the three arrive in one scheduler pass on every boot (client.generate_batch)
+    return client.generate_batch(url, [ids(f"crowd{i}", 480) for i in range(3)], 64, 600)
