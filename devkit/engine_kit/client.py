@@ -28,7 +28,8 @@ def generate(base_url: str, input_ids: list[int], max_new_tokens: int, timeout_s
 
 def generate_batch(base_url: str, prompts: list[list[int]], max_new_tokens: int,
                    timeout_s: float = TIMEOUT_S) -> list[dict[str, Any]]:
-    """Greedy requests sent as one batched ``/generate`` call, one result per prompt in order.
+    """Greedy requests sent as one batched ``/generate`` call, one result per prompt in order
+    (each result's ``e2e_s`` is the whole call's).
 
     Token-id prompts of a batch reach the scheduler as one message (SGLang's tokenizer manager sends
     them as one ``BatchTokenizedGenerateReqInput``), so they are queued in the same pass on every
