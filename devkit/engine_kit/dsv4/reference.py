@@ -315,11 +315,18 @@ def capture(model, input_ids: Sequence[int] | torch.Tensor, *, fp8: bool = True)
 
 @torch.no_grad()
 def compress(model, layer: int, hidden: torch.Tensor, *, chunks: Sequence[int] | None = None,
-             fp8: bool = False) -> torch.Tensor:
+             fp8: bool = False, fp32: bool = False) -> torch.Tensor:
     """Compressor entries [T, 512] (after norm + rope) of layer ``layer`` (C4 or C128) for one
     sequence whose attention inputs are ``hidden`` [S, D] at positions 0..S-1, fed in ``chunks``
     through the compressor's cache (the state carried across chunks: C128 buffer, C4 buffer and
-    overlap). The indexer is not run. ``fp8``: entries through the V4 cache layout."""
+    overlap). The indexer is not run. ``fp8``: entries through the V4 cache layout.
+
+    ``fp32``: the projections as SGLang's ``linear_bf16_fp32`` (bf16 operands, fp32 out), so
+    transformers' own pooling, norm and rope then run in fp32 as SGLang's compressor does (entries
+    fp32). The default (bf16 projections and pooling, the model's own forward) is ISA-dependent:
+    the bf16 GEMM is oneDNN's ``avx512_core_bf16`` brgemm on CPUs with AVX512-BF16 and another
+    kernel elsewhere, and one bf16 ulp of a projection moves the bf16 pooling's rounding, which on a
+    cancelling channel reaches ~3 bf16 ulps of the tile amax."""
     comp = _attn(model, layer).compressor
     if comp is None:
         raise ValueError(f"layer {layer} has no compressor (SWA only)")
@@ -329,7 +336,11 @@ def compress(model, layer: int, hidden: torch.Tensor, *, chunks: Sequence[int] |
     start = 0
     for size in sizes:
         h = hidden[start:start + size].unsqueeze(0).to(comp.kv_proj.weight.dtype)
-        kv, gate = comp.kv_proj(h), comp.gate_proj(h)
+        if fp32:  # products of bf16 operands are exact in fp32; only the fp32 sum order varies
+            kv = F.linear(h.float(), comp.kv_proj.weight.float())
+            gate = F.linear(h.float(), comp.gate_proj.weight.float())
+        else:
+            kv, gate = comp.kv_proj(h), comp.gate_proj(h)
         _pool_into_cache(comp, cache_layer, kv, gate)
         start += size
     out = cache_layer.compressed_kv["compressor"]
