@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from adapter.core import boot, patching, pins, receipts, registry
+from adapter.core import boot, patching, pins, plugin, receipts, registry
 
 AUTOTUNE = "sglang.srt.model_executor.runner.flashinfer_autotune"
 DIGEST = f"{AUTOTUNE}:_autotune_cache_digest"
@@ -29,7 +29,7 @@ def test_every_pin_matches_the_installed_sglang():
 
 
 def test_every_wrapped_or_relied_on_function_is_pinned_and_every_pin_is_used():
-    pinned = {t for s in registry.SWITCHES for t in s.pinned} | set(registry.BOOT_PINNED)
+    pinned = {t for s in registry.SWITCHES for t in s.pinned} | set(registry.BOOT_PINNED) | set(plugin.PINNED)
     assert pinned == set(pins.PINS)
 
 

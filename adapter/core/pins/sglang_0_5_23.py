@@ -353,5 +353,10 @@ PINS: dict[str, str] = {
     "sglang.srt.managers.scheduler:run_scheduler_process": (
         "f52f0de806e29a75440839ff0cb3af43405304789adc571585ffd83a8a5c721b"
     ),
+    # the plugin entry point (adapter.core.plugin.PINNED; relied on: it catches Exception only, so the
+    # plugin's SystemExit stops the boot)
+    "sglang.srt.plugins:load_plugins": (
+        "cd2a423a31293f61ca0e01cfeb4ca9ba554b8be1b464e0130cec49aca18fa89e"
+    ),
     # -- end of pins (add new pins above this line, grouped under a comment naming the switch) --
 }
