@@ -106,7 +106,8 @@ def members(group: int) -> list[int]:
 class Server:
     def __init__(self, args: Sequence[str], log_path: str | Path, profile: Mapping[str, str] | None = None,
                  *, ready_timeout_s: float = 300.0, max_life_s: int = 1800, python: str = sys.executable,
-                 ready_line: str = READY_LINE, env: Mapping[str, str] | None = None):
+                 ready_line: str = READY_LINE, env: Mapping[str, str] | None = None,
+                 cwd: str | Path = REPO_ROOT):
         self.args = list(args)
         self.port = int(self.args[self.args.index("--port") + 1])
         self.log_path = Path(log_path)
@@ -117,6 +118,7 @@ class Server:
         self.max_life_s = max_life_s
         self.python = python
         self.ready_line = ready_line
+        self.cwd = Path(cwd)  # elsewhere than the repo: `python -m` puts the folder it runs in on sys.path
         self.proc: subprocess.Popen[bytes] | None = None
         self.startup_s: float | None = None
 
@@ -132,7 +134,7 @@ class Server:
         t0 = time.monotonic()
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                         cwd=REPO_ROOT, start_new_session=True)
+                                         cwd=self.cwd, start_new_session=True)
         try:
             self._wait_ready(t0)
         except BaseException:

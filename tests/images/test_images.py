@@ -9,10 +9,13 @@ import shutil
 import subprocess
 import sys
 import threading
+import zipfile
 from pathlib import Path
 
 import dockerfile
 import pytest
+
+from devkit.testkit import wheel as wheel_kit
 
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = ("Dockerfile.canary", "Dockerfile.canary-roce")
@@ -59,12 +62,15 @@ def test_the_test_stage_installs_builds_the_module_runs_the_suite_then_stages_in
 
 
 @pytest.mark.parametrize("name", IMAGES)
-def test_each_image_starts_from_a_pinned_sglang_base_and_loads_sitecustomize(name):
+def test_each_image_starts_from_a_pinned_sglang_base_and_loads_the_overlay_as_a_plugin(name):
     commands = _commands(name)
     arg = next(c for c in commands if c.cmd == "ARG")
     assert arg.value[0].startswith("SGLANG_BASE=lmsysorg/sglang:v0.5.23")
     assert next(c for c in commands if c.cmd == "FROM").value[0] == "${SGLANG_BASE}"
-    assert _env(name)["PYTHONPATH"] == "/opt/dsv41"
+    # The wheel's entry point is the way in (no PYTHONPATH: sitecustomize.py is staged for opt-in);
+    # the native decode module is where the installed package cannot find it by default.
+    assert "PYTHONPATH" not in _env(name)
+    assert _env(name)["DSV41_NATIVE_DECODE_DIR"] == "/opt/dsv41/build/native_decode"
     assert (ROOT / "sitecustomize.py").is_file()
     assert not any(k.startswith("DSV41_") and k in _switch_gates() for k in _env(name)), "switches stay off in the image"
 
@@ -169,26 +175,49 @@ def test_the_serving_stage_carries_only_the_staged_overlay_and_runs_no_tests(nam
         shlex.split(" ".join(c.value))[1:] for c in test_stage if c.cmd == "RUN"]
 
 
-def test_the_staged_overlay_has_no_tests_devkit_or_pytest_and_still_checks_and_pins(tmp_path):
+def test_the_staged_overlay_is_the_wheel_and_the_serving_install_step_makes_sglang_load_it(tmp_path):
     out = tmp_path / "serving"
     done = subprocess.run(["bash", "tools/image/stage_overlay.sh", str(out)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=300, env={**os.environ, "PYTHON": sys.executable})
     assert done.returncode == 0, done.stderr
     top = {p.name for p in out.iterdir()}
-    assert {"sitecustomize.py", "adapter", "tools"} <= top
-    assert not {"tests", "devkit", ".venv", ".git"} & top
+    assert {"sitecustomize.py", "dist", "tools"} <= top
+    assert not {"tests", "devkit", "adapter", ".venv", ".git"} & top
+    (wheel,) = (out / "dist").iterdir()
+    assert wheel.name == "dsv41_overlay-0.1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    assert {n.split("/")[0] for n in names} == {"adapter", "dsv41_overlay-0.1.0.dist-info"}
+    assert not [n for n in names if "/test" in n or n.endswith(".pyc")]
+    with zipfile.ZipFile(wheel) as archive:
+        entry_points = archive.read("dsv41_overlay-0.1.0.dist-info/entry_points.txt").decode()
+    assert entry_points.split() == ["[sglang.srt.plugins]", "dsv41", "=", "adapter.core.plugin:load"]
     assert not list(out.rglob("test_*.py")) and not list(out.rglob("__pycache__"))
     for script in ("install_overlay.sh", "install_roce.sh", "healthcheck.py"):
         assert (out / "tools" / "image" / script).is_file()
-    # The serving stage's own steps work from the staged folder alone: pins verified, check runs,
-    # and the devkit commands say they are not here instead of crashing.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DSV41_")}
-    pins = subprocess.run([sys.executable, "-m", "adapter", "pins"], cwd=out, env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert pins.returncode == 0 and "DRIFT" not in pins.stdout, pins.stdout[-2000:] + pins.stderr[-2000:]
-    gate = subprocess.run([sys.executable, "-m", "adapter", "gate"], cwd=out, env=env, capture_output=True,
+    # The serving stage's own step, run from the staged folder into a fresh venv (which sees this
+    # venv's SGLang): the wheel installed, every pin verified, SGLang finds the entry point, and the
+    # devkit commands say they are not here instead of crashing.
+    python = wheel_kit.venv_beside(tmp_path / "venv")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DSV41_") and k != "PYTHONPATH"}
+    step = subprocess.run(["bash", str(out / "tools/image/install_overlay.sh"), "--serving"], cwd=tmp_path,
+                          env={**env, "PYTHON": str(python)}, capture_output=True, text=True, timeout=600)
+    assert step.returncode == 0 and "DRIFT" not in step.stdout, step.stdout[-2000:] + step.stderr[-2000:]
+    found = subprocess.run([str(python), "-c", "import adapter; from sglang.srt.plugins import load_plugins_by_group as "
+                            "find; print(adapter.__file__); print(sorted(find('sglang.srt.plugins')))"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert found.returncode == 0, found.stderr[-2000:]
+    where, plugins = found.stdout.strip().splitlines()[-2:]
+    assert where.startswith(str(tmp_path / "venv")) and plugins == "['dsv41']"
+    gate = subprocess.run([str(python), "-m", "adapter", "gate"], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=120)
     assert gate.returncode == 2 and "devkit is not installed here" in gate.stderr
     again = subprocess.run(["bash", "tools/image/stage_overlay.sh", str(out)], cwd=ROOT, capture_output=True,
                            text=True, timeout=60)
     assert again.returncode == 2 and "is not empty" in again.stderr
+
+
+def test_the_serving_install_step_refuses_a_folder_without_the_wheel():
+    out = subprocess.run(["bash", "tools/image/install_overlay.sh", "--serving"], cwd=ROOT,
+                         env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--serving needs exactly one dist/dsv41_overlay-*.whl" in out.stderr
