@@ -10,7 +10,7 @@ after them) and leaves its import hook for the modules imported later. A process
 installs once: ``install`` is idempotent per process (one ``adapter`` package, one boot state).
 
 Strictness: ``load_plugins`` catches ``Exception`` from a plugin and only logs it, so a
-:class:`~adapter.core.api.BootError` (a bad value, a refusal under ``DSV41_STRICT=1``) would let the
+:class:`~adapter.core.errors.BootError` (a bad value, a refusal under ``DSV41_STRICT=1``) would let the
 engine boot. :func:`load` turns it into ``SystemExit`` with the overlay's message: not an
 ``Exception``, so it passes through ``load_plugins``; Python prints the message and exits with status
 1 in the launcher, and ``multiprocessing`` does the same in a scheduler or detokenizer (the engine
@@ -34,7 +34,7 @@ def load() -> None:
     if not any(key.startswith("DSV41_") for key in os.environ):
         return  # like sitecustomize: nothing of the overlay is imported
     from adapter.core import boot, pins, receipts
-    from adapter.core.api import BootError
+    from adapter.core.errors import BootError
 
     try:
         state = boot.install()

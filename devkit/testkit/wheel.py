@@ -1,7 +1,7 @@
 """The overlay's wheel (``tools/image/build_wheel.sh``) and a throwaway venv to ``pip install`` it into.
 
-The venv has no packages of its own: one ``.pth`` line in its site-packages names this interpreter's
-site-packages, so SGLang, torch, wrapt and pip come from the shared venv (nothing is installed
+The venv has no packages of its own: a ``.pth`` file in its site-packages names this interpreter's
+site-packages folders, so SGLang, torch, wrapt and pip come from the shared venv (nothing is installed
 there), while what pip installs lands in the new venv, ahead of them on ``sys.path``. Making one
 takes well under a second; installing the wheel a few seconds.
 """
@@ -9,6 +9,7 @@ takes well under a second; installing the wheel a few seconds.
 from __future__ import annotations
 
 import os
+import site
 import subprocess
 import sys
 import sysconfig
@@ -34,7 +35,8 @@ def venv_beside(folder: Path) -> Path:
     python = Path(folder) / "bin" / "python"
     purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                              check=True, capture_output=True, text=True, timeout=60).stdout.strip()
-    Path(purelib, "_shared_venv.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    ours = dict.fromkeys([*site.getsitepackages(), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
+    Path(purelib, "_shared_venv.pth").write_text("".join(f"{p}\n" for p in ours if Path(p).is_dir()))
     return python
 
 

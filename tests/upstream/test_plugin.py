@@ -186,6 +186,7 @@ print({n: o.status for n, o in boot.STATE.outcomes.items()})
 """
 
 
+@pytest.mark.spawns
 def test_a_process_that_loads_both_ways_installs_each_switch_once(tmp_path):
     """sitecustomize (the repo on PYTHONPATH) installs the hook at start; SGLang then runs the plugin."""
     site = plugin_dist(tmp_path / "site")
@@ -198,6 +199,7 @@ def test_a_process_that_loads_both_ways_installs_each_switch_once(tmp_path):
         {"decode_yield": "installed", "fast_tree_core": "installed", "swa_thin": "installed"})
 
 
+@pytest.mark.spawns
 def test_the_plugin_alone_installs_imported_modules_at_once_and_later_ones_on_import(tmp_path):
     """No sitecustomize (the repo reaches sys.path after start): the plugin installs the scheduler's
     switches at once and cone replay, whose model runner loads later, when it is imported."""
