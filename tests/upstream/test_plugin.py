@@ -190,13 +190,21 @@ print({n: o.status for n, o in boot.STATE.outcomes.items()})
 def test_a_process_that_loads_both_ways_installs_each_switch_once(tmp_path):
     """sitecustomize (the repo on PYTHONPATH) installs the hook at start; SGLang then runs the plugin."""
     site = plugin_dist(tmp_path / "site")
-    out = _run(LOAD, [site, ROOT], DSV41_SWA_THIN="1", DSV41_DECODE_YIELD="50")
+    # Receipts are deduplicated per process, so count the hooks and the wrapper layers too.
+    code = LOAD + (
+        "import wrapt\n"
+        "from sglang.srt.managers.scheduler import Scheduler\n"
+        "wrapper = vars(Scheduler)['get_next_batch_to_run']\n"
+        "print(sum(isinstance(f, boot.SwitchFinder) for f in sys.meta_path), type(wrapper).__name__,\n"
+        "      isinstance(wrapper.__wrapped__, wrapt.FunctionWrapper))\n")
+    out = _run(code, [site, ROOT], DSV41_SWA_THIN="1", DSV41_DECODE_YIELD="50")
     assert out.returncode == 0, out.stderr[-3000:]
     assert "sglang.srt.plugins Executed general plugin: dsv41" in out.stderr
     for switch in ("decode_yield", "fast_tree_core", "swa_thin"):
         assert out.stderr.count(f"[dsv41] {switch} installed ") == 1, out.stderr[-3000:]
-    assert out.stdout.strip().splitlines()[-1] == str(
-        {"decode_yield": "installed", "fast_tree_core": "installed", "swa_thin": "installed"})
+    outcomes, hooks = out.stdout.strip().splitlines()[-2:]
+    assert outcomes == str({"decode_yield": "installed", "fast_tree_core": "installed", "swa_thin": "installed"})
+    assert hooks == "1 FunctionWrapper False"  # one finder; decode yield's wrapper around the stock method
 
 
 @pytest.mark.spawns
