@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -93,6 +94,18 @@ def test_a_bad_value_stops_the_boot_through_load_plugins_with_the_overlays_messa
         load_plugins()
     assert str(stopped.value.code).startswith("[dsv41] configuration error: DSV41_DECODE_YIELD='150' is not valid: "
                                               "expected an integer 1..99")
+
+
+def test_in_a_child_process_such_as_a_scheduler_a_bad_value_is_exit_status_1(load_plugins, monkeypatch):
+    """SGLang's schedulers, detokenizer and DP controller are ``multiprocessing`` children whose
+    target calls ``load_plugins`` first; ``multiprocessing`` turns the plugin's ``SystemExit`` into the
+    child's exit status, and the engine stops on the dead child. (A fork here, to skip a fresh
+    interpreter: SGLang spawns, and both end in the same ``BaseProcess._bootstrap``.)"""
+    monkeypatch.setenv("DSV41_DECODE_YIELD", "150")
+    child = multiprocessing.get_context("fork").Process(target=load_plugins)
+    child.start()
+    child.join(timeout=120)
+    assert child.exitcode == 1
 
 
 def test_a_refusal_under_strict_stops_the_boot_through_load_plugins(load_plugins, monkeypatch, capsys):
