@@ -332,7 +332,10 @@ def run_receipts(args: argparse.Namespace) -> int:
 def run_pins(args: argparse.Namespace) -> int:
     rows, bad = [], 0
     owned = [(s.name, t) for s in registry.SWITCHES for t in s.pinned]
-    for owner, target in owned + [("(boot rank hook)", t) for t in registry.BOOT_PINNED]:
+    from adapter.core import plugin
+
+    core = [("(boot rank hook)", t) for t in registry.BOOT_PINNED] + [("(plugin)", t) for t in plugin.PINNED]
+    for owner, target in owned + core:
         c = pins.check(target)
         bad += not c.ok
         rows.append([owner, target, "ok" if c.ok else "DRIFT", c.found[:16]])

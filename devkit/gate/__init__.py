@@ -62,22 +62,25 @@ DEFAULT_OUT = Path(__file__).resolve().parents[2] / "build" / "gate"
 
 
 def run(quick: bool = True, out: str | Path | None = None, say: Callable[[str], None] = print,
-        without: tuple[str, ...] = (), model_kit: str = "mellum") -> dict[str, Any]:
+        without: tuple[str, ...] = (), model_kit: str = "mellum", via: str = "import-hook") -> dict[str, Any]:
     """Build, boot A1 / B / A2, judge; returns the figures (the CLI prints them as the last line)."""
     from adapter.core import receipts
-    from devkit.gate import kits
+    from devkit.gate import kits, ways
 
     t0 = time.monotonic()
     kit = kits.kit(model_kit)  # a bad --model fails before any boot
+    ways.check(via, kit.name)  # so does a way this kit cannot boot
     build_profile(without=without)  # a bad --without fails before any boot
     out = Path(out) if out else DEFAULT_OUT / kit.name
     out.mkdir(parents=True, exist_ok=True)
     model = kit.build(out)
     workload = kit.workload(quick)
     workload.validate()
-    say(f"gate: model {model} ({kit.describe()}); workload {'quick' if quick else 'full'}; logs in {out}")
+    say(f"gate: model {model} ({kit.describe()}); workload {'quick' if quick else 'full'}; via {via}; logs in {out}")
+    plugin = ways.prepare(via, out, say)
     with boots._terminate_as_interrupt():
-        a1 = run_boot(Boot("A1-stock", {}, out / "A1-stock.log"), model, workload, out, say=say, kit=kit)
+        a1 = run_boot(Boot("A1-stock", {}, out / "A1-stock.log"), model, workload, out, say=say, kit=kit,
+                      plugin=plugin)
         calibration = calibrate(a1.fpm_log, out)
         say(f"calibration: {calibration['status']}")
         for line in calibration.get("output", "").splitlines():
@@ -85,8 +88,10 @@ def run(quick: bool = True, out: str | Path | None = None, say: Callable[[str], 
         profile = build_profile(calibration["keys"], without)
         profile.update({k: v for k, v in kit.profile_overrides().items() if k in profile})
         say("profile: " + (" ".join(f"{k}={v}" for k, v in profile.items()) or "(empty: no switch available)"))
-        b = run_boot(Boot("B-profile", profile, out / "B-profile.log"), model, workload, out, say=say, kit=kit)
-        a2 = run_boot(Boot("A2-stock", {}, out / "A2-stock.log"), model, workload, out, say=say, kit=kit)
+        b = run_boot(Boot("B-profile", profile, out / "B-profile.log"), model, workload, out, say=say, kit=kit,
+                     plugin=plugin)
+        a2 = run_boot(Boot("A2-stock", {}, out / "A2-stock.log"), model, workload, out, say=say, kit=kit,
+                      plugin=plugin)
 
     config = registry.resolve(profile)
     gaps = receipts.audit(b.log_lines, config, ranks=1) if profile else ["profile is empty"]
@@ -131,6 +136,7 @@ def run(quick: bool = True, out: str | Path | None = None, say: Callable[[str], 
         "startup_s": [round(x.startup_s or 0, 1) for x in (a1, b, a2)],
         "leftover_processes": len(leftover),
         "model": kit.name,
+        "via": via,
         "quick": quick,
         "without": list(without),
         "wall_s": round(time.monotonic() - t0, 1),
@@ -143,13 +149,17 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--out", help=f"folder for logs and the model (default {DEFAULT_OUT}/<model>)")
     parser.add_argument("--model", default="mellum", choices=("mellum", "dsv4"),
                         help="the model kit: the tiny hybrid SWA Mellum (default) or the tiny DeepSeek-V4.1")
+    parser.add_argument("--via", default="import-hook", choices=("import-hook", "plugin"),
+                        help="how the servers load the overlay: sitecustomize.py on PYTHONPATH (default) or the "
+                        "wheel installed in a fresh venv as SGLang's plugin (SGLANG_PLUGINS=dsv41; mellum only)")
     parser.add_argument("--without", action="append", default=[], metavar="SWITCH",
                         help="leave this acting switch out of the profile boot (repeatable); its row says so")
 
 
 def main(args: Any) -> int:
     try:
-        figures = run(quick=args.quick, out=args.out, without=tuple(args.without), model_kit=args.model)
+        figures = run(quick=args.quick, out=args.out, without=tuple(args.without), model_kit=args.model,
+                      via=args.via)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -26,7 +26,8 @@ class Kit(Protocol):
 
     def describe(self) -> str: ...
 
-    def server(self, model: Path, log: Path, profile: dict[str, str], extra: Sequence[str]) -> Any: ...
+    def server(self, model: Path, log: Path, profile: dict[str, str], extra: Sequence[str],
+               plugin: Any = None) -> Any: ...
 
     def workload(self, quick: bool) -> Any: ...
 
@@ -48,11 +49,15 @@ class MellumKit:
 
         return f"mellum (window {mk.ModelSpec().window}, page 1)"
 
-    def server(self, model: Path, log: Path, profile: dict[str, str], extra: Sequence[str]) -> Any:
+    def server(self, model: Path, log: Path, profile: dict[str, str], extra: Sequence[str],
+               plugin: Any = None) -> Any:
         from devkit.engine_kit import launcher
 
         args = launcher.server_args(model, launcher.free_port(), swa_ratio=0.1, extra=list(extra))
-        return launcher.Server(args, log, profile)
+        if plugin is None:  # the import hook: sitecustomize.py on PYTHONPATH
+            return launcher.Server(args, log, profile)
+        return launcher.Server(args, log, profile, python=str(plugin.python),
+                               env=plugin.server_env(launcher.child_env(profile)), cwd=plugin.cwd)
 
     def workload(self, quick: bool) -> Any:
         from devkit.engine_kit import workload as wl
@@ -92,9 +97,12 @@ class Dsv4Kit:
     def describe(self) -> str:
         return f"dsv4 ({self.model_type}, 3 layers C0/C4/C128, window 128, page 256, fp8 KV)"
 
-    def server(self, model: Path, log: Path, profile: dict[str, str], extra: Sequence[str]) -> Any:
+    def server(self, model: Path, log: Path, profile: dict[str, str], extra: Sequence[str],
+               plugin: Any = None) -> Any:
         from devkit.engine_kit.dsv4 import launch
 
+        if plugin is not None:  # devkit.gate.ways.check refuses it before any boot
+            raise ValueError("the DeepSeek-V4 kit boots through the import hook only")
         return launch.server(model, log, profile, ready_timeout_s=600.0, max_total_tokens=DSV4_MAX_TOTAL_TOKENS,
                              max_running=DSV4_MAX_RUNNING, chunk=DSV4_CHUNK, swa_ratio=DSV4_SWA_RATIO,
                              extra=list(extra))

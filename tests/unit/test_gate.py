@@ -133,3 +133,27 @@ def test_gate_is_a_subcommand_of_the_cli():
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["gate", "--help"])
     assert exit_info.value.code == 0
+
+
+def test_the_plugin_way_is_refused_before_any_boot_where_the_kit_cannot_boot_it():
+    from devkit.gate import ways
+
+    ways.check("plugin", "mellum")
+    ways.check("import-hook", "dsv4")
+    with pytest.raises(ValueError, match="--via plugin with --model dsv4 is invalid: the plugin way runs on mellum only"):
+        ways.check("plugin", "dsv4")
+    with pytest.raises(ValueError, match="--via 'pip' is invalid: expected one of import-hook, plugin"):
+        ways.check("pip", "mellum")
+
+
+def test_a_plugin_server_runs_the_venvs_python_with_only_the_stand_in_on_the_path_outside_the_repo(tmp_path):
+    from devkit.engine_kit import launcher
+    from devkit.gate import kits, ways
+
+    plugin = ways.Plugin(tmp_path / "venv" / "bin" / "python", tmp_path)
+    server = kits.kit("mellum").server(tmp_path / "model", tmp_path / "b.log", {"DSV41_SWA_THIN": "1"}, [], plugin=plugin)
+    assert server.python == str(plugin.python) and server.cwd == tmp_path
+    assert server.env["PYTHONPATH"] == str(launcher.STUB_PATH) and server.env["SGLANG_PLUGINS"] == "dsv41"
+    assert server.env["DSV41_SWA_THIN"] == "1"
+    hook = kits.kit("mellum").server(tmp_path / "model", tmp_path / "a.log", {}, [])
+    assert str(launcher.REPO_ROOT) in hook.env["PYTHONPATH"].split(":") and "SGLANG_PLUGINS" not in hook.env
