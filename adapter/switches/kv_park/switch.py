@@ -40,9 +40,18 @@ Copies in flight (pages are write-fenced, not held in the allocator)
     SWA page of ``loc``) and a restore. So the batch that ``get_next_batch_to_run`` returns
     waits, before it is launched, for every copy in flight that reads a full page or (through
     the full-to-SWA mapping) a SWA page that batch writes, and a restore waits for all copies.
-    A HiCache load-back writes pages while the pass admits requests, before the batch is
-    known: with hierarchical cache on, every copy lands at the start of the pass. Allocation,
-    freeing and tree eviction write no bytes. A full queue saves synchronously.
+    (A HiCache load-back would write pages before the batch is known; the switch refuses beside
+    HiCache, below.) Allocation, freeing and tree eviction write no bytes. A full queue saves
+    synchronously.
+
+Not beside HiCache
+    With ``--enable-hierarchical-cache`` the switch refuses at the first scheduler pass (the tree
+    and its host pool are built before it): one line, a boot failure under ``DSV41_STRICT=1``, and
+    every wrapper off. HiCache pins its host pool at boot and keeps a retracted request's inserted
+    prefix there (its checkpoints are in the tree; write-back and write-through copy them to host),
+    so the park store would be a second host-RAM budget beside it, parking what HiCache already
+    holds. Sharing one budget would need the store to carve its bytes out of HiCache's pinned pool
+    and to park only the tail past what the tree holds: not built.
 
 Nothing is ever lost
     A refused offer (over ``DSV41_KV_PARK_GIB``), an entry evicted by LRU, a restore that finds no
@@ -103,6 +112,7 @@ class _State:
     # rid -> (tree, TreeLock) on the pages a restore inserted, held until the request is admitted
     # (its admission then locks them as its prefix) so running rows do not evict them meanwhile.
     pins: dict[Any, tuple[Any, Any]] = field(default_factory=dict)
+    checked_hicache: bool = False  # the first scheduler pass asked whether HiCache is attached
 
     def once(self, what: str, **params: object) -> None:
         line = what + repr(sorted(params.items()))
@@ -249,15 +259,32 @@ def _park(state: _State, req: Any, req_to_token_pool: Any, allocator: Any, tree_
 # -- fencing and restoring around each scheduler pass -------------------------------------------
 
 
+def hicache_refusal(tree_cache: Any, budget_gib: int) -> str | None:
+    """The one-line refusal when HiCache is attached to ``tree_cache`` (None when it is not)."""
+    controller = getattr(tree_cache, "cache_controller", None)
+    group = getattr(tree_cache, "host_pool_group", None)
+    if controller is None or group is None:
+        return None
+    host = sum(int(e.host_pool.size) * int(e.host_pool.size_per_token) for e in group.entries)
+    return (f"--enable-hierarchical-cache is on: HiCache pinned its own host pool at boot ({host / GIB:.2f} GiB) "
+            f"and keeps a retracted request's inserted prefix there; the park store "
+            f"(DSV41_KV_PARK_GIB={budget_gib}) would be a second host-RAM budget outside it, parking what "
+            f"HiCache holds (unset DSV41_KV_PARK, or turn HiCache off)")
+
+
 def _get_next_batch_to_run(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     state = STATE
     if state is None:
         return wrapped(*args, **kwargs)
+    if not state.checked_hicache:  # the tree is built before the first pass
+        state.checked_hicache = True
+        why = hicache_refusal(getattr(instance, "tree_cache", None), state.store.budget // GIB)
+        if why is not None:
+            SWITCH.refuse_late(why, revert=True)  # every wrapper off: stock retraction from here on
+            return wrapped(*args, **kwargs)
     state.store.poll()
     if state.pins:
         _release_pins(state, instance)
-    if state.store.pending() and getattr(instance, "enable_hierarchical_cache", False):
-        state.store.fence()  # a HiCache load-back may write freed pages before the batch is known
     try:
         _restore_waiting(state, instance)
     except Exception as exc:  # a failed restore disables parking; the request recomputes
