@@ -131,7 +131,7 @@ def _stock_resume_point(cache: Any, result: Any) -> int:
     loading the host copies (``init_load_back`` splices everything between the last device node
     and it). Both tree cores answer ``collect_path_info``."""
     (path,) = cache.tree_core.collect_path_info([result.best_match_node])
-    return int(path[-1].end) if path else 0
+    return int(path[-1].path_end) if path else 0
 
 
 def admit(req: Any, prefix_len: int, extend_len: int) -> bool:
