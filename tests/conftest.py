@@ -10,6 +10,14 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import pytest  # noqa: E402
+from hypothesis import settings  # noqa: E402
+
+# Hypothesis profiles: "ci" (the default) runs each property test with the examples its decorator
+# asks for; "fast" (HYPOTHESIS_PROFILE=fast, the fast lane) caps them through
+# devkit.testkit.hypothesis_budget.examples.
+settings.register_profile("ci", deadline=None)
+settings.register_profile("fast", deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(autouse=True)

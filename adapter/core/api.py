@@ -19,13 +19,26 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from adapter.core import metrics, receipts
 from adapter.core.env import ConfigError
+from adapter.core.errors import BootError, NotApplicable, Refusal
 
-__all__ = ["BootError", "ConfigError", "NotApplicable", "Refusal", "SwitchContext", "SwitchHandle", "handle",
-           "metrics_on"]
+__all__ = [
+    "BootError",
+    "ConfigError",
+    "ModelFacts",
+    "NotApplicable",
+    "Prediction",
+    "Profile",
+    "Refusal",
+    "SwitchContext",
+    "SwitchHandle",
+    "handle",
+    "metrics_on",
+]
 
 
 metrics_on = metrics.metrics_on
@@ -38,20 +51,43 @@ if TYPE_CHECKING:
     from adapter.core import patching, registry
 
 
-class BootError(RuntimeError):
-    """The engine must not start: bad configuration, or a refusal under ``DSV41_STRICT=1``."""
+@dataclass(frozen=True)
+class ModelFacts:
+    """What a model's ``config.json`` says about the pools its cache will be built on (``check``)."""
+
+    path: str
+    architecture: str
+    pool: str  # DeepSeekV4TokenToKVPool | SWAKVPool | none (no sliding-window layers)
+    window: int | None = None  # the cache's sliding window (tokens), as SGLang derives it
+    swa_layers: int | None = None
+    layers: int | None = None
+    compress_ratios: tuple[int, ...] = ()
+    model_type: str = ""
+    kv_sources: tuple[int, ...] = ()  # DeepSeek-V4.1's kv_source_layer_ids
 
 
-class Refusal(Exception):
-    """Raised by a switch's install function: the switch cannot act here (one-line reason)."""
+@dataclass(frozen=True)
+class Profile:
+    """What ``python -m adapter check`` knows of a boot before it happens, handed to a switch's
+    predictor (its registry record's ``predict``)."""
+
+    environ: Mapping[str, str]  # the profile's environment (DSV41_* and engine variables)
+    values: Mapping[str, Any]  # every parsed DSV41_* value, defaults filled in
+    argv: tuple[str, ...]  # the launch line's words (``LAUNCH_ARGS``)
+    server_args: Any  # SGLang's parsed ``ServerArgs`` namespace of the launch line; None without one
+    model: ModelFacts | None  # None: no model folder to read
+    status: str  # the switch's install outcome in check's process: installed | armed | refused | n/a
 
 
-class NotApplicable(Refusal):
-    """A refusal because this machine or model cannot use the switch (e.g. no CUDA device).
+@dataclass(frozen=True)
+class Prediction:
+    """A switch's predictor's answer: the receipt a boot would log when it is decided after
+    install (None: the install outcome is the receipt), its facts, and warnings about a profile
+    that works but not as its author likely meant."""
 
-    A boot logs it as a refusal like any other; ``check`` on a build machine reports it as ``n/a``
-    instead of a failure, since the profile itself is fine.
-    """
+    receipt: str | None = None  # installed | refused: <reason> | not decided (<why>)
+    params: Mapping[str, Any] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
 
 
 class SwitchContext:
@@ -72,8 +108,8 @@ class SwitchContext:
 
     @property
     def value(self) -> Any:
-        """The parsed value of the gate key (e.g. the decode-yield percent)."""
-        return self._config.values[self._switch.gate.name]
+        """The parsed value of the switch key (e.g. the decode-yield percent)."""
+        return self._config.values[self._switch.on_key.name]
 
     @property
     def options(self) -> Mapping[str, Any]:

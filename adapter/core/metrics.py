@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["METRICS", "PREFIX", "STATE", "Metric", "metrics_on", "observe", "reset_for_tests", "tally"]
+__all__ = ["METRICS", "PREFIX", "STATE", "WITHOUT_METRICS", "Metric", "metrics_on", "observe", "reset_for_tests", "tally"]
 
 PREFIX = "dsv41_"
 PENDING_MAX = 4096
@@ -132,6 +132,14 @@ METRICS: tuple[Metric, ...] = (
     Metric("dsv41_autotune_keep_dropped_total", "autotune_keep", "dropped",
            "Autotune caches dropped before load, by reason.", labels=("reason",)),
 )
+
+# Switches with no series of their own, and why: with METRICS, one entry per registry switch
+# (tests/unit/test_one_place_per_switch.py fails on a switch in neither or in both).
+WITHOUT_METRICS: dict[str, str] = {
+    "fast_tree_core": "results identical to stock by design; its cost is the tree core's (bench tree-core)",
+    "page_rounded_admission": "changes how admission charges KV, not an event; SGLang's own queue and usage "
+                              "gauges show its effect",
+}
 
 # the label an event gives implicitly (the event itself names the outcome)
 _IMPLIED = {("autotune_keep", "reused"): {"outcome": "reused"}, ("autotune_keep", "tuned and saved"): {"outcome": "tuned"}}

@@ -13,7 +13,7 @@ from typing import Any
 import wrapt
 
 from adapter.core import pins
-from adapter.core.api import Refusal
+from adapter.core.errors import Refusal
 
 
 class UndeclaredTarget(Refusal):

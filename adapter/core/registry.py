@@ -1,6 +1,6 @@
 """The switch registry: the one table that says which switch wraps which upstream function.
 
-Each :class:`Switch` names its gate key (and option keys) with their parsers, the upstream
+Each :class:`Switch` names its switch key (and option keys) with their parsers, the upstream
 modules that must be imported before it installs, the pinned ``module:qualname`` functions it
 wraps (``wraps``) and those it calls or reproduces without wrapping (``relies_on``), its install
 function, whether its keys are volatile for the autotune fingerprint, what it requires, and its
@@ -8,7 +8,7 @@ role in the release gate. Nothing else in the overlay hard-codes a module name f
 import hook, the switch's own context (:class:`adapter.core.api.SwitchContext`), ``check``,
 ``receipts``, the gate and the docs all read this table.
 
-Every switch is off unless its gate key is set. Rollback is config only: unset the gate key.
+Every switch is off unless its switch key is set. Rollback is config only: unset the switch key.
 """
 
 from __future__ import annotations
@@ -52,24 +52,28 @@ class GateRole:
 @dataclass(frozen=True)
 class Switch:
     name: str  # as it appears in receipts: "[dsv41] <name> installed ..."
-    gate: Key  # the switch is on when this key is set to a truthy value
+    on_key: Key  # the switch key: the switch is on when it is set to a truthy value
     summary: str
     modules: tuple[str, ...]  # install runs once all of these are imported
     wraps: tuple[str, ...]  # pinned "module:qualname" functions it wraps
     install: str  # "adapter.switches.<module>:<function>"
     volatile: bool  # True: changes no tuned shape or kernel (left out of the autotune fingerprint)
     gate_role: GateRole
+    # What ``python -m adapter check`` predicts beyond the install outcome: "module:function" in the
+    # switch's own package, called with an ``api.Profile`` and returning an ``api.Prediction`` (a
+    # receipt decided after install, warnings); None: the install outcome is what a boot logs.
+    predict: str | None
     relies_on: tuple[str, ...] = ()  # pinned "module:qualname" functions it calls or reproduces, not wrapped
     options: tuple[Key, ...] = ()
     requires: tuple[str, ...] = ()  # switches turned on with this one
 
     def __post_init__(self) -> None:
-        if self.gate.default is not None:  # off unless set: a default would turn it on everywhere
-            raise ValueError(f"{self.gate.name} has a default ({self.gate.default!r}); a gate key never does")
+        if self.on_key.default is not None:  # off unless set: a default would turn it on everywhere
+            raise ValueError(f"{self.on_key.name} has a default ({self.on_key.default!r}); a switch key never does")
 
     @property
     def keys(self) -> tuple[Key, ...]:
-        return (self.gate, *self.options)
+        return (self.on_key, *self.options)
 
     @property
     def pinned(self) -> tuple[str, ...]:
@@ -103,7 +107,7 @@ _AUTOTUNE = "sglang.srt.model_executor.runner.flashinfer_autotune"
 SWITCHES: tuple[Switch, ...] = (
     Switch(
         name="autotune_keep",
-        gate=Key("DSV41_AUTOTUNE_KEEP", env.flag(), "keep the FlashInfer autotune cache across boots of the same launch"),
+        on_key=Key("DSV41_AUTOTUNE_KEEP", env.flag(), "keep the FlashInfer autotune cache across boots of the same launch"),
         summary="keep the FlashInfer autotune cache when this rank saved it under the same launch (sglang#40320)",
         modules=(_AUTOTUNE,),
         wraps=(f"{_AUTOTUNE}:_autotune_cache_digest", f"{_AUTOTUNE}:flashinfer_autotune_context"),
@@ -112,12 +116,13 @@ SWITCHES: tuple[Switch, ...] = (
             "sglang.srt.model_executor.runner.flashinfer_autotune:flashinfer_autotune_cache_path",
         ),
         install="adapter.switches.autotune_keep:install",
+        predict=None,
         volatile=True,
         gate_role=GateRole(not_applicable="FlashInfer autotuning runs only on CUDA; the CPU engine never autotunes"),
     ),
     Switch(
         name="swa_native_decode",
-        gate=Key("DSV41_SWA_NATIVE_DECODE", env.flag(), "DSV4 decode reads 256-token SWA pages in place (SM120/SM121)"),
+        on_key=Key("DSV41_SWA_NATIVE_DECODE", env.flag(), "DSV4 decode reads 256-token SWA pages in place (SM120/SM121)"),
         summary="decode-sized DSV4 calls on SM120/SM121 go to a sha-checked decode-only FlashInfer module with "
         "the 256-token SWA pool view instead of copying each touched page into four 64-token pages",
         modules=("sglang.kernels.ops.attention.flash_mla_sm120",),
@@ -128,6 +133,7 @@ SWITCHES: tuple[Switch, ...] = (
             "sglang.kernels.ops.attention.flash_mla_sm120:_flash_mla_sm120_prefill",
         ),
         install="adapter.switches.native_decode.switch:install",
+        predict="adapter.switches.native_decode.predict:predict",
         gate_role=GateRole(not_applicable="DSV4 decode kernel for SM120/SM121 GPUs; the CPU engine has no such device"),
         # Same kernel instance and the tactic FlashInfer's planner picks for the copy path; autotune
         # passes take the stock path, so no tuned shape or kernel depends on this key.
@@ -151,7 +157,7 @@ SWITCHES: tuple[Switch, ...] = (
     ),
     Switch(
         name="decode_yield",
-        gate=Key("DSV41_DECODE_YIELD", env.percent(), "share (percent) of time running streams keep while a long prompt prefills in chunks"),
+        on_key=Key("DSV41_DECODE_YIELD", env.percent(), "share (percent) of time running streams keep while a long prompt prefills in chunks"),
         summary="after each non-final chunk, defer the next prefill for N decode steps (integer cost model, "
         "floor --prefill-decode-interval, cap 128) so running streams keep their share",
         modules=("sglang.srt.managers.scheduler",),
@@ -170,6 +176,7 @@ SWITCHES: tuple[Switch, ...] = (
             "sglang.srt.managers.scheduler:Scheduler._reqs_finishing_inflight",
         ),
         install="adapter.switches.decode_yield.switch:install",
+        predict="adapter.switches.decode_yield.predict:predict",
         volatile=True,
         gate_role=GateRole(acts="streams' decode share during a chunked prefill", profile=(("DSV41_DECODE_YIELD", "50"),)),
         options=tuple(
@@ -195,7 +202,7 @@ SWITCHES: tuple[Switch, ...] = (
     ),
     Switch(
         name="fast_tree_core",
-        gate=Key("DSV41_SWA_FAST_CORE", env.flag(),
+        on_key=Key("DSV41_SWA_FAST_CORE", env.flag(),
                  "insert walk, prefix match and Full lock walks of the Python tree core without key copies"),
         summary="the Python UnifiedTreeCore insert walk advances a key offset instead of copying the key's rest "
         "at every node, finds children by scanning instead of hashing page-long tuple keys, and the match and "
@@ -246,13 +253,14 @@ SWITCHES: tuple[Switch, ...] = (
             "sglang.srt.mem_cache.radix_cache:RadixKey.match_at",
         ),
         install="adapter.switches.fast_tree_core:install",
+        predict=None,
         volatile=True,
         # No keys of its own in the gate's profile: swa_thin turns it on.
         gate_role=GateRole(acts="turned on by swa_thin; results identical to stock by design"),
     ),
     Switch(
         name="swa_thin",
-        gate=Key("DSV41_SWA_THIN", env.flag(), "evict passed SWA checkpoints first so idle sessions keep their resume point"),
+        on_key=Key("DSV41_SWA_THIN", env.flag(), "evict passed SWA checkpoints first so idle sessions keep their resume point"),
         summary="checkpoints a request has moved past go to the evict-first end of the SWA LRU (Python tree core)",
         modules=("sglang.srt.mem_cache.unified_radix_cache",),
         wraps=(
@@ -270,13 +278,14 @@ SWITCHES: tuple[Switch, ...] = (
             "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedLRUList._add_node_after",
         ),
         install="adapter.switches.swa_thin:install",
+        predict=None,
         volatile=True,
         gate_role=GateRole(acts="idle session's context cached on resume", profile=(("DSV41_SWA_THIN", "1"),)),
         requires=("fast_tree_core",),
     ),
     Switch(
         name="cone_replay",
-        gate=Key("DSV41_SWA_CONE_REPLAY", env.flag(), "replay only the last N tokens before a resume point whose SWA window was evicted"),
+        on_key=Key("DSV41_SWA_CONE_REPLAY", env.flag(), "replay only the last N tokens before a resume point whose SWA window was evicted"),
         summary="a match stopped only by an evicted SWA window at F resumes on Full KV at page_floor(F - N) and "
         "replays N tokens instead of re-prefilling from the stock match",
         modules=(
@@ -323,6 +332,7 @@ SWITCHES: tuple[Switch, ...] = (
             "sglang.kernels.ops.attention.dsv4.attn_metadata_kernels:late_layer_tail_layout",
         ),
         install="adapter.switches.cone_replay.switch:install",
+        predict="adapter.switches.cone_replay.predict:predict",
         volatile=True,
         # N = 64 on the gate's engine: its bound is 63 (page 1, window 31, 2 SWA layers; cone_bound),
         # so 63 is the smallest accepted value and 64 keeps one token of margin.
@@ -339,7 +349,7 @@ SWITCHES: tuple[Switch, ...] = (
     ),
     Switch(
         name="page_rounded_admission",
-        gate=Key("DSV41_PAGE_ROUNDED_ADMISSION", env.flag(), "charge KV in whole pages everywhere PrefillAdder admits"),
+        on_key=Key("DSV41_PAGE_ROUNDED_ADMISSION", env.flag(), "charge KV in whole pages everywhere PrefillAdder admits"),
         summary="one page-rounded KV cost for running rows, mixed decode rows, the admission check, the "
         "reserve and the never-fits gate, so admission never overcommits the pool",
         # The scheduler alone: it imports schedule_policy, and while it executes it is already in
@@ -365,6 +375,7 @@ SWITCHES: tuple[Switch, ...] = (
             "sglang.srt.mem_cache.allocator.base:BaseTokenToKVPoolAllocator.max_new_tokens_for_memory",
         ),
         install="adapter.switches.page_rounded_admission:install",
+        predict=None,
         volatile=True,
         # Not "not applicable": the DSV4 kit runs 256-token pages, where it would act.
         gate_role=GateRole(not_in_profile="not adopted by the production profile (whole-page charges admit fewer "
@@ -372,7 +383,7 @@ SWITCHES: tuple[Switch, ...] = (
     ),
     Switch(
         name="kv_park",
-        gate=Key("DSV41_KV_PARK", env.choice("ram"), "park a retracted request's KV pages in host RAM and restore them on re-admission"),
+        on_key=Key("DSV41_KV_PARK", env.choice("ram"), "park a retracted request's KV pages in host RAM and restore them on re-admission"),
         summary="retraction saves the row's pages with a page-major copy engine (background worker) into a "
         "budgeted LRU host store; re-admission restores them as a cached prefix instead of a re-prefill",
         modules=(
@@ -425,6 +436,7 @@ SWITCHES: tuple[Switch, ...] = (
             "sglang.srt.managers.schedule_batch:ScheduleBatch.retract_decode",
         ),
         install="adapter.switches.kv_park.switch:install",
+        predict=None,
         volatile=True,  # host copies only: no tuned shape or kernel
         gate_role=GateRole(not_in_profile="not adopted by the production profile (never run on a GPU yet); "
                            "tests/engine/test_kv_park_server.py runs it on this engine with retractions forced"),
@@ -509,7 +521,7 @@ def resolve(environ: Mapping[str, str]) -> Config:
         except env.ConfigError as exc:
             config.errors.append(str(exc))
 
-    wanted = {s.name for s in SWITCHES if _is_on(config.values.get(s.gate.name))}
+    wanted = {s.name for s in SWITCHES if _is_on(config.values.get(s.on_key.name))}
     pending = list(wanted)
     while pending:  # requirements turn their switches on too
         for required in by_name(pending.pop()).requires:

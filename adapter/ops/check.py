@@ -2,21 +2,17 @@
 
 It validates the ``DSV41_*`` keys, verifies every pin against the installed engine, installs the
 requested switches in this process (their install-time decisions are real: pins, this machine's
-device, the engine's modules), and then predicts what the decisions taken later in a boot will be
-from the model's ``config.json`` and the profile's launch line (``LAUNCH_ARGS``):
-
-* ``cone_replay`` decides when the cache is built: the pool kind follows from the architecture
-  (DeepSeek-V4 -> ``DeepSeekV4TokenToKVPool``; sliding-window + full layers -> ``SWAKVPool``; no
-  sliding window -> no SWA cache, nothing to decide), the window from the model, the page size from
-  the launch line; the switch's own geometry functions give the bound and its own DSV4 rule the
-  refusal reason;
-* ``decode_yield`` checks the engine's mode on its first pass: its own ``unsupported_mode`` on the
-  parsed launch line.
+device, the engine's modules), and then asks each requested switch's predictor (its registry
+record's ``predict``) what the decisions taken later in a boot will be, from the model's
+``config.json`` and the profile's launch line (``LAUNCH_ARGS``). Cone replay's predictor calls the
+switch's own cache-build decision on predicted facts; decode yield's reads the engine mode it
+refuses on its first pass. A switch whose record has no predictor is decided at install.
 
 Each switch gets a ``receipt``: the line a boot would log for it (``installed`` or
 ``refused: <reason>``; ``not decided`` when check cannot tell). Warnings name a profile that works
-but not as meant: an option key without its gate key, decode yield on default coefficients, native
-SWA decode beside a launch line that lets a decode call carry more than 64 rows.
+but not as meant: an option key without its switch key, and whatever a predictor warns about
+(decode yield on default coefficients, native SWA decode beside a launch line that lets a decode
+call carry more than 64 rows).
 
 ``--json`` prints one JSON object instead (a deploy pipeline gates on ``"ok"``).
 """
@@ -28,17 +24,14 @@ import importlib
 import json
 import os
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from adapter.core import env, pins, registry
+from adapter.core import api, env, pins, registry
 
 DSV4_ARCHS = ("DeepseekV4ForCausalLM",)
-DSV4_PAGE = 256  # SGLang's DeepSeek-V4 overrides force it (arg_groups/model_overrides/deepseek_v4.py)
-DSV4_MAX_RUNNING = 256  # SGLang's DeepSeek-V4 default max_running_requests (arg_groups/deepseek_v4_hook.py)
-NATIVE_DECODE_MAX_ROWS = 64  # decode-form calls of more rows take the stock copy path (registry record)
 LAUNCH_KEY = "LAUNCH_ARGS"
 
 
@@ -82,19 +75,7 @@ def parse_launch(words: Sequence[str]) -> Launch:
                   str(getattr(ns, "kv_cache_dtype", "auto") or "auto"), ns)
 
 
-@dataclass
-class Model:
-    """What the model's ``config.json`` says about the pools its cache will be built on."""
-
-    path: str
-    architecture: str
-    pool: str  # DeepSeekV4TokenToKVPool | SWAKVPool | none (no sliding-window layers)
-    window: int | None = None  # the cache's sliding window (tokens), as SGLang derives it
-    swa_layers: int | None = None
-    layers: int | None = None
-    compress_ratios: tuple[int, ...] = ()
-    model_type: str = ""
-    kv_sources: tuple[int, ...] = ()  # DeepSeek-V4.1's kv_source_layer_ids
+Model = api.ModelFacts
 
 
 def read_model(path: str | Path) -> Model:
@@ -152,111 +133,17 @@ class Prediction:
     params: dict[str, Any] = field(default_factory=dict)
 
 
-def dsv4_kv_layout(environ: Mapping[str, str], launch: Launch) -> tuple[str, bool]:
-    """(main-cache layout, uniform fp8) a DeepSeek-V4 pool gets on this machine, as SGLang's
-    ``select_dsv4_kv_layout`` picks it: ``SGLANG_DSV4_KV_LAYOUT`` (auto: V4.1 only on SM100/SM103),
-    the trtllm backend's uniform fp8 pool (``--dsv4-attn-backend trtllm``)."""
-    backend = getattr(launch.namespace, "dsv4_attn_backend", None) if launch.namespace is not None else None
-    if backend == "trtllm":
-        return "v4", True
-    mode = environ.get("SGLANG_DSV4_KV_LAYOUT", "auto").lower()
-    if backend == "flashmla_mega" and mode != "v41_new":
-        mode = "v41"
-    if mode in ("v4", "v41", "v41_new"):
-        return mode, False
-    try:
-        import torch
-
-        sm100 = torch.cuda.is_available() and torch.version.cuda is not None and torch.cuda.get_device_capability()[0] == 10
-    except Exception:  # no torch CUDA here: the CPU / non-SM100 answer
-        sm100 = False
-    return ("v41" if sm100 else "v4"), False
-
-
-def decoder_replay(model: Model, launch: Launch) -> tuple[bool, str]:
-    """Whether SGLang's decoder SWA bounded replay will run, as ``validate_deepseek_v41_features``
-    resolves it: the flag when set, else on for DeepSeek-V4.1 on CUDA / HIP unless every hidden
-    state is returned (the CP, DP-attention and prefill-graph exclusions are not predicted here)."""
-    flags = set(launch.argv)
-    if "--enable-decoder-swa-bounded-replay" in flags:
-        return True, "on (--enable-decoder-swa-bounded-replay)"
-    if "--no-enable-decoder-swa-bounded-replay" in flags:
-        return False, "off (--no-enable-decoder-swa-bounded-replay)"
-    if model.model_type != "deepseek_v41":
-        return False, f"off (model_type {model.model_type or '?'}: V4.1 only)"
-    if "--enable-return-hidden-states" in flags:
-        return False, "off (auto: --enable-return-hidden-states)"
-    try:
-        import torch
-
-        gpu = torch.cuda.is_available()
-    except Exception:  # no torch here: no GPU to resolve it on
-        gpu = False
-    return (True, "on (auto: V4.1 on CUDA/HIP)") if gpu else (False, "off (auto: no CUDA/HIP on this machine)")
-
-
-def predict_cone(model: Model | None, launch: Launch, values: Mapping[str, Any], environ: Mapping[str, str]) -> tuple[str, dict[str, Any]]:
-    """The line ``cone_replay`` logs when the cache is built (the switch's own rules)."""
-    from types import SimpleNamespace
-
-    from adapter.switches.cone_replay import dsv4 as cone_dsv4
-    from adapter.switches.cone_replay import geometry
-    from adapter.switches.cone_replay.switch import TOKENS_KEY
-
-    if model is None:
-        return "not decided (no model config.json to predict the cache from)", {}
-    if model.pool == "none":
-        return "not decided (the model has no sliding-window layers: no SWA cache is built, the switch never acts)", {}
-    tokens = int(values[TOKENS_KEY])
-    dsv4 = model.pool == "DeepSeekV4TokenToKVPool"
-    page = DSV4_PAGE if dsv4 else int(launch.page_size or 1)
-    window, layers = int(model.window or 0), int(model.swa_layers or 0)
-    facts: dict[str, Any] = {"pool": model.pool, "window": window, "page": page, "swa_layers": layers, "N": tokens}
-    flags = set(launch.argv)
-    if "--disable-radix-cache" in flags:
-        return "refused: the radix cache is disabled; nothing to replay", facts
-    if dsv4 and "--enable-encoder-swa-bounded-replay" in flags:  # the tree keeps no SWA component
-        return ("refused: the prefix tree has no SWA component (--enable-encoder-swa-bounded-replay keeps SWA in "
-                "per-request window rings and replays min(prefix, 128) tokens on every hit itself); nothing to "
-                "replay"), facts
-    if window <= 0 or layers <= 0:
-        return f"refused: cannot read the sliding window ({window}) or its layer count from {model.pool}", facts
-    unified = environ.get("SGLANG_HACK_FLASHMLA_BACKEND") == "unified_kv_triton"
-    # The pool as the switch's rules read it: its class name (the family) and the attributes they test.
-    pool = type(model.pool, (), {})()
-    layout, uniform_fp8 = dsv4_kv_layout(environ, launch) if dsv4 else ("", False)
-    pool.__dict__.update(_unified_kv=unified, compression_ratios=list(model.compress_ratios), start_layer=0,
-                         layer_num=layers, request_window=None, kv_source_layers=list(model.kv_sources),
-                         kv_layout=SimpleNamespace(value=layout), uniform_fp8=uniform_fp8)
-    decoder = False
-    if dsv4:
-        facts["kv_layout"] = "uniform_fp8" if uniform_fp8 else layout
-        decoder, facts["decoder_replay"] = decoder_replay(model, launch)
-    standin = bool(values.get("DSV41_SWA_CONE_FORWARD_STANDIN"))
-    if dsv4 and unified:
-        return "refused: " + str(cone_dsv4.unsupported(pool, True)), facts
-    tail_start = geometry.decoder_tail_start(pool) if decoder else None
-    if decoder and tail_start is None:
-        return "refused: " + cone_dsv4.NO_TAIL_LAYER, facts
-    bound = geometry.bound_for(pool, window, page, layers, tail_start=tail_start)
-    facts["bound"] = bound
-    if tokens % page:
-        return f"refused: {TOKENS_KEY}={tokens} is not a multiple of the page size {page}", facts
-    if tokens < bound:
-        return (f"refused: {TOKENS_KEY}={tokens} < bound={bound} (window {window}, page {page}, {layers} sliding-window "
-                f"layers): set it to at least {bound}"), facts
-    if dsv4:
-        why = cone_dsv4.unsupported(pool, standin)
-    elif launch.kv_cache_dtype != "auto":
-        why = f"the Full KV cache is quantized ({launch.kv_cache_dtype}); the replay rows' K/V cannot be read back exactly"
-    else:
-        why = None
-    return ("refused: " + why if why else "installed"), facts
+def _predictor(switch: registry.Switch) -> Callable[[api.Profile], api.Prediction] | None:
+    if switch.predict is None:
+        return None
+    module, _, function = switch.predict.partition(":")
+    return getattr(importlib.import_module(module), function)
 
 
 def predict(environ: Mapping[str, str], config: registry.Config, state: Any, model: Model | None,
-            launch: Launch) -> list[Prediction]:
-    out = []
+            launch: Launch) -> tuple[list[Prediction], list[str]]:
+    """One row per registry switch, and the warnings of the requested switches' predictors."""
+    out, warnings = [], []
     requested = {s.name for s in config.requested}
     for switch in registry.SWITCHES:
         drift = [c for c in (pins.check(t) for t in switch.pinned) if not c.ok]
@@ -273,44 +160,26 @@ def predict(environ: Mapping[str, str], config: registry.Config, state: Any, mod
                 receipt = "not decided (armed: decided when the engine builds its cache)"
             else:
                 receipt = f"not decided ({outcome.status})"
-            if switch.name == "cone_replay" and outcome.status == "armed":
-                receipt, params = predict_cone(model, launch, config.values, environ)
-            if switch.name == "decode_yield" and outcome.status == "installed" and launch.namespace is not None:
-                from adapter.switches.decode_yield.switch import unsupported_mode
-
-                why = unsupported_mode(launch.namespace)
-                if why:
-                    receipt = f"refused: {why}"
+        if switch.name in requested:
+            predictor = _predictor(switch)
+            if predictor is not None:
+                said = predictor(api.Profile(environ, config.values, tuple(launch.argv), launch.namespace, model, status))
+                receipt, params = (said.receipt if outcome is not None and said.receipt else receipt), dict(said.params)
+                warnings += said.warnings
         out.append(Prediction(switch.name, keys, "ok" if not drift else f"drift({len(drift)})", status, receipt,
                               switch.volatile, params))
-    return out
+    return out, warnings
 
 
-def warnings_for(environ: Mapping[str, str], config: registry.Config, model: Model | None, launch: Launch) -> list[str]:
-    """A profile that works, but not as its author likely meant."""
+def orphan_options(environ: Mapping[str, str], config: registry.Config) -> list[str]:
+    """Option keys set without their switch key: the switch is off and they are ignored."""
     found: list[str] = []
     requested = {s.name for s in config.requested}
     for switch in registry.SWITCHES:
         orphans = [k.name for k in switch.options if k.name in environ]
         if orphans and switch.name not in requested:
-            found.append(f"{', '.join(orphans)} set without {switch.gate.name}: {switch.name} is off and "
+            found.append(f"{', '.join(orphans)} set without {switch.on_key.name}: {switch.name} is off and "
                          f"{'they are' if len(orphans) > 1 else 'it is'} ignored")
-    if "decode_yield" in requested and not any(k.startswith("DSV41_DECODE_YIELD_") for k in environ):
-        found.append("decode_yield runs on its default cost coefficients (no DSV41_DECODE_YIELD_* key): fit them on "
-                     "this machine with `python -m adapter fit-cost-model` (docs/operating.md)")
-    if "swa_native_decode" in requested:
-        dsv4 = model is not None and model.pool == "DeepSeekV4TokenToKVPool"
-        rows = launch.max_running_requests
-        if rows is None and dsv4:
-            rows = DSV4_MAX_RUNNING
-        if launch.speculative_algorithm:
-            found.append(f"--speculative-algorithm {launch.speculative_algorithm}: a decode call carries the draft "
-                         f"tokens of every row, beyond {NATIVE_DECODE_MAX_ROWS} rows such calls take the stock copy path")
-        elif rows is not None and rows > NATIVE_DECODE_MAX_ROWS:
-            origin = "--max-running-requests" if launch.max_running_requests is not None else "SGLang's DeepSeek-V4 default max_running_requests"
-            found.append(f"{origin} = {rows} > {NATIVE_DECODE_MAX_ROWS}: decode calls of more than "
-                         f"{NATIVE_DECODE_MAX_ROWS} rows take the stock copy path (set --max-running-requests "
-                         f"{NATIVE_DECODE_MAX_ROWS} to serve every decode call in place)")
     return found
 
 
@@ -354,7 +223,7 @@ def evaluate(env_file: str | None, model_path: str | None = None) -> dict[str, A
                 importlib.import_module(module)
             except boot.BootError as exc:  # DSV41_STRICT in the profile: the outcome is recorded
                 strict.append(str(exc))
-    predictions = predict(environ, config, state, model, launch)
+    predictions, predicted_warnings = predict(environ, config, state, model, launch)
     for p in predictions:
         outcome = state.outcomes.get(p.switch) if state else None
         problems += [c.describe() for c in (pins.check(t) for t in registry.by_name(p.switch).pinned) if not c.ok]
@@ -371,7 +240,7 @@ def evaluate(env_file: str | None, model_path: str | None = None) -> dict[str, A
                    "speculative_algorithm": launch.speculative_algorithm, "kv_cache_dtype": launch.kv_cache_dtype},
         "switches": [asdict(p) for p in predictions],
         "receipts": {p.switch: p.receipt for p in predictions if p.status != "off"},
-        "warnings": [*config.warnings, *warnings_for(environ, config, model, launch)],
+        "warnings": [*config.warnings, *orphan_options(environ, config), *predicted_warnings],
         "errors": list(config.errors),
         "notes": notes,
         "strict": strict,

@@ -25,7 +25,7 @@ def render(profile: Path = PROFILE) -> str:
         "# Adapters",
         "",
         "Generated from `adapter/core/registry.py` by `python -m adapter docs`; do not edit by hand.",
-        "Every switch is off unless its gate key (the first key listed) is set; rollback is to unset it.",
+        "Every switch is off unless its switch key (the first key listed) is set; rollback is to unset it.",
         "",
         "| switch | file | keys | wraps (hooked) | relies on (pinned, not wrapped) | what it changes | gate | volatile "
         "| rollback |",
@@ -40,7 +40,7 @@ def render(profile: Path = PROFILE) -> str:
                 else f"not in the profile: {role.not_in_profile}")
         lines.append(
             f"| `{s.name}` | `{s.module_file}` | {_keys(s)} | {hooks} | {relied} | {s.summary}.{requires} | {gate} "
-            f"| {'yes' if s.volatile else 'no'} | unset `{s.gate.name}` |"
+            f"| {'yes' if s.volatile else 'no'} | unset `{s.on_key.name}` |"
         )
     lines += [
         "",

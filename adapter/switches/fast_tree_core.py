@@ -70,7 +70,6 @@ COMMIT_STEP = "UnifiedTreeCore._insert_commit_step"
 MATCH_HELPER = "UnifiedTreeCore._match_prefix_helper"
 FULL_ACQUIRE = "FullComponent.acquire_component_lock"
 FULL_RELEASE = "FullComponent.release_component_lock"
-WRAPS = (WALK_STEP, FINISH_NODE, COMMIT_STEP, MATCH_HELPER, FULL_ACQUIRE, FULL_RELEASE)
 
 # A node with at most this many children is scanned instead of hashed (the root, with one child per
 # distinct first page, takes the tuple lookup).

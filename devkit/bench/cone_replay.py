@@ -64,7 +64,7 @@ def _session(kit: Any, toks: Any, length: int, chunk: int) -> dict[str, Any]:
 
 def run(quick: bool = False, backend: str = "rust") -> dict[str, Any]:
     from adapter.core import boot
-    from adapter.switches.cone_replay import switch as cone_replay
+    from devkit.testkit import cone_replay_parts as cone_replay
     from devkit.testkit import radix_cache as rc
     from devkit.testkit.cone import install
 
@@ -94,7 +94,7 @@ def run(quick: bool = False, backend: str = "rust") -> dict[str, Any]:
 
     head = (f"{'session':>9} {'chunk':>5} {'F':>8} {'stock P':>8} {'cone s':>8} {'stock recomp':>12} "
             f"{'cone recomp':>11} {'replayed':>8} {'TTFT stock':>10} {'TTFT cone':>9} {'x':>6}  fallbacks")
-    from adapter.switches.cone_replay.switch import cone_bound, cone_bound_dsv4
+    from devkit.testkit.cone_replay_parts import cone_bound, cone_bound_dsv4
 
     print(f"cone replay, DSV4 geometry (page {PAGE}, window {WINDOW}, N {N}; bound with 43 / 61 SWA layers: "
           f"{cone_bound(WINDOW, PAGE, 43)} / {cone_bound(WINDOW, PAGE, 61)}; on a DeepSeek-V4 pool, 61 layers, "

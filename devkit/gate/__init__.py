@@ -35,7 +35,8 @@ from typing import Any
 
 from adapter.core import registry
 from devkit.gate import boots
-from devkit.gate.boots import Boot, calibrate, run_boot
+from devkit.gate.boots import calibrate, run_boot
+from devkit.gate.record import Boot
 from devkit.gate.verdict import (
     LOGPROB_TOLERANCE,
     SHARE_MARGIN,

@@ -14,28 +14,11 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from devkit.gate.record import Boot
 from devkit.gate.verdict import available
-
-
-@dataclass
-class Boot:
-    label: str
-    profile: dict[str, str]
-    log: Path
-    fpm_log: Path | None = None
-    startup_s: float | None = None
-    cache: dict[str, Any] = field(default_factory=dict)
-    yield_: dict[str, Any] = field(default_factory=dict)
-    yield_log_from: int = 0
-    log_lines: list[str] = field(default_factory=list)
-    leftover: list[int] = field(default_factory=list)
-
-    def outputs(self) -> dict[str, list[int]]:
-        return {**self.cache.get("outputs", {}), **self.yield_.get("outputs", {})}
 
 
 def calibrate(fpm_log: Path | None, out: Path) -> dict[str, Any]:

@@ -10,12 +10,10 @@ from __future__ import annotations
 import importlib.util
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from adapter.core import registry
-
-if TYPE_CHECKING:
-    from devkit.gate.boots import Boot
+from devkit.gate.record import Boot
 
 SHARE_TOLERANCE = 0.15  # two stock boots' decode shares may differ by this much (machine noise)
 
@@ -151,41 +149,63 @@ def rows(a1: Boot, b: Boot, a2: Boot, receipts_gaps: list[str], outputs_equal: b
     return table
 
 
-def _effect_row(name: str, a1: Boot, b: Boot, a2: Boot, outputs_equal: bool) -> dict[str, Any]:
-    if name == "swa_thin":
-        s = (a1.cache["resume_cached_frac"], a2.cache["resume_cached_frac"])
-        p = b.cache["resume_cached_frac"]
-        passed = p >= 0.9 and p > max(s)
-        return {"switch": name, "stock": f"{s[0]:.2f} / {s[1]:.2f}", "profile": f"{p:.2f}",
-                "status": "pass" if passed else "FAIL: resume not better cached than both controls"}
-    if name == "decode_yield":
-        s = (a1.yield_["decode_share"], a2.yield_["decode_share"])
-        p = b.yield_["decode_share"]
-        gaps_s = [_median(decode_steps_between_chunks(x.log_lines[x.yield_log_from:])) for x in (a1, a2)]
-        gap_p = _median(decode_steps_between_chunks(b.log_lines[b.yield_log_from:]))
-        passed = p is not None and all(x is not None for x in s) and p >= max(s) + SHARE_MARGIN
-        return {"switch": name, "stock": f"{s[0]} / {s[1]} (steps/chunk {gaps_s[0]} / {gaps_s[1]})",
-                "profile": f"{p} (steps/chunk {gap_p})",
-                "status": "pass" if passed else f"FAIL: share not above both controls by {SHARE_MARGIN}"}
-    if name == "cone_replay":
-        s = (a1.cache["cone_recomputed_tokens"], a2.cache["cone_recomputed_tokens"])
-        p = b.cache["cone_recomputed_tokens"]
-        # SWA thin alone can shorten the branch's recompute (a surviving checkpoint): the row needs
-        # the switch's own plan lines as well.
-        plans = sum(1 for line in b.log_lines if "[dsv41] cone_replay DSV41_SWA_CONE plan" in line)
-        diff = cone_logprob_diff(a1, b, a2)
-        close = diff is not None and diff <= LOGPROB_TOLERANCE
-        passed = plans > 0 and p < min(s) and outputs_equal and close
-        return {"switch": name, "stock": f"{s[0]} / {s[1]} tokens",
-                "profile": f"{p} tokens ({plans} plans, logprob diff {diff if diff is None else f'{diff:.1e}'})",
-                "status": "pass" if passed else "FAIL: no replay planned, not cheaper than both controls, outputs "
-                f"differ, or the branch's logprobs differ by more than {LOGPROB_TOLERANCE}"}
-    if name == "fast_tree_core":  # no figure of its own; identical greedy outputs are its check
-        return {"switch": name, "stock": "-", "profile": "-",
-                "status": "pass (outputs equal)" if outputs_equal else "FAIL: outputs differ"}
-    # A switch the registry says acts here but the gate has no row for: never a pass, never n/a.
+def _thin_row(name: str, a1: Boot, b: Boot, a2: Boot, outputs_equal: bool) -> dict[str, Any]:
+    s = (a1.cache["resume_cached_frac"], a2.cache["resume_cached_frac"])
+    p = b.cache["resume_cached_frac"]
+    passed = p >= 0.9 and p > max(s)
+    return {"switch": name, "stock": f"{s[0]:.2f} / {s[1]:.2f}", "profile": f"{p:.2f}",
+            "status": "pass" if passed else "FAIL: resume not better cached than both controls"}
+
+
+def _yield_row(name: str, a1: Boot, b: Boot, a2: Boot, outputs_equal: bool) -> dict[str, Any]:
+    s = (a1.yield_["decode_share"], a2.yield_["decode_share"])
+    p = b.yield_["decode_share"]
+    gaps_s = [_median(decode_steps_between_chunks(x.log_lines[x.yield_log_from:])) for x in (a1, a2)]
+    gap_p = _median(decode_steps_between_chunks(b.log_lines[b.yield_log_from:]))
+    passed = p is not None and all(x is not None for x in s) and p >= max(s) + SHARE_MARGIN
+    return {"switch": name, "stock": f"{s[0]} / {s[1]} (steps/chunk {gaps_s[0]} / {gaps_s[1]})",
+            "profile": f"{p} (steps/chunk {gap_p})",
+            "status": "pass" if passed else f"FAIL: share not above both controls by {SHARE_MARGIN}"}
+
+
+def _cone_row(name: str, a1: Boot, b: Boot, a2: Boot, outputs_equal: bool) -> dict[str, Any]:
+    s = (a1.cache["cone_recomputed_tokens"], a2.cache["cone_recomputed_tokens"])
+    p = b.cache["cone_recomputed_tokens"]
+    # SWA thin alone can shorten the branch's recompute (a surviving checkpoint): the row needs
+    # the switch's own plan lines as well.
+    plans = sum(1 for line in b.log_lines if "[dsv41] cone_replay DSV41_SWA_CONE plan" in line)
+    diff = cone_logprob_diff(a1, b, a2)
+    close = diff is not None and diff <= LOGPROB_TOLERANCE
+    passed = plans > 0 and p < min(s) and outputs_equal and close
+    return {"switch": name, "stock": f"{s[0]} / {s[1]} tokens",
+            "profile": f"{p} tokens ({plans} plans, logprob diff {diff if diff is None else f'{diff:.1e}'})",
+            "status": "pass" if passed else "FAIL: no replay planned, not cheaper than both controls, outputs "
+            f"differ, or the branch's logprobs differ by more than {LOGPROB_TOLERANCE}"}
+
+
+def _outputs_row(name: str, a1: Boot, b: Boot, a2: Boot, outputs_equal: bool) -> dict[str, Any]:
+    """A switch with no figure of its own: identical greedy outputs are its check."""
     return {"switch": name, "stock": "-", "profile": "-",
-            "status": "FAIL: the registry says this switch acts in the gate, but the gate has no row for it"}
+            "status": "pass (outputs equal)" if outputs_equal else "FAIL: outputs differ"}
+
+
+Row = Callable[[str, Boot, Boot, Boot, bool], dict[str, Any]]
+# The gate's row of each switch whose registry record says it acts here (``gate_role.acts``): one
+# entry per such switch (tests/unit/test_one_place_per_switch.py fails on a missing or extra one).
+ROWS: dict[str, Row] = {
+    "decode_yield": _yield_row,
+    "fast_tree_core": _outputs_row,
+    "swa_thin": _thin_row,
+    "cone_replay": _cone_row,
+}
+
+
+def _effect_row(name: str, a1: Boot, b: Boot, a2: Boot, outputs_equal: bool) -> dict[str, Any]:
+    row = ROWS.get(name)
+    if row is None:  # the registry says it acts here but the gate has no row for it: never a pass, never n/a
+        return {"switch": name, "stock": "-", "profile": "-",
+                "status": "FAIL: the registry says this switch acts in the gate, but the gate has no row for it"}
+    return row(name, a1, b, a2, outputs_equal)
 
 
 def cone_logprob_diff(a1: Boot, b: Boot, a2: Boot) -> float | None:

@@ -85,7 +85,7 @@ CASES: tuple[Case, ...] = (
     _check("DSV41_SWA_NATIVE_DECODE=1", "DSV41_NATIVE_DECODE_DIR=build/native"),
     _check("DSV41_STRICT=2"),
     _check("DSV41_DEBUG_LOG=verbose"),
-    _check("DSV41_SWA_TIHN=1", what="DSV41_SWA_TIHN=1 (a typo of a gate key, alone)"),
+    _check("DSV41_SWA_TIHN=1", what="DSV41_SWA_TIHN=1 (a typo of a switch key, alone)"),
     Case("profile file", "--env-file naming a file that does not exist", ("check", "--env-file", "{dir}/nope.env")),
     Case("profile file", "an unbalanced quote: DSV41_SWA_THIN='1", ("check", "--env-file", "{dir}/p.env"),
          _env("DSV41_SWA_THIN='1")),

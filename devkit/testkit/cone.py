@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from adapter.switches.cone_replay import switch as cone_replay
+from devkit.testkit import cone_replay_parts as cone_replay
 from devkit.testkit.radix_cache import OUTPUT_TOKEN, CacheKit, Geometry, HiCache
 
 

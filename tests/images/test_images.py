@@ -72,7 +72,7 @@ def test_each_image_starts_from_a_pinned_sglang_base_and_loads_sitecustomize(nam
 def _switch_gates() -> set[str]:
     from adapter.core import registry
 
-    return {s.gate.name for s in registry.SWITCHES}
+    return {s.on_key.name for s in registry.SWITCHES}
 
 
 @pytest.mark.parametrize("name", IMAGES)

@@ -13,4 +13,4 @@ def test_each_bad_input_is_refused_except_the_ones_the_page_names_as_findings():
     """Every case exits non-zero except the one the page keeps as a finding (a lone key typo is a
     warning)."""
     passing = [c.what for c, rc, _ in bad_inputs.run_all() if rc == 0]
-    assert passing == ["DSV41_SWA_TIHN=1 (a typo of a gate key, alone)"]
+    assert passing == ["DSV41_SWA_TIHN=1 (a typo of a switch key, alone)"]

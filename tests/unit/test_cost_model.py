@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from adapter.core import env, registry
 from adapter.ops import cli, fit_cost_model
 from adapter.switches.decode_yield import cost_model
+from devkit.testkit.hypothesis_budget import examples
 
 KNOWN = cost_model.Coefficients(
     chunk_us=31_000, token_ns=52_000, pair_fs=41_300, topk_pair_ps=2_600,
@@ -46,7 +47,7 @@ def test_the_formula_runs_with_every_clock_made_to_fail(monkeypatch):
 
 
 @given(c=st.integers(0, 20_000), p=st.integers(0, 300_000), k=st.integers(0, 5000))
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 def test_top_k_pairs_closed_form_equals_the_sum_it_describes(c, p, k):
     if c <= 2000:
         # brute force: the query at position j (1-based) attends to keys 1..j, top-k to min(j, k) of them
@@ -80,7 +81,7 @@ def _simulated_window(pct, chunk, step, floor, cap):
     pct=st.integers(1, 99),
     floor=st.integers(0, 200),
 )
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 def test_every_cost_and_every_n_is_an_exact_integer(rows, lens, pct, floor):
     chunk, step = cost_model.chunk_cost(rows), cost_model.step_cost(lens)
     assert type(chunk) is int and type(step) is int and step > 0
@@ -115,7 +116,7 @@ def test_a_mixed_chunk_window_credits_the_token_each_row_got_inside_the_chunk(pc
 
 
 @given(pct=st.integers(1, 99), chunk=st.integers(10**6, 10**12), step=st.integers(10**6, 10**11))
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 def test_a_mixed_chunk_window_is_the_fewest_steps_that_give_the_rows_their_token_rate_share(pct, chunk, step):
     n, _ = cost_model.yield_window(pct, chunk, step, rode_along=1)
     assert n <= cost_model.MAX_YIELD_STEPS
@@ -131,7 +132,7 @@ def test_a_mixed_chunk_window_is_the_fewest_steps_that_give_the_rows_their_token
     chunks=st.lists(st.integers(10**6, 10**12), min_size=1, max_size=40),
     steps=st.lists(st.integers(10**6, 10**11), min_size=40, max_size=40),
 )
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 def test_carrying_the_rounding_surplus_keeps_a_prompt_at_its_share_never_below(pct, step, chunks, steps):
     """N is the ceil of the need less the carry: over a prompt the decode time never falls below
     the share, and with a steady step it stays within one step above it (unless the cap binds)."""

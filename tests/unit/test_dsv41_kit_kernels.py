@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.spawns
 def test_the_fp4_index_stand_ins_are_bit_exact_against_sglangs_kernels_and_torch_scoring():
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""}
     done = subprocess.run([sys.executable, "-m", "devkit.engine_kit.dsv41.check_kernels"], cwd=REPO, env=env,

@@ -80,7 +80,7 @@ def test_every_registry_record_is_complete_and_consistent():
 def test_a_gate_key_with_a_default_is_refused_so_every_switch_stays_off_unless_set():
     thin = registry.by_name("swa_thin")
     with pytest.raises(ValueError, match="DSV41_SWA_THIN has a default"):
-        dataclasses.replace(thin, gate=dataclasses.replace(thin.gate, default="1"))
+        dataclasses.replace(thin, on_key=dataclasses.replace(thin.on_key, default="1"))
 
 
 def test_option_keys_alone_turn_no_switch_on():
@@ -111,6 +111,7 @@ def test_profile_files_are_read_as_shell_words_with_comments_and_launch_argument
     }
 
 
+@pytest.mark.spawns
 def test_every_switch_installs_through_the_real_import_hook_in_a_fresh_engine_process():
     """All gates set, the engine's modules imported in a fresh process: nothing refused for a
     half-loaded module or an unreadable pin (only 'not applicable here' on this machine)."""
@@ -121,8 +122,8 @@ def test_every_switch_installs_through_the_real_import_hook_in_a_fresh_engine_pr
     gates = {"flag": "1", "percent": "33"}
     environ = {}
     for switch in registry.SWITCHES:
-        allowed = switch.gate.parser.allowed
-        environ[switch.gate.name] = "ram" if allowed.startswith("one of") else gates["percent" if "1..99" in allowed else "flag"]
+        allowed = switch.on_key.parser.allowed
+        environ[switch.on_key.name] = "ram" if allowed.startswith("one of") else gates["percent" if "1..99" in allowed else "flag"]
     script = (
         "import importlib\n"
         "from adapter.core import boot, registry\n"

@@ -128,6 +128,7 @@ def test_the_cone_row_fails_when_branch_logprobs_drift_beyond_float_noise():
     assert gate._effect_row("cone_replay", a1, b, a2, True)["status"].startswith("FAIL")
 
 
+@pytest.mark.spawns
 def test_gate_is_a_subcommand_of_the_cli():
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["gate", "--help"])

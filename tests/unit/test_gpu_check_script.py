@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.spawns  # every test here starts another interpreter
+
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "tools" / "gpu" / "check.sh"
 sys.path.insert(0, str(ROOT / "tools" / "gpu"))

@@ -63,7 +63,7 @@ def test_the_launch_arguments_carry_tails_384_and_chunk_8192_exactly_once():
 def test_every_profile_key_is_known_to_the_registry_and_valid():
     config = registry.resolve(env.read_env_file(str(PROFILE)))
     assert config.errors == [] and config.warnings == []
-    assert {s.gate.name for s in config.requested} >= {
+    assert {s.on_key.name for s in config.requested} >= {
         "DSV41_AUTOTUNE_KEEP", "DSV41_SWA_NATIVE_DECODE", "DSV41_DECODE_YIELD", "DSV41_SWA_THIN", "DSV41_SWA_CONE_REPLAY",
     }
 
@@ -77,15 +77,15 @@ def test_with_no_key_set_no_switch_is_requested_and_the_profile_requests_only_wh
     assert registry.resolve({}).requested == []
     profile = env.read_env_file(str(PROFILE))
     for switch in registry.resolve(profile).requested:
-        assert switch.gate.name in profile or any(switch.name in r.requires for r in registry.SWITCHES
-                                                  if r.gate.name in profile)
+        assert switch.on_key.name in profile or any(switch.name in r.requires for r in registry.SWITCHES
+                                                  if r.on_key.name in profile)
 
 
 @pytest.mark.parametrize("switch", registry.SWITCHES, ids=lambda s: s.name)
 def test_each_switchs_effect_on_the_autotune_fingerprint_matches_its_registry_volatility(switch):
     profile = env.read_env_file(str(PROFILE))
     without = {k: v for k, v in profile.items() if k not in {key.name for key in switch.keys}}
-    toggled = {**without, switch.gate.name: "1" if switch.gate.parser.allowed.startswith("1/0") else "33"}
+    toggled = {**without, switch.on_key.name: "1" if switch.on_key.parser.allowed.startswith("1/0") else "33"}
     same = autotune_keep.launch_fingerprint(["serve"], without) == autotune_keep.launch_fingerprint(["serve"], toggled)
     assert same is switch.volatile
 

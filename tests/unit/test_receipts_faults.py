@@ -4,6 +4,8 @@ does not show every switch installed on every rank, and must never crash on the 
 
 from __future__ import annotations
 
+import pytest
+
 from adapter.core import receipts, registry
 from adapter.ops import cli
 
@@ -65,6 +67,7 @@ def test_a_refusal_merged_into_an_install_line_is_still_a_refusal():
     assert any(g.startswith("swa_thin refused on tp1") for g in gaps), gaps
 
 
+@pytest.mark.spawns
 def test_the_receipts_command_reads_a_truncated_log_with_broken_bytes_and_fails_it(tmp_path, capsys):
     content = "".join(GOOD["tp0"] + GOOD["tp1"][:2]).encode() + b"\xff\xfe[dsv41] decode_yi"
     rc, _ = _cli(tmp_path, content)
@@ -73,6 +76,7 @@ def test_the_receipts_command_reads_a_truncated_log_with_broken_bytes_and_fails_
     assert "missing: decode_yield installed on 1 of 2 ranks (tp0)" in out and "receipts: FAILED" in out
 
 
+@pytest.mark.spawns
 def test_the_receipts_command_passes_the_same_log_whole(tmp_path, capsys):
     rc, _ = _cli(tmp_path, "".join(GOOD["tp0"] + GOOD["tp1"]).encode())
     assert rc == 0 and "receipts: ok" in capsys.readouterr().out

@@ -141,6 +141,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.spawns
 def test_same_launch_caches_of_different_experts_survive_the_real_cross_rank_check(tmp_path):
     """Two real gloo ranks run SGLang's ``_drop_diverged_autotune_cache`` on differing EP caches."""
     script = tmp_path / "rank.py"

@@ -128,11 +128,11 @@ def test_two_switches_on_one_function_pin_its_original_and_install_in_registry_o
 ):
     base = registry.by_name("autotune_keep")
     first = dataclasses.replace(
-        base, name="first_wrapper", gate=dataclasses.replace(base.gate, name="DSV41_TEST_FIRST"),
+        base, name="first_wrapper", on_key=dataclasses.replace(base.on_key, name="DSV41_TEST_FIRST"),
         wraps=(DIGEST,), install=f"{__name__}:_install_first",
     )
     second = dataclasses.replace(
-        base, name="second_wrapper", gate=dataclasses.replace(base.gate, name="DSV41_TEST_SECOND"),
+        base, name="second_wrapper", on_key=dataclasses.replace(base.on_key, name="DSV41_TEST_SECOND"),
         wraps=(DIGEST,), install=f"{__name__}:_install_second",
     )
     monkeypatch.setattr(registry, "SWITCHES", (first, second))
@@ -216,7 +216,7 @@ def test_a_switch_waits_until_every_target_module_has_finished_executing(monkeyp
     importlib.import_module("sglang.srt.managers.scheduler")
     base = registry.by_name("autotune_keep")
     waiting = dataclasses.replace(
-        base, name="waits_for_both", gate=dataclasses.replace(base.gate, name="DSV41_TEST_WAITS"), wraps=(),
+        base, name="waits_for_both", on_key=dataclasses.replace(base.on_key, name="DSV41_TEST_WAITS"), wraps=(),
         modules=("sglang.srt.managers.schedule_policy", "sglang.srt.managers.scheduler"),
         install=f"{__name__}:_install_needing_the_scheduler_class",
     )
@@ -267,6 +267,7 @@ def test_debug_log_is_read_with_its_flag_parser_so_every_true_spelling_turns_deb
     assert receipts.debug_log_enabled({}) is False
 
 
+@pytest.mark.spawns
 def test_a_debug_line_is_logged_when_debug_log_is_spelled_true(tmp_path):
     script = "from adapter.core import receipts\nreceipts.event('decode_yield', 'window', level=10, n=3)\n"
     root = str(Path(boot.__file__).resolve().parents[2])

@@ -46,6 +46,7 @@ def scheduler_tp1_log() -> list[str]:
     return [line for line in out.stderr.splitlines() if receipts.TAG in line]
 
 
+@pytest.mark.spawns
 def test_a_scheduler_logs_its_import_time_switches_once_under_its_pid_then_once_under_its_rank(scheduler_tp1_log):
     parsed = [receipts.parse_line(line) for line in scheduler_tp1_log]
     assert not [r for r in parsed if r is None or r.refusal], scheduler_tp1_log
@@ -57,6 +58,7 @@ def test_a_scheduler_logs_its_import_time_switches_once_under_its_pid_then_once_
     assert all(params[(n, pid)] == params[(n, "tp1")] for n in IMPORT_TIME)
 
 
+@pytest.mark.spawns
 def test_one_scheduler_and_pid_lines_pass_one_rank_and_fail_two_naming_the_scheduler_seen(scheduler_tp1_log):
     config = registry.resolve(PROFILE)
     main_process = [line for line in scheduler_tp1_log if "rank=pid" in line]  # what a main process logs

@@ -41,7 +41,18 @@ def dsv41(tmp_path_factory):
 
 
 def _warnings(environ: dict[str, str], argv: list[str], found: check.Model | None = None) -> list[str]:
-    return check.warnings_for(environ, registry.resolve(environ), found, check.parse_launch(argv))
+    config = registry.resolve(environ)
+    _, predicted = check.predict(environ, config, None, found, check.parse_launch(argv))
+    return [*check.orphan_options(environ, config), *predicted]
+
+
+def _cone(found: check.Model, launch: check.Launch, values: dict, environ: dict) -> tuple[str, dict]:
+    """What check says cone replay logs at cache build (its predictor, as check calls it)."""
+    from adapter.core import api
+    from adapter.switches.cone_replay import predict
+
+    said = predict.predict(api.Profile(environ, values, tuple(launch.argv), launch.namespace, found, "armed"))
+    return said.receipt, dict(said.params)
 
 
 def test_the_model_folder_gives_the_pool_kind_and_the_window_sglang_derives(mellum, dsv4):
@@ -57,39 +68,39 @@ def test_a_missing_model_folder_is_a_clear_error_naming_the_option(tmp_path):
 
 def test_cone_replay_is_predicted_installed_at_its_bound_and_refused_below_it_on_an_swa_pool(mellum):
     launch = check.parse_launch(["--model-path", mellum.path, "--page-size", "1"])
-    ok, facts = check.predict_cone(mellum, launch, {"DSV41_SWA_CONE_TOKENS": 64}, {})
+    ok, facts = _cone(mellum, launch, {"DSV41_SWA_CONE_TOKENS": 64}, {})
     assert ok == "installed" and facts["bound"] == 63  # the gate's engine: page 1, window 31, 2 SWA layers
-    low, _ = check.predict_cone(mellum, launch, {"DSV41_SWA_CONE_TOKENS": 32}, {})
+    low, _ = _cone(mellum, launch, {"DSV41_SWA_CONE_TOKENS": 32}, {})
     assert low == ("refused: DSV41_SWA_CONE_TOKENS=32 < bound=63 (window 31, page 1, 2 sliding-window layers): "
                    "set it to at least 63")
     paged = check.parse_launch(["--model-path", mellum.path, "--page-size", "64"])
-    odd, _ = check.predict_cone(mellum, paged, {"DSV41_SWA_CONE_TOKENS": 100}, {})
+    odd, _ = _cone(mellum, paged, {"DSV41_SWA_CONE_TOKENS": 100}, {})
     assert odd == "refused: DSV41_SWA_CONE_TOKENS=100 is not a multiple of the page size 64"
 
 
 def test_cone_replay_on_a_deepseek_v4_pool_is_predicted_from_its_kv_layout_and_bound(dsv4):
     launch = check.parse_launch(["--model-path", dsv4.path, "--page-size", "256"])
     values = {"DSV41_SWA_CONE_TOKENS": 8192}
-    receipt, facts = check.predict_cone(dsv4, launch, values, {})  # this machine: no SM100, the V4 layout
+    receipt, facts = _cone(dsv4, launch, values, {})  # this machine: no SM100, the V4 layout
     assert (receipt, facts["page"], facts["kv_layout"]) == ("installed", 256, "v4") and facts["bound"] <= 8192
-    low, _ = check.predict_cone(dsv4, launch, {"DSV41_SWA_CONE_TOKENS": 256}, {})
+    low, _ = _cone(dsv4, launch, {"DSV41_SWA_CONE_TOKENS": 256}, {})
     assert low.startswith(f"refused: DSV41_SWA_CONE_TOKENS=256 < bound={facts['bound']} (window 128, page 256")
-    v41, _ = check.predict_cone(dsv4, launch, values, {"SGLANG_DSV4_KV_LAYOUT": "v41"})
+    v41, _ = _cone(dsv4, launch, values, {"SGLANG_DSV4_KV_LAYOUT": "v41"})
     assert v41.startswith("refused: DeepSeek-V4 KV layout v41: cone replay's exactness is shown on the v4 layout")
-    unified, _ = check.predict_cone(dsv4, launch, values, {"SGLANG_HACK_FLASHMLA_BACKEND": "unified_kv_triton"})
+    unified, _ = _cone(dsv4, launch, values, {"SGLANG_HACK_FLASHMLA_BACKEND": "unified_kv_triton"})
     assert unified.startswith("refused: DeepSeek-V4 unified KV ring")
 
 
 def test_beside_decoder_replay_the_cone_is_predicted_at_the_bound_of_the_layers_before_the_tail(dsv41):
     values = {"DSV41_SWA_CONE_TOKENS": 768}
     base = ["--model-path", dsv41.path, "--page-size", "256"]
-    on, facts = check.predict_cone(dsv41, check.parse_launch([*base, "--enable-decoder-swa-bounded-replay"]), values, {})
+    on, facts = _cone(dsv41, check.parse_launch([*base, "--enable-decoder-swa-bounded-replay"]), values, {})
     assert (on, facts["bound"], facts["decoder_replay"]) == ("installed", 768, "on (--enable-decoder-swa-bounded-replay)")
-    off, facts = check.predict_cone(dsv41, check.parse_launch([*base, "--no-enable-decoder-swa-bounded-replay"]), values, {})
+    off, facts = _cone(dsv41, check.parse_launch([*base, "--no-enable-decoder-swa-bounded-replay"]), values, {})
     assert off.startswith("refused: DSV41_SWA_CONE_TOKENS=768 < bound=1024") and facts["bound"] == 1024
     import torch
 
-    _, facts = check.predict_cone(dsv41, check.parse_launch(base), values, {})  # auto: on where a GPU is
+    _, facts = _cone(dsv41, check.parse_launch(base), values, {})  # auto: on where a GPU is
     gpu = torch.cuda.is_available()
     assert facts["decoder_replay"] == ("on (auto: V4.1 on CUDA/HIP)" if gpu else "off (auto: no CUDA/HIP on this machine)")
     assert facts["bound"] == (768 if gpu else 1024)
@@ -97,12 +108,12 @@ def test_beside_decoder_replay_the_cone_is_predicted_at_the_bound_of_the_layers_
 
 def test_decoder_replay_on_a_model_without_kv_source_layers_is_predicted_refused_with_one_line(dsv4):
     launch = check.parse_launch(["--model-path", dsv4.path, "--page-size", "256", "--enable-decoder-swa-bounded-replay"])
-    receipt, facts = check.predict_cone(dsv4, launch, {"DSV41_SWA_CONE_TOKENS": 8192}, {})
+    receipt, facts = _cone(dsv4, launch, {"DSV41_SWA_CONE_TOKENS": 8192}, {})
     assert receipt == ("refused: --enable-decoder-swa-bounded-replay on a pool without KV-source layers: cannot tell "
                        "which layers run on the tail only") and "bound" not in facts
 
 
-def test_an_option_key_without_its_gate_key_is_warned_about():
+def test_an_option_key_without_its_switch_key_is_warned_about():
     warnings = _warnings({"DSV41_SWA_CONE_TOKENS": "8192"}, [])
     assert warnings == ["DSV41_SWA_CONE_TOKENS set without DSV41_SWA_CONE_REPLAY: cone_replay is off and it is ignored"]
     assert _warnings({"DSV41_SWA_CONE_TOKENS": "8192", "DSV41_SWA_CONE_REPLAY": "1"}, []) == []
@@ -133,6 +144,7 @@ def _cli(args: list[str]) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.spawns
 def test_check_json_is_one_object_with_the_predicted_receipts_and_the_warnings(tmp_path, mellum):
     profile = tmp_path / "p.env"
     profile.write_text(f'LAUNCH_ARGS="--model-path {mellum.path} --page-size 1"\n'
@@ -147,6 +159,7 @@ def test_check_json_is_one_object_with_the_predicted_receipts_and_the_warnings(t
     assert "DSV41_KV_PARK_GIB set without DSV41_KV_PARK: kv_park is off and it is ignored" in report["warnings"]
 
 
+@pytest.mark.spawns
 def test_receipts_json_is_one_object_with_each_switch_decision_per_rank(tmp_path):
     profile = tmp_path / "p.env"
     profile.write_text("DSV41_KV_PARK=ram\n")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adapter.switches.cone_replay.switch import ConePlan, align_up, copy_full_pages, dsv4_forward_fields
+from devkit.testkit.cone_replay_parts import ConePlan, align_up, copy_full_pages, dsv4_forward_fields
 
 PAGE, W = 256, 128
 
@@ -42,12 +42,12 @@ def _plan(s: int, F: int) -> ConePlan:
 
 
 def test_copy_moves_every_registered_full_side_page_of_a_real_dsv4_pool(dsv4_pool):
-    from adapter.switches.cone_replay.switch import _full_side_buffers, bound_for, swa_layer_count
+    from devkit.testkit.cone_replay_parts import decide, facts_of_pool, full_side_buffers, swa_layer_count
 
     assert swa_layer_count(dsv4_pool) == 4
     # layers C4/C128/C4/C128: max(512 + 4 + 0, 512 + W, 512 + 4 + 2W, 512 + 3W) = 896 -> 1024
-    assert bound_for(dsv4_pool, W, PAGE, swa_layer_count(dsv4_pool)) == 1024
-    bufs = _full_side_buffers(dsv4_pool)
+    assert decide(facts_of_pool(dsv4_pool, tokens=1024, window=W, page=PAGE)).bound == 1024
+    bufs = full_side_buffers(dsv4_pool)
     ptrs, _, _ = dsv4_pool.get_contiguous_buf_infos()
     assert sorted(b.data_ptr() for b, _ in bufs) == sorted(ptrs)  # the PD transfer's buffers, all of them
     gen = torch.Generator().manual_seed(0)
@@ -105,7 +105,7 @@ def test_under_decoder_replay_the_dsv4_bound_counts_the_layers_up_to_the_last_kv
 def test_decoder_replay_tail_rows_read_no_window_below_the_tail_and_a_v4_pool_names_no_tail_layer(dsv4_pool):
     from sglang.kernels.ops.attention.dsv4.attn_metadata_kernels import late_layer_tail_layout
 
-    from adapter.switches.cone_replay.geometry import decoder_tail_start
+    from devkit.testkit.cone_replay_parts import decide, facts_of_pool
 
     # SGLang's tail of a 1,536-row extend ending at 2,560 (one request) and of a batch of two: the
     # last W rows, each floored at seq_len - W (so the late layers of those rows read only each other)
@@ -115,7 +115,9 @@ def test_decoder_replay_tail_rows_read_no_window_below_the_tail_and_a_v4_pool_na
     rows, lens, floor = late_layer_tail_layout(extend_lens_cpu=[512, 300], seq_lens_cpu=[2560, 300], tail_len=W,
                                                device=torch.device("cpu"))
     assert lens == [W, W] and torch.equal(floor, torch.tensor([2560 - W] * W + [300 - W] * W, dtype=torch.int32))
-    assert dsv4_pool.kv_source_layers == [] and decoder_tail_start(dsv4_pool) is None  # V4: decoder replay cannot run
+    assert dsv4_pool.kv_source_layers == []  # V4: decoder replay cannot run, the tail cannot be told
+    refused = decide(facts_of_pool(dsv4_pool, tokens=8192, window=W, page=PAGE, decoder_replay=True)).refusal
+    assert refused.startswith("--enable-decoder-swa-bounded-replay on a pool without KV-source layers")
 
 
 def test_write_mask_sends_masked_replay_rows_to_slot_zero_through_compressor_out_loc():
@@ -168,30 +170,28 @@ def test_window_floor_through_build_causal_swa_page_indices_only_cuts_keys_below
 def test_only_the_v4_layout_of_a_real_dsv4_paged_pool_acts(dsv4_pool):
     from sglang.kernels.ops.attention.dsv4.kv_layout import KVLayout
 
-    from adapter.switches.cone_replay import switch
+    from devkit.testkit.cone_replay_parts import forward_unsupported
 
-    assert dsv4_pool.kv_layout is KVLayout.V4 and switch._forward_unsupported(dsv4_pool) is None
+    assert dsv4_pool.kv_layout is KVLayout.V4 and forward_unsupported(dsv4_pool) is None
     dsv4_pool.kv_layout = KVLayout.V41
     try:
-        why = switch._forward_unsupported(dsv4_pool)
+        why = forward_unsupported(dsv4_pool)
         assert why.startswith("DeepSeek-V4 KV layout v41:") and "\n" not in why
-        switch._STANDIN[0] = True
-        assert switch._forward_unsupported(dsv4_pool) is None  # the test-only key: act anyway
+        assert forward_unsupported(dsv4_pool, standin=True) is None  # the test-only key: act anyway
     finally:
-        switch._STANDIN[0] = False
         dsv4_pool.kv_layout = KVLayout.V4
 
 
 def test_dsv4_layouts_the_cone_cannot_replay_are_refused_with_one_line_naming_the_feature(dsv4_pool):
-    from adapter.switches.cone_replay import dsv4
+    from devkit.testkit.cone_replay_parts import forward_unsupported
 
     cases = {"_unified_kv": "unified KV ring", "request_window": "--enable-encoder-swa-bounded-replay"}
     for attr, named in cases.items():
         old = getattr(dsv4_pool, attr)
         setattr(dsv4_pool, attr, object())
         try:
-            assert named in dsv4.unsupported(dsv4_pool, True)
+            assert named in forward_unsupported(dsv4_pool, standin=True)
         finally:
             setattr(dsv4_pool, attr, old)
-    assert dsv4.unsupported(dsv4_pool, True) is None
-    assert dsv4.unsupported(dsv4_pool, False) is None  # V4 layout: it acts
+    assert forward_unsupported(dsv4_pool, standin=True) is None
+    assert forward_unsupported(dsv4_pool) is None  # V4 layout: it acts

@@ -19,9 +19,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adapter.switches.cone_replay import switch as cone_replay
-from adapter.switches.cone_replay.switch import align_up, cone_bound, cone_start, copy_full_pages, forward_rows
+from devkit.testkit import cone_replay_parts as cone_replay
 from devkit.testkit.cone import install, published_replay_rows
+from devkit.testkit.cone_replay_parts import align_up, cone_bound, cone_start, copy_full_pages, forward_rows
 from devkit.testkit.tiny_hybrid import TinyHybrid
 
 NAN = float("nan")

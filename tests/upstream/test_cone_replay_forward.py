@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from adapter.core import boot
-from adapter.switches.cone_replay import switch as cone_replay
+from devkit.testkit import cone_replay_parts as cone_replay
 
 PAGE, HEADS, DIM = 4, 2, 8
 SWA_LAYER, FULL_LAYER = 0, 1
@@ -193,12 +193,12 @@ def test_the_switch_wraps_the_forward_side_when_installed_and_unwraps_on_uninsta
 def test_only_an_unquantized_mha_full_pool_gets_the_forward_side(pool):
     from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
 
-    assert cone_replay._forward_unsupported(pool) is None
-    fp8 = cone_replay._forward_unsupported(_with_full(pool, dtype=torch.float8_e4m3fn))
+    assert cone_replay.forward_unsupported(pool) is None
+    fp8 = cone_replay.forward_unsupported(_with_full(pool, dtype=torch.float8_e4m3fn))
     assert fp8.startswith("the Full KV cache is quantized (torch.float8_e4m3fn)")
     mla = MLATokenToKVPool(size=16, page_size=PAGE, dtype=torch.float32, kv_lora_rank=8, qk_rope_head_dim=4,
                            layer_num=1, device="cpu", enable_memory_saver=False)
-    assert "MLATokenToKVPool) is not an MHA pool" in cone_replay._forward_unsupported(_with_full(pool, pool=mla))
+    assert "MLATokenToKVPool) is not an MHA pool" in cone_replay.forward_unsupported(_with_full(pool, pool=mla))
 
 
 def _with_full(kv, *, dtype=None, pool=None):

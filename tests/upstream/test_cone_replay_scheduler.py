@@ -8,7 +8,7 @@ from array import array
 
 import pytest
 
-from adapter.switches.cone_replay import switch as cone_replay
+from devkit.testkit import cone_replay_parts as cone_replay
 from devkit.testkit import scheduler as harness
 from devkit.testkit.cone import install
 

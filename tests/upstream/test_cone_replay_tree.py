@@ -20,9 +20,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from adapter.core import boot
-from adapter.switches.cone_replay import switch as cone_replay
+from devkit.testkit import cone_replay_parts as cone_replay
 from devkit.testkit import radix_cache as rc
 from devkit.testkit.cone import cone_turn, install, model_kit
+from devkit.testkit.hypothesis_budget import examples
 from devkit.testkit.tiny_hybrid import TinyHybrid
 
 N = 64  # 4 pages of the SMALL geometry (page 16, window 8)
@@ -206,7 +207,7 @@ def test_cone_turn_on_the_cache_is_bit_identical_to_a_prefix_hit_end_to_end(back
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(15), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(st.tuples(st.sampled_from(["turn", "turn", "new", "traffic", "evict"]), st.integers(0, 3),
                               st.sampled_from([32, 64, 128])), min_size=4, max_size=16))
 def test_trace_of_replays_mixed_with_other_traffic_keeps_the_tree_sane(backend, ops):

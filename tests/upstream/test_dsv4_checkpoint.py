@@ -77,6 +77,7 @@ def test_hash_routing_tables_pick_distinct_experts_per_token(v4):
     assert len(set(map(tuple, tid2eid.tolist()))) > 6  # not a constant table
 
 
+@pytest.mark.spawns
 @pytest.mark.parametrize("model_type", ["deepseek_v4", "deepseek_v41"])
 def test_sglang_load_weights_fills_every_parameter_of_the_model(tmp_path, model_type, v4):
     """SGLang's real model class, built on CPU in a fresh process (it publishes process-wide config):

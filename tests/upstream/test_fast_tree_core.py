@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from adapter.core import boot
 from adapter.switches import fast_tree_core
 from devkit.testkit import radix_cache as rc
+from devkit.testkit.hypothesis_budget import examples
 
 # Small pools, so allocations evict (Full and SWA) on many traces; a one-pass turn longer than
 # MAX_ONE_PASS tokens (a re-prefill after its prefix was evicted) is prefilled in passes that fit,
@@ -103,7 +104,7 @@ class _HeaderTokens(rc.Tokens):
 
 @given(ops=st.lists(OPS, min_size=2, max_size=14), scan_children=st.sampled_from([0, 1, 8, 10**6]),
        header=st.sampled_from([0, 0, 1, P - 1, P + 3]))
-@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(50), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_fast_core_leaves_the_same_cache_as_stock_after_every_operation(fast, ops, scan_children, header):
     """scan_children 0: every child by its tuple key (and whole-node matches by the array compare);
     1 / 8: single-child nodes / small nodes scanned; 10**6: every node scanned, the root too."""

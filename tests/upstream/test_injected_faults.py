@@ -165,7 +165,7 @@ def _accounted(h) -> tuple[int, int]:
 
 def _cone_session(overlap: bool):
     """A session whose SWA window at F was evicted by churn (its Full KV of [0, F) resident)."""
-    from adapter.switches.cone_replay import switch as cone_replay
+    from devkit.testkit import cone_replay_parts as cone_replay
     from devkit.testkit.cone import install
 
     state = install(CONE_N)
@@ -185,7 +185,7 @@ def _cone_session(overlap: bool):
 def _cone_in_flight(overlap: bool):
     """The session resumed with a prompt longer than one chunk: after one pass its replay chunk
     [F - N, F) ran and the rest of its prompt waits."""
-    from adapter.switches.cone_replay import switch as cone_replay
+    from devkit.testkit import cone_replay_parts as cone_replay
 
     h, history, F, baseline = _cone_session(overlap)
     req = h.add_request(h.make_request(0, max_new_tokens=8, prompt_ids=history + list(range(20_000, 20_160))))
@@ -264,7 +264,7 @@ def _one_prefill_per_pass():
 def _planned_but_waiting(overlap: bool):
     """One pass with a short request ahead of the resumed session: the session is planned (s, the
     anchor at F) but not admitted; nothing of it is locked."""
-    from adapter.switches.cone_replay import switch as cone_replay
+    from devkit.testkit import cone_replay_parts as cone_replay
 
     h, history, F, baseline = _cone_session(overlap)
     ahead = h.add_request(h.make_request(16, max_new_tokens=4, seed=7))
@@ -298,7 +298,7 @@ def test_a_waiting_cone_plan_whose_anchor_is_evicted_before_admission_is_dropped
     may be reused by then), the request prefills from 0 and finishes; nothing leaked."""
     from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
-    from adapter.switches.cone_replay import switch as cone_replay
+    from devkit.testkit import cone_replay_parts as cone_replay
 
     h, req, ahead, history, F, baseline = _planned_but_waiting(overlap)
     h.scheduler.tree_cache.evict(EvictParams(num_tokens=1 << 30))
@@ -322,7 +322,7 @@ def test_a_cone_request_aborted_while_it_waits_planned_leaves_the_queue_and_leak
     from sglang.srt.managers.io_struct import AbortReq
     from sglang.srt.managers.scheduler import Scheduler
 
-    from adapter.switches.cone_replay import switch as cone_replay
+    from devkit.testkit import cone_replay_parts as cone_replay
 
     h, req, ahead, history, F, baseline = _planned_but_waiting(overlap)
     s = h.scheduler

@@ -88,6 +88,7 @@ def _value(samples, name, **labels) -> float:
     return found[0] if found else 0.0
 
 
+@pytest.mark.spawns
 def test_counters_equal_what_the_switches_log_lines_report_under_sglang_labels(tiny_model, tmp_path):
     result, lines = _run(tiny_model, tmp_path, enable=True)
     assert result["on"] and result["decided"]
@@ -130,6 +131,7 @@ def test_counters_equal_what_the_switches_log_lines_report_under_sglang_labels(t
     assert {n.removesuffix("_total") for n, _, _ in samples} <= {n.removesuffix("_total") for n in metrics.families()}
 
 
+@pytest.mark.spawns
 def test_with_metrics_off_nothing_is_registered_and_prometheus_client_is_never_imported(tiny_model, tmp_path):
     result, lines = _run(tiny_model, tmp_path, enable=False)
     assert result["decided"] and not result["on"]

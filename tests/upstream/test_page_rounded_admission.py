@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from adapter.core import boot, pins
 from adapter.switches import page_rounded_admission
 from devkit.testkit import admission
+from devkit.testkit.hypothesis_budget import examples
 from devkit.testkit.scheduler import build_scheduler
 
 NAME = "page_rounded_admission"
@@ -254,7 +255,7 @@ def pool_states(draw):
     }
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(30), deadline=None, suppress_health_check=list(HealthCheck))
 @given(state=pool_states())
 def test_admitted_work_always_fits_the_free_pages(state):
     boot.uninstall()

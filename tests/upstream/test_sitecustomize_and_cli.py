@@ -7,6 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.spawns  # every test here starts another interpreter
+
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

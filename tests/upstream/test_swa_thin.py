@@ -371,6 +371,7 @@ def test_a_demotion_receipt_is_logged_once_every_1024_hooked_inserts(thin, caplo
     assert int(demoted[0].params["demoted_nodes"]) == 4
 
 
+@pytest.mark.spawns
 def test_a_scheduler_process_inheriting_the_overlays_choice_reports_backend_set_by_overlay(monkeypatch):
     """The launcher's overlay sets the tree-core variable; the scheduler process inherits it and must
     not report it as the operator's choice."""

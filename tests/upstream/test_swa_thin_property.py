@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from adapter.core import boot
 from adapter.switches import swa_thin
 from devkit.testkit import radix_cache as rc
+from devkit.testkit.hypothesis_budget import examples
 
 # Small pools, so allocations evict (Full and SWA) on many traces; a one-pass turn longer than
 # MAX_ONE_PASS tokens (a re-prefill after its prefix was evicted) is prefilled in passes that fit,
@@ -45,7 +46,7 @@ def _row_is_valid(kit: rc.CacheKit) -> None:
 
 
 @given(ops=st.lists(OPS, min_size=2, max_size=14))
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_thin_differs_from_stock_only_in_which_resume_points_survive(thin, ops):
     stock = rc.build(GEOMETRY, backend=None)
     swa_thin.keep_stock(stock.cache)

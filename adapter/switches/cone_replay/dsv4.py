@@ -47,13 +47,13 @@ every row the tail path writes (the early layers' SWA KV and the compressed page
 layers' last W rows) and the output tokens' logits and logprobs equal a stock hit's under the same
 flags; one page below the bound and without the mask they differ. GPU kernels: not verified.
 
-What is refused at cache build (one line each, :func:`unsupported`): the unified KV ring (HIP), the
+What is refused at cache build (one line each, :func:`.decision.decide`): the unified KV ring (HIP), the
 request window of ``--enable-encoder-swa-bounded-replay`` (the tree then keeps no SWA component:
 refused earlier, see the switch's cache check; with a paged draft SWA it still does not gate the
 match), a KV layout other than V4 (V4.1's 528-byte fp8, fp4, TRT-LLM uniform fp8: SGLang picks
 them on SM100 / gfx950 only), unless the test-only ``DSV41_SWA_CONE_FORWARD_STANDIN=1`` says act
 anyway; and (the switch's cache check) decoder bounded replay on a pool without KV-source layers
-(:data:`NO_TAIL_LAYER`).
+(:data:`.decision.NO_TAIL_LAYER`).
 """
 
 from __future__ import annotations
@@ -61,10 +61,6 @@ from __future__ import annotations
 from typing import Any
 
 from adapter.switches.cone_replay.geometry import dsv4_republished_rows
-
-VERIFIED_LAYOUT = "v4"  # the layout the exactness tests ran on (the CPU kit: 584-byte rows)
-NO_TAIL_LAYER = ("--enable-decoder-swa-bounded-replay on a pool without KV-source layers: cannot tell which "
-                 "layers run on the tail only")
 
 
 def forward_fields(rows: list[tuple[int, int, Any]], window: int, page: int) -> tuple[Any, Any]:
@@ -87,23 +83,6 @@ def forward_fields(rows: list[tuple[int, int, Any]], window: int, page: int) -> 
         floor.append(torch.full((extend,), plan.s, dtype=torch.int32))
     mask = torch.cat(keep) if keep else torch.zeros(0, dtype=torch.bool)
     return torch.nonzero(mask).flatten(), (torch.cat(floor) if floor else torch.zeros(0, dtype=torch.int32))
-
-
-def unsupported(kvpool: Any, standin: bool) -> str | None:
-    """Why the cone cannot be exact on this DeepSeek-V4 pool (None: it acts); one line each."""
-    if getattr(kvpool, "_unified_kv", False):
-        return "DeepSeek-V4 unified KV ring (SGLANG_HACK_FLASHMLA_BACKEND=unified_kv_triton): its Full side has no pages of its own to copy"
-    if getattr(kvpool, "request_window", None) is not None:
-        return ("--enable-encoder-swa-bounded-replay: SWA lives in per-request window rings the tree does not own "
-                "(upstream replays min(prefix, 128) tokens on every hit itself); nothing for the cone to replay")
-    if standin:
-        return None
-    layout = "uniform_fp8" if getattr(kvpool, "uniform_fp8", False) else getattr(
-        getattr(kvpool, "kv_layout", None), "value", str(getattr(kvpool, "kv_layout", None)))
-    if layout != VERIFIED_LAYOUT:
-        return (f"DeepSeek-V4 KV layout {layout}: cone replay's exactness is shown on the {VERIFIED_LAYOUT} layout "
-                "(584 B rows) only; the engine stays stock")
-    return None
 
 
 def apply(forward_batch: Any, layout: list[tuple[int, int, Any]], window: int, page: int) -> int:

@@ -31,13 +31,6 @@ FORWARD_ATTR = "_dsv41_cone_rows"  # (batch rows, F's tree slots, pool) of one f
 _ACTIVE: list[Any] = [None]
 
 
-def forward_rows(s: int, F: int) -> dict[str, Any]:
-    """What the forward of a cone's first pass needs (the tiny-model exactness tests): rows
-    ``[s, F)`` write no Full-side KV (the copy is kept); ``floor`` lets a test floor the sliding
-    window at s (the bound makes it unnecessary: the tests show both)."""
-    return {"mask": (s, F), "floor": s}
-
-
 def swa_kv_pool_unsupported(kvpool: Any) -> str | None:
     """Why the ``SWAKVPool`` forward side (:func:`substitute_full_kv`) cannot run on this pool (None: it can)."""
     name = type(kvpool).__name__

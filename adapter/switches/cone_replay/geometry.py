@@ -64,7 +64,8 @@ def cone_bound_dsv4(window: int, page: int, layers: int, *, ratios: Sequence[int
     W 128, page 256: 768 for the kit's C0/C4/C128; 61 layers: 8,192 when the last is not C4,
     else 8,448.
 
-    ``tail_from`` (decoder SWA bounded replay; :func:`decoder_tail_start`, a local layer index):
+    ``tail_from`` (decoder SWA bounded replay: the last KV-source layer, a local layer index; see
+    :func:`.decision.decide`):
     from that layer on, layers run only on each extend's last ``W`` rows, and those rows read no
     layer's window below the tail (the window floor ``seq_len - W`` of SGLang's
     ``late_layer_tail_layout``), so no window information crosses rows there; the layer at
@@ -103,28 +104,6 @@ def swa_layer_count(kvpool: Any) -> int | None:
 
 def is_dsv4_pool(kvpool: Any) -> bool:
     return type(kvpool).__name__ == DSV4_POOL
-
-
-def decoder_tail_start(kvpool: Any) -> int | None:
-    """The first layer decoder SWA bounded replay runs on each extend's tail only (a model layer
-    id): the last KV-source layer (``DeepseekV4Model.__init__``: ``late_layer_start = last_source``
-    with ``tail_writes_source_kv``; were the tail to start one layer later, layers 0 .. last source
-    would still be the ones that read every row, so the bound would not change). None when the pool
-    has no KV-source layers (a V4 model: decoder replay cannot run on it)."""
-    sources = [int(x) for x in getattr(kvpool, "kv_source_layers", None) or ()]
-    return max(sources) if sources else None
-
-
-def bound_for(kvpool: Any, window: int, page: int, layers: int, *, tail_start: int | None = None) -> int:
-    """The bound of the pool's family; ``tail_start``: decoder replay's first tail layer (a model
-    layer id, :func:`decoder_tail_start`), DeepSeek-V4 only."""
-    if is_dsv4_pool(kvpool):
-        ratios = list(getattr(kvpool, "compression_ratios", None) or ())
-        start = int(getattr(kvpool, "start_layer", 0) or 0)
-        local = ratios[start : start + layers] if len(ratios) >= start + layers else None
-        tail_from = None if tail_start is None else tail_start - start
-        return cone_bound_dsv4(window, page, layers, ratios=local, tail_from=tail_from)
-    return cone_bound(window, page, layers)
 
 
 @dataclass

@@ -76,163 +76,51 @@ from __future__ import annotations
 from typing import Any
 
 from adapter.core import api
-from adapter.switches.cone_replay import dsv4
+from adapter.switches.cone_replay import decision
 from adapter.switches.cone_replay import plan as plan_mod
-from adapter.switches.cone_replay.copy import copy_full_pages, copy_replay_rows, full_side_buffers
-from adapter.switches.cone_replay.dsv4 import forward_fields as dsv4_forward_fields
+from adapter.switches.cone_replay.copy import copy_replay_rows
+from adapter.switches.cone_replay.decision import STANDIN_KEY, TOKENS_KEY
 from adapter.switches.cone_replay.forward import (
     _ACTIVE,
-    FORWARD_ATTR,
     _attention_forward,
     _can_run_graph,
     _forward_batch_init,
     _model_forward,
-    forward_rows,
-    replay_rows,
-    substitute_full_kv,
-    swa_kv_pool_unsupported,
 )
-from adapter.switches.cone_replay.geometry import (
-    CACHE_ATTR,
-    ConeConfig,
-    align_up,
-    bound_for,
-    cache_config,
-    cone_bound,
-    cone_bound_dsv4,
-    cone_start,
-    decoder_tail_start,
-    is_dsv4_pool,
-    swa_layer_count,
-)
+from adapter.switches.cone_replay.geometry import CACHE_ATTR, ConeConfig
 from adapter.switches.cone_replay.plan import (
     _COPIED,
     ADMITTED,
-    COPIED,
     COUNTERS,
     FALLBACKS,
-    FORWARDED,
     PLANNED,
     REQ_ATTR,
-    ConePlan,
-    Counters,
     admit,
     fallback,
     restore_stock,
 )
 
 SWITCH = api.handle(__name__)
-TOKENS_KEY = "DSV41_SWA_CONE_TOKENS"
-STANDIN_KEY = "DSV41_SWA_CONE_FORWARD_STANDIN"
 _TOKENS: list[int] = []  # N, set by install
 _STANDIN: list[bool] = [False]  # DeepSeek-V4 layouts not shown exact: act anyway (tests only)
 
-__all__ = [  # re-exported for ``from adapter.switches.cone_replay import switch as cone_replay``
-    "ADMITTED",
-    "CACHE_ATTR",
-    "COPIED",
-    "COUNTERS",
-    "FALLBACKS",
-    "FORWARDED",
-    "FORWARD_ATTR",
-    "PLANNED",
-    "REQ_ATTR",
-    "_ACTIVE",
-    "_COPIED",
-    "ConeConfig",
-    "ConePlan",
-    "Counters",
-    "_attention_forward",
-    "_can_run_graph",
-    "_forward_batch_init",
-    "_forward_unsupported",
-    "_model_forward",
-    "admit",
-    "align_up",
-    "bound_for",
-    "cache_config",
-    "cone_bound",
-    "cone_bound_dsv4",
-    "cone_start",
-    "copy_full_pages",
-    "copy_replay_rows",
-    "decoder_tail_start",
-    "dsv4_forward_fields",
-    "fallback",
-    "forward_rows",
-    "full_side_buffers",
-    "install",
-    "replay_rows",
-    "reset_counters",
-    "restore_stock",
-    "substitute_full_kv",
-    "swa_layer_count",
-]
-_full_side_buffers = full_side_buffers  # the old private name (tests)
 
 
 # -- cache build: the geometry and every refusal --------------------------------------------------
 def _check_cache(cache: Any) -> ConeConfig:
     tokens = _TOKENS[0] if _TOKENS else 0
-    kvpool = cache.token_to_kv_pool_allocator.get_kvcache() if cache.token_to_kv_pool_allocator else None
-    if cache.disable or not cache.is_swa_enabled:
-        # Never silently inert: a tree without an SWA component (radix cache off, a model without
-        # sliding windows, or DeepSeek-V4 under --enable-encoder-swa-bounded-replay, whose tree keeps
-        # only Full KV and indexer keys) has no evicted windows to replay.
-        if cache.disable:
-            why = "the radix cache is disabled"
-        elif getattr(kvpool, "request_window", None) is not None:
-            why = ("the prefix tree has no SWA component (--enable-encoder-swa-bounded-replay keeps SWA in "
-                   "per-request window rings and replays min(prefix, 128) tokens on every hit itself)")
-        else:
-            why = "the prefix tree has no SWA component"
-        return _refuse_late(ConeConfig(False, tokens), f"{why}; nothing to replay")
-    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
-
-    window, page = int(cache._sliding_window_size or 0), int(cache.page_size)
-    swa = cache.components.get(ComponentType.SWA)
-    if swa is not None and not swa.gates_prefix_match:
-        return _refuse_late(ConeConfig(False, tokens, window=window, page=page),
-                            "the tree's SWA component does not gate prefix matches (a per-request SWA ring, or "
-                            "paged SWA beside the encoder-replay request window): no match stops at an evicted window")
-    layers = swa_layer_count(kvpool)
-    if layers is None or window <= 0:
-        return _refuse_late(ConeConfig(False, tokens, window=window, page=page),
-                            f"cannot read the sliding window ({window}) or its layer count from {type(kvpool).__name__}")
-    is_dsv4 = is_dsv4_pool(kvpool)
-    if is_dsv4 and getattr(kvpool, "_unified_kv", False):
-        return _refuse_late(ConeConfig(False, tokens, window=window, page=page), dsv4.unsupported(kvpool, True))
-    tail_start = decoder_tail_start(kvpool) if is_dsv4 and cache.decoder_swa_bounded_replay else None
-    if is_dsv4 and cache.decoder_swa_bounded_replay and tail_start is None:
-        return _refuse_late(ConeConfig(False, tokens, window=window, page=page), dsv4.NO_TAIL_LAYER)
-    bound = bound_for(kvpool, window, page, layers, tail_start=tail_start)
-    cfg = ConeConfig(True, tokens, bound, window, page, layers, dsv4=is_dsv4)
-    if tokens % page:
-        return _refuse_late(cfg, f"{TOKENS_KEY}={tokens} is not a multiple of the page size {page}")
-    if tokens < bound:
-        return _refuse_late(cfg, f"{TOKENS_KEY}={tokens} < bound={bound} (window {window}, page {page}, "
-                                 f"{layers} sliding-window layers): set it to at least {bound}")
-    why = _forward_unsupported(kvpool)
-    if why is not None:
-        # Without the forward side the replay rows' own Full-side K/V leak into every row from F on
-        # (tests/upstream/test_cone_replay_exactness.py): never run inexact, stay stock.
-        return _refuse_late(cfg, why)
-    tail = {} if tail_start is None else {"decoder_tail_from": tail_start}
-    SWITCH.confirm(N=tokens, bound=bound, window=window, page=page, swa_layers=layers, **tail)
-    return cfg
-
-
-def _forward_unsupported(kvpool: Any) -> str | None:
-    """Why the forward side cannot be exact on this pool (None: it can)."""
-    if is_dsv4_pool(kvpool):
-        return dsv4.unsupported(kvpool, _STANDIN[0])
-    return swa_kv_pool_unsupported(kvpool)
-
-
-def _refuse_late(cfg: ConeConfig, reason: str) -> ConeConfig:
-    """The bound is known only once the pools exist: refuse then, as the boot would have."""
-    cfg.enabled, cfg.reason = False, reason
-    SWITCH.refuse_late(reason)
+    facts = decision.facts_of_cache(cache, tokens, _STANDIN[0])
+    decided = decision.decide(facts)
+    cfg = ConeConfig(decided.refusal is None, tokens, decided.bound, facts.window, facts.page,
+                     int(facts.swa_layers or 0), dsv4=facts.dsv4)
+    if decided.refusal is not None:
+        # The bound is known only once the pools exist: refuse then, as the boot would have.
+        cfg.reason = decided.refusal
+        SWITCH.refuse_late(decided.refusal)
+        return cfg
+    tail = {} if decided.tail_from is None else {"decoder_tail_from": decided.tail_from}
+    SWITCH.confirm(N=tokens, bound=decided.bound, window=facts.window, page=facts.page, swa_layers=cfg.swa_layers,
+                   **tail)
     return cfg
 
 

@@ -1,0 +1,86 @@
+"""Cone replay's parts under one name, for tests and benchmarks (never for serving code).
+
+The switch's package keeps one job a module (:mod:`adapter.switches.cone_replay`); tests reach
+into several of them at once (counters, plan states, the forward's published rows, the copy). This
+module gathers those names so the serving modules carry no re-export list for them. Mutable state
+(``COUNTERS``, ``_ACTIVE``, ``_STANDIN``, ...) is the switch's own object, not a copy.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from adapter.switches.cone_replay.copy import copy_full_pages, copy_replay_rows, full_side_buffers
+from adapter.switches.cone_replay.decision import (
+    STANDIN_KEY,
+    TOKENS_KEY,
+    CacheFacts,
+    Decision,
+    decide,
+    facts_of_cache,
+    facts_of_pool,
+)
+from adapter.switches.cone_replay.dsv4 import forward_fields as dsv4_forward_fields
+from adapter.switches.cone_replay.forward import (
+    _ACTIVE,
+    FORWARD_ATTR,
+    _attention_forward,
+    _can_run_graph,
+    _forward_batch_init,
+    _model_forward,
+    replay_rows,
+    substitute_full_kv,
+    swa_kv_pool_unsupported,
+)
+from adapter.switches.cone_replay.geometry import (
+    CACHE_ATTR,
+    ConeConfig,
+    align_up,
+    cache_config,
+    cone_bound,
+    cone_bound_dsv4,
+    cone_start,
+    is_dsv4_pool,
+    swa_layer_count,
+)
+from adapter.switches.cone_replay.plan import (
+    _COPIED,
+    ADMITTED,
+    COPIED,
+    COUNTERS,
+    FALLBACKS,
+    FORWARDED,
+    PLANNED,
+    REQ_ATTR,
+    ConePlan,
+    Counters,
+    admit,
+    fallback,
+    restore_stock,
+)
+from adapter.switches.cone_replay.switch import _STANDIN, _TOKENS, SWITCH, install, reset_counters
+
+__all__ = [
+    "ADMITTED", "CACHE_ATTR", "COPIED", "COUNTERS", "FALLBACKS", "FORWARDED", "FORWARD_ATTR", "PLANNED", "REQ_ATTR",
+    "STANDIN_KEY", "SWITCH", "TOKENS_KEY", "_ACTIVE", "_COPIED", "_STANDIN", "_TOKENS", "CacheFacts", "ConeConfig",
+    "ConePlan", "Counters", "Decision", "_attention_forward", "_can_run_graph", "_forward_batch_init",
+    "_model_forward", "admit", "align_up", "cache_config", "cone_bound", "cone_bound_dsv4", "cone_start",
+    "copy_full_pages", "copy_replay_rows", "decide", "dsv4_forward_fields", "facts_of_cache", "facts_of_pool",
+    "fallback", "forward_rows", "forward_unsupported", "full_side_buffers", "install", "is_dsv4_pool",
+    "replay_rows", "reset_counters", "restore_stock", "substitute_full_kv", "swa_kv_pool_unsupported",
+    "swa_layer_count",
+]
+
+
+def forward_rows(s: int, F: int) -> dict[str, Any]:
+    """What the forward of a cone's first pass needs (the tiny-model exactness tests): rows
+    ``[s, F)`` write no Full-side KV (the copy is kept); ``floor`` lets a test floor the sliding
+    window at s (the bound makes it unnecessary: the tests show both)."""
+    return {"mask": (s, F), "floor": s}
+
+
+def forward_unsupported(kvpool: Any, *, standin: bool = False) -> str | None:
+    """The switch's forward-side refusal on ``kvpool`` (None: it acts), past every geometry rule."""
+    window, page = 128, 256
+    facts = facts_of_pool(kvpool, tokens=1 << 20, window=window, page=page, standin=standin)
+    return decide(facts).refusal
