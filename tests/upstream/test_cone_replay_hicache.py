@@ -15,7 +15,7 @@ import re
 import pytest
 import torch
 
-from adapter.switches.cone_replay import switch as cone_replay
+from devkit.testkit import cone_replay_parts as cone_replay
 from devkit.testkit import radix_cache as rc
 from devkit.testkit.cone import cone_turn, install, model_kit
 from devkit.testkit.tiny_hybrid import TinyHybrid
