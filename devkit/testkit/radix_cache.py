@@ -55,14 +55,18 @@ class HiCache:
     write_policy: str = "write_back"
     storage_dir: str | None = None
 
-    def server_args(self, page: int) -> Any:
-        from sglang.srt.server_args import ServerArgs
-
+    def flags(self) -> dict[str, Any]:
+        """The ``ServerArgs`` fields these launch flags set."""
         extra = {}
         if self.storage_dir is not None:
             extra = {"hicache_storage_backend": "file", "file_storage_path": self.storage_dir}
-        return ServerArgs(model_path="dummy", page_size=page, enable_hierarchical_cache=True,
-                          hicache_ratio=self.ratio, hicache_write_policy=self.write_policy, **extra)
+        return {"enable_hierarchical_cache": True, "hicache_ratio": self.ratio,
+                "hicache_write_policy": self.write_policy, **extra}
+
+    def server_args(self, page: int) -> Any:
+        from sglang.srt.server_args import ServerArgs
+
+        return ServerArgs(model_path="dummy", page_size=page, **self.flags())
 
 
 def set_server_args(page: int, hicache: HiCache | None) -> Any:

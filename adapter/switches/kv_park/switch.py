@@ -266,7 +266,8 @@ def hicache_refusal(tree_cache: Any, budget_gib: int) -> str | None:
     if controller is None or group is None:
         return None
     host = sum(int(e.host_pool.size) * int(e.host_pool.size_per_token) for e in group.entries)
-    return (f"--enable-hierarchical-cache is on: HiCache pinned its own host pool at boot ({host / GIB:.2f} GiB) "
+    size = f"{host / GIB:.2f} GiB" if host >= GIB else f"{host / (1 << 20):.1f} MiB"
+    return (f"--enable-hierarchical-cache is on: HiCache pinned its own host pool at boot ({size}) "
             f"and keeps a retracted request's inserted prefix there; the park store "
             f"(DSV41_KV_PARK_GIB={budget_gib}) would be a second host-RAM budget outside it, parking what "
             f"HiCache holds (unset DSV41_KV_PARK, or turn HiCache off)")
