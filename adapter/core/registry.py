@@ -267,6 +267,10 @@ SWITCHES: tuple[Switch, ...] = (
             "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.checkpoint_into_tree",
             # The cache build: a tree without an SWA component refuses the switch there.
             "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.__init__",
+            # HiCache write-back returns before counting a hit (and a new leaf's creator): counted here,
+            # so the shared rule counts as under every other policy.
+            "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._inc_hit_count_and_check",
+            "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._should_backup_after_insert",
         ),
         relies_on=(
             # Called with a fixed signature (found by tests/upstream/test_upstream_calls_are_pinned.py).

@@ -81,9 +81,43 @@ def set_server_args(page: int, hicache: HiCache | None) -> Any:
     return args
 
 
+class TransferCounter:
+    """Stands in for the cache's ``metrics_collector`` (off in the kit) and keeps what HiCache reports
+    to it: tokens per pool and bytes backed up device->host and loaded back host->device, and tokens
+    dropped without a backup. Every other metric call is a no-op."""
+
+    def __init__(self) -> None:
+        self.d2h_tokens: dict[str, int] = {}
+        self.h2d_tokens: dict[str, int] = {}
+        self.d2h_bytes = self.h2d_bytes = self.dropped_tokens = 0
+
+    def increment_backup_num_tokens(self, num_tokens: int, pool: Any) -> None:
+        key = str(getattr(pool, "value", pool))
+        self.d2h_tokens[key] = self.d2h_tokens.get(key, 0) + int(num_tokens)
+
+    def increment_load_back_num_tokens(self, num_tokens: int, pool: Any) -> None:
+        key = str(getattr(pool, "value", pool))
+        self.h2d_tokens[key] = self.h2d_tokens.get(key, 0) + int(num_tokens)
+
+    def increment_backup_num_bytes(self, num_bytes: int) -> None:
+        self.d2h_bytes += int(num_bytes)
+
+    def increment_load_back_num_bytes(self, num_bytes: int) -> None:
+        self.h2d_bytes += int(num_bytes)
+
+    def increment_dropped_tokens(self, num_tokens: int, **_: Any) -> None:
+        self.dropped_tokens += int(num_tokens)
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+
 def attach_hicache(cache: Any, params: Any, server_args: Any) -> None:
-    """``init_hicache`` as ``create_unified_radix_cache`` calls it after building the cache."""
+    """``init_hicache`` as ``create_unified_radix_cache`` calls it after building the cache; the
+    cache reports its transfers to a :class:`TransferCounter` (``cache.metrics_collector``)."""
     route_hicache()
+    if cache.metrics_collector is None:
+        cache.metrics_collector = TransferCounter()
     cache.init_hicache(server_args, params)
 
 

@@ -128,6 +128,11 @@ PINS: dict[str, str] = {
         "3af84653132e239dadc2b3b86c211adc66dc11a9974b6af700ac005fedf3b83e"
     ),
     # swa_thin
+    # (HiCache write-back: counts a new leaf's creator as the other policies do; _inc_hit_count_and_check
+    # is pinned with fast_tree_core)
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._should_backup_after_insert": (
+        "2591b96f6c167e2e72b253cab41825260dab952703e428026f41eed16febc026"
+    ),
     "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.checkpoint_into_tree": (
         "3a20fa5c0617352cc19485b47d5fc54b429288fe6deb62747ed95f4fd7ffd098"
     ),
