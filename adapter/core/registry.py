@@ -440,7 +440,7 @@ SWITCHES: tuple[Switch, ...] = (
             "sglang.srt.managers.schedule_batch:ScheduleBatch.retract_decode",
         ),
         install="adapter.switches.kv_park.switch:install",
-        predict=None,
+        predict="adapter.switches.kv_park.predict:predict",
         volatile=True,  # host copies only: no tuned shape or kernel
         gate_role=GateRole(not_in_profile="not adopted by the production profile (never run on a GPU yet); "
                            "tests/engine/test_kv_park_server.py runs it on this engine with retractions forced"),

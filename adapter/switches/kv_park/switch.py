@@ -91,7 +91,7 @@ from typing import Any
 import torch
 
 from adapter.core import api
-from adapter.switches.kv_park import capture, regions
+from adapter.switches.kv_park import beside_hicache, capture, regions
 from adapter.switches.kv_park.engine import CopyEngine
 from adapter.switches.kv_park.store import SWITCH, ParkStore
 
@@ -259,29 +259,15 @@ def _park(state: _State, req: Any, req_to_token_pool: Any, allocator: Any, tree_
 # -- fencing and restoring around each scheduler pass -------------------------------------------
 
 
-def hicache_refusal(tree_cache: Any, budget_gib: int) -> str | None:
-    """The one-line refusal when HiCache is attached to ``tree_cache`` (None when it is not)."""
-    controller = getattr(tree_cache, "cache_controller", None)
-    group = getattr(tree_cache, "host_pool_group", None)
-    if controller is None or group is None:
-        return None
-    host = sum(int(e.host_pool.size) * int(e.host_pool.size_per_token) for e in group.entries)
-    size = f"{host / GIB:.2f} GiB" if host >= GIB else f"{host / (1 << 20):.1f} MiB"
-    return (f"--enable-hierarchical-cache is on: HiCache pinned its own host pool at boot ({size}) "
-            f"and keeps a retracted request's inserted prefix there; the park store "
-            f"(DSV41_KV_PARK_GIB={budget_gib}) would be a second host-RAM budget outside it, parking what "
-            f"HiCache holds (unset DSV41_KV_PARK, or turn HiCache off)")
-
-
 def _get_next_batch_to_run(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     state = STATE
     if state is None:
         return wrapped(*args, **kwargs)
     if not state.checked_hicache:  # the tree is built before the first pass
         state.checked_hicache = True
-        why = hicache_refusal(getattr(instance, "tree_cache", None), state.store.budget // GIB)
-        if why is not None:
-            SWITCH.refuse_late(why, revert=True)  # every wrapper off: stock retraction from here on
+        host_pool = beside_hicache.measured(getattr(instance, "tree_cache", None))
+        if host_pool is not None:  # every wrapper off: stock retraction from here on
+            SWITCH.refuse_late(beside_hicache.reason(host_pool, state.store.budget // GIB), revert=True)
             return wrapped(*args, **kwargs)
     state.store.poll()
     if state.pins:
