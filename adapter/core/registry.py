@@ -318,6 +318,9 @@ SWITCHES: tuple[Switch, ...] = (
             "sglang.srt.mem_cache.deepseek_v4_memory_pool:DeepSeekV4IndexerPool.contiguous_page_row_buffers",
             "sglang.srt.model_executor.forward_batch_info:ForwardMode.is_extend",
             "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore.match_full_device_prefix",
+            "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore.collect_path_info",
+            # Beside HiCache: the stock resume point B is where init_load_back's splice ends.
+            "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.init_load_back",
             "sglang.srt.mem_cache.swa_memory_pool:SWAKVPool.get_key_buffer",
             "sglang.srt.mem_cache.swa_memory_pool:SWAKVPool.get_value_buffer",
             "sglang.srt.mem_cache.allocator.swa:SWATokenToKVPoolAllocator.get_kvcache",

@@ -349,27 +349,24 @@ def _match_helper(wrapped: Any, core: Any, args: tuple, kwargs: dict) -> Any:
         if prefix_len == _PARTIAL:
             prefix_len = child.key.match_at(key, offset, page_size=page)
         full_hit += prefix_len
-        if prefix_len < len(child.key):
+        split = prefix_len < len(child.key)
+        if split:
             node, action = core._split_node(child.key, child, prefix_len)
             if not node.evicted:
                 value.append(node.component_data[base].value)
-            # every validator runs: they keep state
-            if all([validator(node) for validator in validators]):
-                best_node = node
-                if not separate:
-                    best_device_node, best_device_len = node, len(value)
-            if separate and all([validator(node) for validator in device_validators]):
-                best_device_node, best_device_len = node, len(value)
-            break
-        if not evicted:
-            value.append(child.component_data[base].value)
-        node = child
+        else:
+            if not evicted:
+                value.append(child.component_data[base].value)
+            node = child
+        # every validator runs: they keep state
         if all([validator(node) for validator in validators]):
             best_node = node
             if not separate:
                 best_device_node, best_device_len = node, len(value)
         if separate and all([validator(node) for validator in device_validators]):
             best_device_node, best_device_len = node, len(value)
+        if split:
+            break
         offset += prefix_len
     return core._match_post_processor(
         params,

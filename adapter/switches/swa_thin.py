@@ -33,6 +33,18 @@ takes the key copies, tuple child keys and method layers out of the Python inser
 and Full lock walks (identical results). If the operator set the variable to
 ``rust`` the switch refuses. A cache built with an explicit Rust core is left stock (one warning).
 
+Beside HiCache (``--enable-hierarchical-cache``): "moved past" stays a tree fact (the request's
+previous checkpoint, under the rules above); host copies do not change which checkpoint a request
+has passed, only what leaving the device costs it. Write-through has usually copied a passed
+checkpoint to host already (its hit threshold is 1, selective 2), so demoting it drops only the
+device copy; under write-back HiCache copies its window to host when it leaves the device
+(``InternalStateBackup``), as it would later in stock LRU order. The rule reads ``hit_count``,
+which write-back never counts (``_inc_hit_count_and_check`` and ``_should_backup_after_insert``
+return first): the switch counts there exactly as every other policy does (live nodes only; the
+answer stays stock's False; nothing upstream but that function reads the count), so hits and
+demotions are the same under every write policy (``tests/upstream/test_swa_thin_hicache.py``).
+Measured beside HiCache: ``python -m adapter bench swa-thin-hicache`` (docs/benchmarks.md).
+
 Receipts: ``installed tree_core=python backend_set_by=overlay|operator``; every 1024 hooked inserts
 ``[dsv41] swa_thin demoted hooked=.. demoting_inserts=.. demoted_nodes=..``.
 

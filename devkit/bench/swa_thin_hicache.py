@@ -89,17 +89,9 @@ def run_row(form: str, thin: bool, hicache: rc.HiCache | None, traffic: int, see
 
 
 def run(quick: bool) -> dict[str, Any]:
-    import importlib
-    import os
+    from devkit.bench.swa_thin import install_thin
 
-    from adapter.core import boot
-
-    os.environ.pop("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", None)
-    state = boot.install({"DSV41_SWA_THIN": "1"})
-    importlib.import_module("sglang.srt.mem_cache.unified_radix_cache")
-    for name in ("fast_tree_core", "swa_thin"):
-        if state.outcomes[name].status != "installed":
-            raise RuntimeError(f"{name} did not install: {state.outcomes[name].reason}")
+    install_thin()
     # SWA slots of other traffic before the idle sessions resume: 8x and 24x the SWA pool
     levels = (8 * SWA_POOL,) if quick else (8 * SWA_POOL, 24 * SWA_POOL)
     forms = ("swa",) if quick else tuple(FORMS)

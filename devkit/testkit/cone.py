@@ -101,6 +101,20 @@ def model_kit(model: Any, geometry: Geometry, backend: str = "python", hicache: 
     return CacheKit(g, cache, allocator, pool, cache._tree_core_backend)
 
 
+def recorder(model: Any, kit: CacheKit, rows_out: dict[int, Any]) -> Callable[[Any, int, int, dict[str, Any] | None], None]:
+    """A ``cone_turn`` forward running ``model`` (``TinyHybrid``) on ``kit``'s own pool: each computed
+    row's hidden state goes into ``rows_out`` by position (with the cone's floor and mask on a replay)."""
+
+    def forward(req: Any, start: int, end: int, rows: dict[str, Any] | None) -> None:
+        slots = kit.pool.req_to_token[req.kv.req_pool_idx, :end]
+        tokens = list(req.origin_input_ids) + [OUTPUT_TOKEN] * (end - len(req.origin_input_ids))
+        kw = {} if rows is None else {"floor": rows["floor"], "mask": rows["mask"]}
+        for r, h in zip(range(start, end), model.forward(kit.allocator.get_kvcache(), slots, tokens, start, end, **kw)):
+            rows_out[r] = h
+
+    return forward
+
+
 def cone_turn(kit: CacheKit, tokens: list[int], out_len: int, chunk: int | None = None,
               forward: Callable[[Any, int, int, dict[str, Any] | None], None] | None = None,
               rid: str | None = None) -> ConeTurn:

@@ -17,7 +17,7 @@ import torch
 
 from devkit.testkit import cone_replay_parts as cone_replay
 from devkit.testkit import radix_cache as rc
-from devkit.testkit.cone import cone_turn, install, model_kit
+from devkit.testkit.cone import cone_turn, install, model_kit, recorder
 from devkit.testkit.tiny_hybrid import TinyHybrid
 
 N = 64  # 4 pages of the SMALL geometry (page 16, window 8)
@@ -117,35 +117,51 @@ def test_beside_hicache_a_cone_turn_is_bit_identical_to_a_prefix_hit():
     g = rc.SMALL.with_pools(full_tokens=16384, swa_tokens=1024)
     outs: dict[str, dict[int, torch.Tensor]] = {"hit": {}, "cone": {}, "t1a": {}, "t1b": {}, "fork": {}, "other": {}}
 
-    def recorder(kit, name):
-        def forward(req, start, end, rows):
-            slots = kit.pool.req_to_token[req.kv.req_pool_idx, :end]
-            tokens = list(req.origin_input_ids) + [rc.OUTPUT_TOKEN] * (end - len(req.origin_input_ids))
-            kw = {} if rows is None else {"floor": rows["floor"], "mask": rows["mask"]}
-            for r, h in zip(range(start, end), model.forward(kit.allocator.get_kvcache(), slots, tokens, start, end, **kw)):
-                outs[name][r] = h
-        return forward
+    def rec(kit, name):
+        return recorder(model, kit, outs[name])
 
     prompt = rc.Tokens(start=5).fresh(400)
     new = rc.Tokens(start=100_000).fresh(48)
     kit_a = model_kit(model, g.with_pools(swa_tokens=16384))
-    hist = cone_turn(kit_a, prompt, 16, forward=recorder(kit_a, "t1a")).history
-    hit = cone_turn(kit_a, hist + new, 16, forward=recorder(kit_a, "hit"))
+    hist = cone_turn(kit_a, prompt, 16, forward=rec(kit_a, "t1a")).history
+    hit = cone_turn(kit_a, hist + new, 16, forward=rec(kit_a, "hit"))
     assert hit.plan is None and hit.F is None
     kit_b = model_kit(model, g, hicache=rc.HiCache(ratio=0.5, write_policy="write_back"))
-    cone_turn(kit_b, prompt, 16, forward=recorder(kit_b, "t1b"))
+    cone_turn(kit_b, prompt, 16, forward=rec(kit_b, "t1b"))
     toks = rc.Tokens(start=200_000)
-    cone_turn(kit_b, hist + toks.fresh(32), 16, forward=recorder(kit_b, "fork"))
+    cone_turn(kit_b, hist + toks.fresh(32), 16, forward=rec(kit_b, "fork"))
     for _ in range(60):
         where = _window_state(kit_b, hist)
         if where["full_device"] and not where["swa_device"] and not where["swa_host"]:
             break
         # Traffic through the model, so the freed SWA pages are overwritten with other KV.
-        cone_turn(kit_b, toks.fresh(256), 16, forward=recorder(kit_b, "other"))
-    cone = cone_turn(kit_b, hist + new, 16, forward=recorder(kit_b, "cone"))
+        cone_turn(kit_b, toks.fresh(256), 16, forward=rec(kit_b, "other"))
+    cone = cone_turn(kit_b, hist + new, 16, forward=rec(kit_b, "cone"))
     assert cone.plan is not None and kit_b.loaded_from_host == 0
     F = cone.plan.F
     rows = sorted(r for r in outs["hit"] if r >= F)
     assert rows and all(torch.equal(outs["cone"][r], outs["hit"][r]) for r in rows)
     _sane(kit_a)
     _sane(kit_b)
+
+
+def test_beside_hicache_full_kv_on_host_only_falls_back_once_with_full_on_host(capfd):
+    """Every turn's KV is pushed to host (write-back) and the small host SWA tier churns A's window
+    out: A's Full KV up to F is on host only and its window nowhere. HiCache's load-back needs the
+    window's SWA on device or host, so the cone falls back (one line) and the turn runs stock."""
+    install(N)
+    kit = rc.build(rc.SMALL, hicache=rc.HiCache(ratio=0.5, write_policy="write_back"))
+    toks = rc.Tokens()
+    history = kit.run_turn(toks.fresh(400), out_len=16).history
+    kit.evict(full=1 << 20)
+    for _ in range(40):
+        kit.run_turn(toks.fresh(256), out_len=16)
+        kit.evict(full=1 << 20)
+    where = _window_state(kit, history)
+    assert not where["full_device"] and not where["swa_device"] and not where["swa_host"], where
+    turn = cone_turn(kit, history + toks.fresh(64), out_len=16)
+    assert turn.plan is None and turn.F is not None and turn.prefix_len == turn.stock_prefix
+    assert cone_replay.FALLBACKS == {"full_on_host": 1}
+    err = capfd.readouterr().err
+    assert len(re.findall(rf"DSV41_SWA_CONE fallback rid={turn.rid} reason=full_on_host F={turn.F} P=\d+ B=\d+", err)) == 1, err
+    _sane(kit)
