@@ -3,7 +3,10 @@
 * :func:`plan` (after ``UnifiedRadixCache.match_prefix``): a match stopped only by an evicted SWA
   window at F (``swa_branching_seqlen``) with the Full KV of ``[0, F)`` resident becomes a match
   at ``s = page_floor(F - N)`` anchored on F's node (``tree_core.match_full_device_prefix``); the
-  stock ``MatchResult`` is kept on the request to fall back to.
+  stock ``MatchResult`` is kept on the request to fall back to. Beside HiCache the stock admission
+  loads host copies back up to ``best_match_node`` (its depth B): the cone plans only when s lies
+  past B, with no host hit in its match (no load-back queued); Full KV up to F on host only falls
+  back (``full_on_host``: HiCache's load-back needs the window's SWA on device or host).
 * :func:`admit` (after ``PrefillAdder._select_prefill_admission``): the first prefill pass must be
   one chunk covering ``[s, F)``, else the stock match is restored and the reason logged.
 
