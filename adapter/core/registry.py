@@ -267,6 +267,10 @@ SWITCHES: tuple[Switch, ...] = (
             "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.checkpoint_into_tree",
             # The cache build: a tree without an SWA component refuses the switch there.
             "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.__init__",
+            # HiCache write-back returns before counting a hit (and a new leaf's creator): counted here,
+            # so the shared rule counts as under every other policy.
+            "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._inc_hit_count_and_check",
+            "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._should_backup_after_insert",
         ),
         relies_on=(
             # Called with a fixed signature (found by tests/upstream/test_upstream_calls_are_pinned.py).
@@ -314,6 +318,9 @@ SWITCHES: tuple[Switch, ...] = (
             "sglang.srt.mem_cache.deepseek_v4_memory_pool:DeepSeekV4IndexerPool.contiguous_page_row_buffers",
             "sglang.srt.model_executor.forward_batch_info:ForwardMode.is_extend",
             "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore.match_full_device_prefix",
+            "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore.collect_path_info",
+            # Beside HiCache: the stock resume point B is where init_load_back's splice ends.
+            "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.init_load_back",
             "sglang.srt.mem_cache.swa_memory_pool:SWAKVPool.get_key_buffer",
             "sglang.srt.mem_cache.swa_memory_pool:SWAKVPool.get_value_buffer",
             "sglang.srt.mem_cache.allocator.swa:SWATokenToKVPoolAllocator.get_kvcache",
@@ -436,7 +443,7 @@ SWITCHES: tuple[Switch, ...] = (
             "sglang.srt.managers.schedule_batch:ScheduleBatch.retract_decode",
         ),
         install="adapter.switches.kv_park.switch:install",
-        predict=None,
+        predict="adapter.switches.kv_park.predict:predict",
         volatile=True,  # host copies only: no tuned shape or kernel
         gate_role=GateRole(not_in_profile="not adopted by the production profile (never run on a GPU yet); "
                            "tests/engine/test_kv_park_server.py runs it on this engine with retractions forced"),

@@ -56,6 +56,16 @@ class Launch:
     speculative_algorithm: str | None = None
     kv_cache_dtype: str = "auto"
     namespace: Any = None  # the argparse namespace (unsupported_mode reads it)
+    hicache: dict[str, Any] | None = None  # the HiCache flags (None: --enable-hierarchical-cache not set)
+
+
+def hicache_flags(ns: Any) -> dict[str, Any] | None:
+    """The HiCache launch flags SGLang parsed (its defaults where unset); None when it is off."""
+    if not getattr(ns, "enable_hierarchical_cache", False):
+        return None
+    return {"ratio": getattr(ns, "hicache_ratio", None), "size_gb": getattr(ns, "hicache_size", None),
+            "write_policy": getattr(ns, "hicache_write_policy", None),
+            "storage_backend": getattr(ns, "hicache_storage_backend", None)}
 
 
 def parse_launch(words: Sequence[str]) -> Launch:
@@ -72,7 +82,7 @@ def parse_launch(words: Sequence[str]) -> Launch:
         raise env.ConfigError(LAUNCH_KEY, " ".join(words), f"launch_server arguments SGLang parses ({exc})") from None
     return Launch(list(words), getattr(ns, "model_path", None), getattr(ns, "page_size", None),
                   getattr(ns, "max_running_requests", None), getattr(ns, "speculative_algorithm", None),
-                  str(getattr(ns, "kv_cache_dtype", "auto") or "auto"), ns)
+                  str(getattr(ns, "kv_cache_dtype", "auto") or "auto"), ns, hicache_flags(ns))
 
 
 Model = api.ModelFacts
@@ -237,7 +247,8 @@ def evaluate(env_file: str | None, model_path: str | None = None) -> dict[str, A
         "model": None if model is None else asdict(model),
         "launch": {"model_path": launch.model_path, "page_size": launch.page_size,
                    "max_running_requests": launch.max_running_requests,
-                   "speculative_algorithm": launch.speculative_algorithm, "kv_cache_dtype": launch.kv_cache_dtype},
+                   "speculative_algorithm": launch.speculative_algorithm, "kv_cache_dtype": launch.kv_cache_dtype,
+                   "hicache": launch.hicache},
         "switches": [asdict(p) for p in predictions],
         "receipts": {p.switch: p.receipt for p in predictions if p.status != "off"},
         "warnings": [*config.warnings, *orphan_options(environ, config), *predicted_warnings],
@@ -263,6 +274,10 @@ def run(args: argparse.Namespace) -> int:
     if model is not None:
         print(f"model: {model['path']} ({model['architecture']}; pool {model['pool']}, window {model['window']}, "
               f"{model['swa_layers']} sliding-window layers)")
+    hicache = report["launch"]["hicache"]
+    if hicache is not None:
+        size = f"{hicache['size_gb']} GB per rank" if hicache["size_gb"] else f"ratio {hicache['ratio']}"
+        print(f"hicache: on ({size}, {hicache['write_policy']}, L3 {hicache['storage_backend'] or 'none'})")
     rows = [[p["switch"], p["keys"], p["pins"], p["status"], "yes" if p["volatile"] else "no"]
             for p in report["switches"]]
     print(_table(["switch", "keys", "pins", "status", "volatile"], rows))

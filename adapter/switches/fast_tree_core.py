@@ -27,10 +27,11 @@ What it changes, path by path (each the same reads and writes as stock, in the s
   the request's own protected prefix skips the overlap hooks, which claim nothing there (Full's base
   hook, SWA's early return; both pinned); ``_inc_hit_count_and_check`` is inlined for a core without
   write-back, HiCache or an external linker (then it only counts the hit).
-* Prefix match (``_match_prefix_helper``, every admission) without HiCache: the same walk, the same
-  validators called on the same nodes in the same order, the same splits, the same
-  ``_match_post_processor`` call; only the child lookup and the whole-node match are the fast forms
-  above.
+* Prefix match (``_match_prefix_helper``, every admission), with or without HiCache: the same
+  walk, the same validators called on the same nodes in the same order (under HiCache both stock
+  sets: host-capable, then device-only), the same stop at a dead node (evicted and not backed up),
+  the same splits, the same ``_match_post_processor`` call; only the child lookup and the
+  whole-node match are the fast forms above.
 * Full lock and unlock (``FullComponent.acquire_component_lock`` / ``release_component_lock``, twice
   per checkpoint, three times per release, each over the whole root path): the same per-node ledger
   moves, lock refs and evictable-leaf set operations in the same order, with the leaf test
@@ -317,9 +318,11 @@ def _commit_step(wrapped: Any, core: Any, args: tuple, kwargs: dict) -> None:
 
 # -- prefix match ----------------------------------------------------------------------------------
 def _match_helper(wrapped: Any, core: Any, args: tuple, kwargs: dict) -> Any:
-    """``_match_prefix_helper`` without HiCache (one validator set), with the fast child lookup and
-    whole-node match; validators, splits, values and the post-processor as stock."""
-    if _STOCK_ATTR in core.__dict__ or core.enable_hicache:
+    """``_match_prefix_helper`` with the fast child lookup and whole-node match; validators, splits,
+    values and the post-processor as stock. Under HiCache, as stock, two validator sets: the best
+    match may end on host copies (``match_device_only=False``), the best device match may not; both
+    sets run on every node, host-capable first (validators keep state)."""
+    if _STOCK_ATTR in core.__dict__:
         return wrapped(*args, **kwargs)
     key, params = _bind_match(*args, **kwargs)
     U = _UPSTREAM
@@ -333,7 +336,9 @@ def _match_helper(wrapped: Any, core: Any, args: tuple, kwargs: dict) -> Any:
     value: list[Any] = []
     best_node = best_device_node = node
     best_device_len, full_hit, action = 0, 0, None
-    validators = core._create_match_validators(params, match_device_only=True)
+    separate = core.enable_hicache
+    validators = core._create_match_validators(params, match_device_only=not separate)
+    device_validators = core._create_match_validators(params, match_device_only=True) if separate else validators
     while offset < n1:
         child, prefix_len = _child(node, key, offset, page, scan)
         if child is None:
@@ -344,20 +349,24 @@ def _match_helper(wrapped: Any, core: Any, args: tuple, kwargs: dict) -> Any:
         if prefix_len == _PARTIAL:
             prefix_len = child.key.match_at(key, offset, page_size=page)
         full_hit += prefix_len
-        if prefix_len < len(child.key):
+        split = prefix_len < len(child.key)
+        if split:
             node, action = core._split_node(child.key, child, prefix_len)
             if not node.evicted:
                 value.append(node.component_data[base].value)
-            if all([validator(node) for validator in validators]):  # every validator runs: they keep state
-                best_node = best_device_node = node
-                best_device_len = len(value)
-            break
-        if not evicted:
-            value.append(child.component_data[base].value)
-        node = child
+        else:
+            if not evicted:
+                value.append(child.component_data[base].value)
+            node = child
+        # every validator runs: they keep state
         if all([validator(node) for validator in validators]):
-            best_node = best_device_node = node
-            best_device_len = len(value)
+            best_node = node
+            if not separate:
+                best_device_node, best_device_len = node, len(value)
+        if separate and all([validator(node) for validator in device_validators]):
+            best_device_node, best_device_len = node, len(value)
+        if split:
+            break
         offset += prefix_len
     return core._match_post_processor(
         params,
@@ -368,7 +377,7 @@ def _match_helper(wrapped: Any, core: Any, args: tuple, kwargs: dict) -> Any:
         full_hit,
         action,
         last_visited_node_id=node.id if node is not root else None,
-        device_validators=validators,
+        device_validators=device_validators,
     )
 
 

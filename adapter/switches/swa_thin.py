@@ -33,6 +33,18 @@ takes the key copies, tuple child keys and method layers out of the Python inser
 and Full lock walks (identical results). If the operator set the variable to
 ``rust`` the switch refuses. A cache built with an explicit Rust core is left stock (one warning).
 
+Beside HiCache (``--enable-hierarchical-cache``): "moved past" stays a tree fact (the request's
+previous checkpoint, under the rules above); host copies do not change which checkpoint a request
+has passed, only what leaving the device costs it. Write-through has usually copied a passed
+checkpoint to host already (its hit threshold is 1, selective 2), so demoting it drops only the
+device copy; under write-back HiCache copies its window to host when it leaves the device
+(``InternalStateBackup``), as it would later in stock LRU order. The rule reads ``hit_count``,
+which write-back never counts (``_inc_hit_count_and_check`` and ``_should_backup_after_insert``
+return first): the switch counts there exactly as every other policy does (live nodes only; the
+answer stays stock's False; nothing upstream but that function reads the count), so hits and
+demotions are the same under every write policy (``tests/upstream/test_swa_thin_hicache.py``).
+Measured beside HiCache: ``python -m adapter bench swa-thin-hicache`` (docs/benchmarks.md).
+
 Receipts: ``installed tree_core=python backend_set_by=overlay|operator``; every 1024 hooked inserts
 ``[dsv41] swa_thin demoted hooked=.. demoting_inserts=.. demoted_nodes=..``.
 
@@ -80,8 +92,12 @@ _STOCK: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def keep_stock(cache: Any) -> None:
-    """Leave ``cache`` in stock LRU order (a twin to compare the thin order against)."""
+    """Leave ``cache`` in stock LRU order and stock hit counts (a twin to compare thin against)."""
     _STOCK.add(cache)
+    _STOCK_CORES.add(cache.tree_core)
+
+
+_STOCK_CORES: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 class _Environ:
@@ -114,6 +130,8 @@ def install(ctx: api.SwitchContext) -> dict[str, object]:
         )
     ctx.wrap("UnifiedRadixCache.checkpoint_into_tree", _checkpoint_into_tree)
     ctx.wrap("UnifiedRadixCache.__init__", _cache_init)
+    ctx.wrap("UnifiedTreeCore._inc_hit_count_and_check", _count_hit_under_write_back)
+    ctx.wrap("UnifiedTreeCore._should_backup_after_insert", _count_creator_under_write_back)
     if chosen is None:
         ctx.set_attr(ENVIRON, BACKEND_ENV, "python")  # read when the cache is built, after this
         ctx.set_attr(ENVIRON, SET_BY_OVERLAY_ENV, "1")
@@ -135,6 +153,31 @@ def _cache_init(wrapped: Any, cache: Any, args: tuple, kwargs: dict) -> Any:
     out = wrapped(*args, **kwargs)
     if not cache.disable and not cache.is_swa_enabled:
         SWITCH.refuse_late(NO_SWA_TREE)
+    return out
+
+
+def _count_hit_under_write_back(wrapped: Any, core: Any, args: tuple, kwargs: dict) -> bool:
+    """HiCache write-back returns from ``_inc_hit_count_and_check`` before counting (it never backs
+    up on a hit): count the hit of a live node here, as every other policy does, and return what
+    stock returns (False). ``hit_count`` is read by nothing else upstream but this function (and
+    copied by ``_split_node``)."""
+    if not core.is_write_back or core in _STOCK_CORES:
+        return wrapped(*args, **kwargs)
+    node = args[0] if args else kwargs["node"]
+    if not node.evicted:
+        node.hit_count += 1
+    return False
+
+
+def _count_creator_under_write_back(wrapped: Any, core: Any, args: tuple, kwargs: dict) -> bool:
+    """Under write-back ``_should_backup_after_insert`` returns before counting a new leaf's creator
+    (``_inc_hit_count_and_check``, as every other policy does): count it here; the answer (False)
+    is stock's."""
+    out = wrapped(*args, **kwargs)
+    if core.is_write_back and core not in _STOCK_CORES:
+        state = args[0] if args else kwargs["state"]
+        if state.is_new_leaf and state.total_prefix_length + len(state.target_node.key) > state.params.inserted_len:
+            core._inc_hit_count_and_check(state.target_node)  # counted by the wrapper above; False
     return out
 
 

@@ -9,6 +9,7 @@ BENCHMARKS = {
     "decode-yield-engine-dsv4": "devkit.bench.decode_yield_engine:run_dsv4",
     "native-decode": "devkit.bench.native_decode:run",
     "swa-thin": "devkit.bench.swa_thin:run",
+    "swa-thin-hicache": "devkit.bench.swa_thin_hicache:run",
     "cone-replay": "devkit.bench.cone_replay:run",
     "cone-replay-dsv4": "devkit.bench.cone_replay_dsv4:run",
     "admission": "devkit.bench.admission:run",

@@ -223,19 +223,24 @@ def _print_table(header: list[str], rows: list[list[object]]) -> None:
         print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
 
 
-def run(quick: bool) -> dict[str, Any]:
+def install_thin() -> None:
+    """SWA thin (and the fast tree core it turns on) installed in this process, or an error naming why not."""
     import importlib
     import os
 
     from adapter.core import boot
 
-    t_start = time.process_time()
     os.environ.pop("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", None)
     state = boot.install({"DSV41_SWA_THIN": "1"})
     importlib.import_module("sglang.srt.mem_cache.unified_radix_cache")
     for name in ("fast_tree_core", "swa_thin"):
         if state.outcomes[name].status != "installed":
             raise RuntimeError(f"{name} did not install: {state.outcomes[name].reason}")
+
+
+def run(quick: bool) -> dict[str, Any]:
+    t_start = time.process_time()
+    install_thin()
     _server_args()
 
     idle_len, long_len = (300 * 1024 // PAGE * PAGE, 500 * 1024 // PAGE * PAGE)

@@ -13,6 +13,9 @@ one at a time; all share the model, the seed, the server arguments and the workl
    (its ``profile`` keys); its receipts are checked with :func:`adapter.core.receipts.audit`;
 5. boot A2, stock again.
 
+``--hicache``: every boot (A1, B, A2) runs with HiCache on (:data:`HICACHE_ARGS`), so each row
+judges a switch beside HiCache against stock beside HiCache.
+
 It reads SGLang's own reports: ``cached_tokens`` (``--enable-cache-report``), the scheduler log
 (``Prefill batch`` / ``Decode batch`` lines, ``--decode-log-interval 1``) and client-side stream
 timings. One row per switch: its effect against both controls, or "not available in this build:
@@ -59,10 +62,13 @@ __all__ = ["LOGPROB_TOLERANCE", "SHARE_MARGIN", "SHARE_TOLERANCE", "Boot", "_eff
            "decode_steps_between_chunks", "main", "print_table", "rows", "run", "run_boot"]
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "build" / "gate"
+# The HiCache leg's launch flags (host pool twice the device pool; the ratio, as DSV4 refuses --hicache-size).
+HICACHE_ARGS = ("--enable-hierarchical-cache", "--hicache-ratio", "2", "--hicache-write-policy", "write_back")
 
 
 def run(quick: bool = True, out: str | Path | None = None, say: Callable[[str], None] = print,
-        without: tuple[str, ...] = (), model_kit: str = "mellum", via: str = "import-hook") -> dict[str, Any]:
+        without: tuple[str, ...] = (), model_kit: str = "mellum", via: str = "import-hook",
+        hicache: bool = False) -> dict[str, Any]:
     """Build, boot A1 / B / A2, judge; returns the figures (the CLI prints them as the last line)."""
     from adapter.core import receipts
     from devkit.gate import kits, ways
@@ -71,16 +77,18 @@ def run(quick: bool = True, out: str | Path | None = None, say: Callable[[str], 
     kit = kits.kit(model_kit)  # a bad --model fails before any boot
     ways.check(via, kit.name)  # so does a way this kit cannot boot
     build_profile(without=without)  # a bad --without fails before any boot
-    out = Path(out) if out else DEFAULT_OUT / kit.name
+    out = Path(out) if out else DEFAULT_OUT / (kit.name + ("-hicache" if hicache else ""))
+    launch_extra = HICACHE_ARGS if hicache else ()
     out.mkdir(parents=True, exist_ok=True)
     model = kit.build(out)
     workload = kit.workload(quick)
     workload.validate()
-    say(f"gate: model {model} ({kit.describe()}); workload {'quick' if quick else 'full'}; via {via}; logs in {out}")
+    say(f"gate: model {model} ({kit.describe()}); workload {'quick' if quick else 'full'}; via {via}"
+        f"{'; HiCache on every boot: ' + ' '.join(HICACHE_ARGS) if hicache else ''}; logs in {out}")
     plugin = ways.prepare(via, out, say)
     with boots._terminate_as_interrupt():
         a1 = run_boot(Boot("A1-stock", {}, out / "A1-stock.log"), model, workload, out, say=say, kit=kit,
-                      plugin=plugin)
+                      plugin=plugin, launch_extra=launch_extra)
         calibration = calibrate(a1.fpm_log, out)
         say(f"calibration: {calibration['status']}")
         for line in calibration.get("output", "").splitlines():
@@ -89,9 +97,9 @@ def run(quick: bool = True, out: str | Path | None = None, say: Callable[[str], 
         profile.update({k: v for k, v in kit.profile_overrides().items() if k in profile})
         say("profile: " + (" ".join(f"{k}={v}" for k, v in profile.items()) or "(empty: no switch available)"))
         b = run_boot(Boot("B-profile", profile, out / "B-profile.log"), model, workload, out, say=say, kit=kit,
-                     plugin=plugin)
+                     plugin=plugin, launch_extra=launch_extra)
         a2 = run_boot(Boot("A2-stock", {}, out / "A2-stock.log"), model, workload, out, say=say, kit=kit,
-                      plugin=plugin)
+                      plugin=plugin, launch_extra=launch_extra)
 
     config = registry.resolve(profile)
     gaps = receipts.audit(b.log_lines, config, ranks=1) if profile else ["profile is empty"]
@@ -137,6 +145,7 @@ def run(quick: bool = True, out: str | Path | None = None, say: Callable[[str], 
         "leftover_processes": len(leftover),
         "model": kit.name,
         "via": via,
+        "hicache": list(launch_extra),
         "quick": quick,
         "without": list(without),
         "wall_s": round(time.monotonic() - t0, 1),
@@ -154,12 +163,14 @@ def add_arguments(parser: Any) -> None:
                         "wheel installed in a fresh venv as SGLang's plugin (SGLANG_PLUGINS=dsv41; mellum only)")
     parser.add_argument("--without", action="append", default=[], metavar="SWITCH",
                         help="leave this acting switch out of the profile boot (repeatable); its row says so")
+    parser.add_argument("--hicache", action="store_true",
+                        help="every boot with HiCache on (" + " ".join(HICACHE_ARGS) + "): the switches beside HiCache")
 
 
 def main(args: Any) -> int:
     try:
         figures = run(quick=args.quick, out=args.out, without=tuple(args.without), model_kit=args.model,
-                      via=args.via)
+                      via=args.via, hicache=getattr(args, "hicache", False))
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -57,7 +57,7 @@ def _terminate_as_interrupt() -> Iterator[None]:
 
 
 def run_boot(boot: Boot, model: Path, workload: Any, out: Path, *, say: Callable[[str], None],
-             kit: Any = None, plugin: Any = None) -> Boot:
+             kit: Any = None, plugin: Any = None, launch_extra: tuple[str, ...] = ()) -> Boot:
     from devkit.engine_kit import fpm
     from devkit.engine_kit import workload as wl
     from devkit.gate import kits
@@ -66,6 +66,7 @@ def run_boot(boot: Boot, model: Path, workload: Any, out: Path, *, say: Callable
     ipc = f"ipc://{tempfile.gettempdir()}/dsv41-gate-{os.getpid()}-{boot.label}"
     server = kit.server(model, boot.log, boot.profile, [
         "--decode-log-interval", "1", "--enable-forward-pass-metrics", "--forward-pass-metrics-ipc-name", ipc,
+        *launch_extra,
     ], plugin=plugin)
     boot.fpm_log = out / f"fpm-{boot.label}.jsonl"
     recorder = fpm.Recorder(ipc, boot.fpm_log)

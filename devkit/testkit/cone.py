@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from devkit.testkit import cone_replay_parts as cone_replay
-from devkit.testkit.radix_cache import OUTPUT_TOKEN, CacheKit, Geometry
+from devkit.testkit.radix_cache import OUTPUT_TOKEN, CacheKit, Geometry, HiCache
 
 
 @dataclass
@@ -72,22 +72,20 @@ def published_replay_rows(cone: tuple[Any, Any, Any] | None) -> Iterator[None]:
         cone_replay._ACTIVE[0] = None
 
 
-def model_kit(model: Any, geometry: Geometry, backend: str = "python") -> CacheKit:
-    """A real ``UnifiedRadixCache`` (FULL + SWA) whose allocator owns ``model``'s ``SWAKVPool``."""
+def model_kit(model: Any, geometry: Geometry, backend: str = "python", hicache: HiCache | None = None) -> CacheKit:
+    """A real ``UnifiedRadixCache`` (FULL + SWA) whose allocator owns ``model``'s ``SWAKVPool``
+    (``hicache``: HiCache attached, its host pools built from that pool)."""
     import torch
     from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
     from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
     from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
-    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
     from devkit.testkit import radix_cache
 
     g = geometry
-    if [g.page] != radix_cache._SERVER_ARGS_PAGE:
-        set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=g.page))
-        radix_cache._SERVER_ARGS_PAGE[:] = [g.page]
+    server_args = radix_cache.set_server_args(g.page, hicache)
     pool = ReqToTokenPool(size=g.max_reqs, max_context_len=g.max_ctx, device="cpu", enable_memory_saver=False)
     kv = model.make_pool(size=g.full_tokens, size_swa=g.swa_tokens, page=g.page)
     allocator = SWATokenToKVPoolAllocator(size=g.full_tokens, size_swa=g.swa_tokens, page_size=g.page,
@@ -98,7 +96,23 @@ def model_kit(model: Any, geometry: Geometry, backend: str = "python") -> CacheK
         chunked_prefill_size=g.chunk, eviction_policy="lru", tree_core_backend=backend,
     )
     cache = UnifiedRadixCache(params=params)
+    if hicache is not None:
+        radix_cache.attach_hicache(cache, params, server_args)
     return CacheKit(g, cache, allocator, pool, cache._tree_core_backend)
+
+
+def recorder(model: Any, kit: CacheKit, rows_out: dict[int, Any]) -> Callable[[Any, int, int, dict[str, Any] | None], None]:
+    """A ``cone_turn`` forward running ``model`` (``TinyHybrid``) on ``kit``'s own pool: each computed
+    row's hidden state goes into ``rows_out`` by position (with the cone's floor and mask on a replay)."""
+
+    def forward(req: Any, start: int, end: int, rows: dict[str, Any] | None) -> None:
+        slots = kit.pool.req_to_token[req.kv.req_pool_idx, :end]
+        tokens = list(req.origin_input_ids) + [OUTPUT_TOKEN] * (end - len(req.origin_input_ids))
+        kw = {} if rows is None else {"floor": rows["floor"], "mask": rows["mask"]}
+        for r, h in zip(range(start, end), model.forward(kit.allocator.get_kvcache(), slots, tokens, start, end, **kw)):
+            rows_out[r] = h
+
+    return forward
 
 
 def cone_turn(kit: CacheKit, tokens: list[int], out_len: int, chunk: int | None = None,
@@ -124,6 +138,11 @@ def cone_turn(kit: CacheKit, tokens: list[int], out_len: int, chunk: int | None 
     adder = _prefill_adder(kit, chunk)
     adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
     assert adder.can_run_list == [req], f"cone_turn: the PrefillAdder did not admit {req.rid} (budget)"
+    if kit.cache.cache_controller is not None:  # HiCache: the batch starts the queued load-back
+        kit.cache.ready_to_load_host_cache()
+        kit.sync_hicache()
+        kit.loaded_from_host += req.host_loaded_length
+        kit.load_backs += bool(req.host_loaded_length)
     if plan is not None and getattr(req, cone_replay.REQ_ATTR, None) is not plan:
         plan = None  # the admission rule restored the stock match
     turn = ConeTurn(req.rid, stock_prefix, req.prefix_len, req.swa_branching_seqlen, plan, L - req.prefix_len)

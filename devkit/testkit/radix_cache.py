@@ -17,6 +17,8 @@ API::
     kit.run_turn(tokens, out_len, chunk=None)     # admit + prefill + finish -> TurnResult
     kit.node_at(tokens)                           # read-only: id of the deepest Full-resident node on tokens
     kit.evict(full=0, swa=0)                      # cache.evict(EvictParams(...))
+    kit = build(..., hicache=HiCache(ratio=2.0, write_policy="write_back"))  # HiCache attached: admit
+                                                  # loads host hits back (kit.loaded_from_host)
     kit.timings = {}                              # then match/checkpoint/release/evict times (ns) per call
     kit.resume_state(history)                     # read-only: is the resume point at page_floor(len) usable?
     kit.leak_check()                              # free + evictable + protected == pool size (Full and SWA)
@@ -40,6 +42,117 @@ from typing import Any
 
 #: The process-global ServerArgs page size is set by the first build; one page size per process.
 _SERVER_ARGS_PAGE: list[int] = []
+
+
+@dataclass(frozen=True)
+class HiCache:
+    """HiCache on the kit's cache: the launch flags it stands for (``--enable-hierarchical-cache
+    --hicache-ratio R --hicache-write-policy P [--hicache-storage-backend file]``). ``ratio``: host
+    pool tokens per device token (each host pool sized from its device pool, as the engine does);
+    ``storage_dir``: with it, the L3 ``file`` backend in that folder."""
+
+    ratio: float = 2.0
+    write_policy: str = "write_back"
+    storage_dir: str | None = None
+
+    def flags(self) -> dict[str, Any]:
+        """The ``ServerArgs`` fields these launch flags set."""
+        extra = {}
+        if self.storage_dir is not None:
+            extra = {"hicache_storage_backend": "file", "file_storage_path": self.storage_dir}
+        return {"enable_hierarchical_cache": True, "hicache_ratio": self.ratio,
+                "hicache_write_policy": self.write_policy, **extra}
+
+    def server_args(self, page: int) -> Any:
+        from sglang.srt.server_args import ServerArgs
+
+        return ServerArgs(model_path="dummy", page_size=page, **self.flags())
+
+
+def set_server_args(page: int, hicache: HiCache | None) -> Any:
+    """The process-global ServerArgs for a kit of this page size (and HiCache flags); returns them."""
+    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+
+    key = [page] if hicache is None else [page, hicache]
+    args = hicache.server_args(page) if hicache is not None else ServerArgs(model_path="dummy", page_size=page)
+    if key != _SERVER_ARGS_PAGE or hicache is not None:
+        set_global_server_args_for_scheduler(args)
+        _SERVER_ARGS_PAGE[:] = key
+    return args
+
+
+class TransferCounter:
+    """Stands in for the cache's ``metrics_collector`` (off in the kit) and keeps what HiCache reports
+    to it: tokens per pool and bytes backed up device->host and loaded back host->device, and tokens
+    dropped without a backup. Every other metric call is a no-op."""
+
+    def __init__(self) -> None:
+        self.d2h_tokens: dict[str, int] = {}
+        self.h2d_tokens: dict[str, int] = {}
+        self.d2h_bytes = self.h2d_bytes = self.dropped_tokens = 0
+
+    def increment_backup_num_tokens(self, num_tokens: int, pool: Any) -> None:
+        key = str(getattr(pool, "value", pool))
+        self.d2h_tokens[key] = self.d2h_tokens.get(key, 0) + int(num_tokens)
+
+    def increment_load_back_num_tokens(self, num_tokens: int, pool: Any) -> None:
+        key = str(getattr(pool, "value", pool))
+        self.h2d_tokens[key] = self.h2d_tokens.get(key, 0) + int(num_tokens)
+
+    def increment_backup_num_bytes(self, num_bytes: int) -> None:
+        self.d2h_bytes += int(num_bytes)
+
+    def increment_load_back_num_bytes(self, num_bytes: int) -> None:
+        self.h2d_bytes += int(num_bytes)
+
+    def increment_dropped_tokens(self, num_tokens: int, **_: Any) -> None:
+        self.dropped_tokens += int(num_tokens)
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+
+def attach_hicache(cache: Any, params: Any, server_args: Any) -> None:
+    """``init_hicache`` as ``create_unified_radix_cache`` calls it after building the cache; the
+    cache reports its transfers to a :class:`TransferCounter` (``cache.metrics_collector``)."""
+    route_hicache()
+    if cache.metrics_collector is None:
+        cache.metrics_collector = TransferCounter()
+    cache.init_hicache(server_args, params)
+
+
+_ROUTED: list[bool] = []
+
+
+def route_hicache() -> None:
+    """The engine kit's HiCache routes, applied in this process once (the server gets them from the
+    ``sgl_kernel`` stand-in's finder): host pools allocate without ``cudaHostRegister`` and the host
+    pool modules bind the stand-in's pure-torch ``kvcacheio`` copy ops, each route checked against
+    its pins first. Loaded by path: importing the stand-in package would reroute this process's
+    attention backends."""
+    if _ROUTED:
+        return
+    import importlib.util
+
+    from sglang.srt.mem_cache import memory_pool_host
+    from sglang.srt.mem_cache.pool_host import common, mha
+
+    from devkit.engine_kit.launcher import STUB_PATH
+
+    def load(name: str) -> Any:
+        spec = importlib.util.spec_from_file_location(f"dsv41_stub_{name}", STUB_PATH / "sgl_kernel" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    route, kvcacheio = load("_route"), load("kvcacheio")
+    route.ROUTES[route.HOST_MEMORY](common)
+    for module in (mha, memory_pool_host):
+        route.check_pins(module.__name__)
+        for name in route.HOST_POOL_OPS[module.__name__]:
+            if name not in vars(module):  # bound by upstream on CUDA/ROCm: leave it
+                setattr(module, name, getattr(kvcacheio, name))
+    _ROUTED.append(True)
 
 
 @dataclass(frozen=True)
@@ -99,6 +212,7 @@ class CacheKit:
         # Set to {} to time match / checkpoint / release / evict: CPU ns of this thread, so a shared
         # machine's preemption does not land in the figures.
         self.timings: dict[str, list[int]] | None = None
+        self.loaded_from_host = self.load_backs = 0  # HiCache: Full tokens loaded back, load-backs
         self.baseline = (allocator.full_available_size(), allocator.swa_available_size())
 
     # -- allocation -----------------------------------------------------------------------------
@@ -144,11 +258,46 @@ class CacheKit:
         t0 = time.thread_time_ns()
         req.init_next_round_input(self.cache)  # common.match_kv_cache -> cache.match_prefix
         self._time("match", t0)
+        if req.needs_host_load_back():
+            self.load_back(req)
         req.lock = self.cache.lock(req.last_node)  # PrefillAdder._commit_prefill_admission
         if req.prefix_len:
             self.pool.write((req.kv.req_pool_idx, slice(0, req.prefix_len)), self.cache.prefix_device_indices(req))
         req._kit_pos = req.prefix_len
         return req
+
+    def load_back(self, req: Any) -> int:
+        """HiCache: the admission's load-back (``PrefillAdder.add_one_req``: ``init_load_back``,
+        the prefix grows by what it loaded), then the batch's ``ready_to_load_host_cache`` and the
+        scheduler's ``check_hicache_events`` until the load has landed. Returns the Full tokens loaded."""
+        from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams
+
+        t0 = time.thread_time_ns()
+        loaded, last = self.cache.init_load_back(InitLoadBackParams(
+            best_match_node=req.best_match_node, host_hit_length=req.host_hit_length, req=req))
+        req.host_loaded_length, req.last_node = loaded, last
+        req.prefix_len += loaded
+        if self.cache.load_back_is_cache_owned():
+            req.kv.cache_protected_len = req.prefix_len
+        self.cache.ready_to_load_host_cache()
+        self.sync_hicache()
+        self._time("load_back", t0)
+        self.loaded_from_host += loaded
+        self.load_backs += 1
+        return loaded
+
+    def sync_hicache(self) -> None:
+        """Wait for every HiCache copy in flight and commit it (the scheduler polls
+        ``check_hicache_events`` each pass; here the copies are waited for at once)."""
+        cc = self.cache.cache_controller
+        if cc is None:
+            return
+        self.cache.flush_pending_backups()
+        for queue in (cc.ack_write_queue, cc.ack_load_queue):
+            for ack in queue:
+                ack.finish_event.synchronize()
+        self.cache.writing_check(finish_count=len(cc.ack_write_queue))
+        self.cache.loading_check(finish_count=len(cc.ack_load_queue))
 
     def _time(self, op: str, t0: int) -> None:
         if self.timings is not None:
@@ -168,6 +317,7 @@ class CacheKit:
         t0 = time.thread_time_ns()
         checkpoint_kv_cache(req, self.cache)
         self._time("checkpoint", t0)
+        self.sync_hicache()  # write-through: the backups the checkpoint queued
         req._kit_pos = end
 
     def prefill(self, req: Any, chunk: int | None = None) -> None:
@@ -191,6 +341,7 @@ class CacheKit:
         t0 = time.thread_time_ns()
         release_kv_cache(req, self.cache, checkpoint=True)
         self._time("release", t0)
+        self.sync_hicache()
         return list(req.origin_input_ids) + [OUTPUT_TOKEN] * out_len
 
     def run_turn(self, tokens: list[int], out_len: int, chunk: int | None = None,
@@ -242,12 +393,12 @@ class CacheKit:
 
 
 def build(geometry: Geometry = SMALL, backend: str = "python", session: bool = False,
-          eviction_policy: str = "lru", kv_dtype: Any = None) -> CacheKit:
+          eviction_policy: str = "lru", kv_dtype: Any = None, hicache: HiCache | None = None) -> CacheKit:
     """A real ``UnifiedRadixCache`` with FULL + SWA components on CPU (the construction of the
     upstream kit's ``build_fixture``, without its inspector). ``backend`` is ``"python"``,
     ``"rust"`` or ``None`` (None: the env var / default, as the engine does); ``session`` turns on
     the session radix cache (its LRU ``mid`` partition); ``kv_dtype``: the KV pools' dtype
-    (bfloat16 when None)."""
+    (bfloat16 when None); ``hicache``: HiCache attached (:class:`HiCache`)."""
     import torch
     from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
@@ -255,12 +406,9 @@ def build(geometry: Geometry = SMALL, backend: str = "python", session: bool = F
     from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
     from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
-    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
     g = geometry
-    if [g.page] != _SERVER_ARGS_PAGE:
-        set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=g.page))
-        _SERVER_ARGS_PAGE[:] = [g.page]
+    server_args = set_server_args(g.page, hicache)
     pool = ReqToTokenPool(size=g.max_reqs, max_context_len=g.max_ctx, device="cpu", enable_memory_saver=False)
     dtype = torch.bfloat16 if kv_dtype is None else kv_dtype
     kv = SWAKVPool(size=g.full_tokens, size_swa=g.swa_tokens, page_size=g.page, dtype=dtype,
@@ -275,6 +423,8 @@ def build(geometry: Geometry = SMALL, backend: str = "python", session: bool = F
         enable_session_radix_cache=session, tree_core_backend=backend,
     )
     cache = UnifiedRadixCache(params=params)
+    if hicache is not None:
+        attach_hicache(cache, params, server_args)
     return CacheKit(g, cache, allocator, pool, cache._tree_core_backend)
 
 

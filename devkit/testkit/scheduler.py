@@ -37,7 +37,9 @@ share prefixes); decode retraction on a full pool goes through the real ``update
 and a ``FULL``+``SWA`` cache; ``swa_pool_tokens`` and ``sliding_window`` size it),
 ``max_prefill_tokens`` and ``vocab_size``; ``dsv4`` (a real ``DeepSeekV4TokenToKVPool``, layers
 C0/C4/C128/C4, with its ``SWATokenToKVPoolAllocator`` and a ``FULL``+``SWA`` cache; needs
-``page_size=256``; ``pool_tokens``, ``swa_pool_tokens`` and ``sliding_window`` size it).
+``page_size=256``; ``pool_tokens``, ``swa_pool_tokens`` and ``sliding_window`` size it);
+``hicache`` (a :class:`devkit.testkit.radix_cache.HiCache`: its launch flags on the server args and
+``init_hicache`` on the cache, with the engine kit's CPU routes; the scheduler polls its events).
 
 Import cost: SGLang itself (~8 s, once per process). Building a 1M-token pool takes ~1 s.
 """
@@ -285,6 +287,7 @@ def _build_pools(
     swa_pool_tokens: int,
     sliding_window: int,
     dsv4: bool = False,
+    hicache: Any = None,
 ) -> tuple[Any, Any, Any]:
     import torch
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
@@ -344,7 +347,12 @@ def _build_pools(
         sliding_window_size=sliding_window if hybrid_swa or dsv4 else None,
         chunked_prefill_size=chunked_prefill_size,
     )
-    return UnifiedRadixCache(params=params), allocator, r2t
+    cache = UnifiedRadixCache(params=params)
+    if hicache is not None:  # create_unified_radix_cache's order: the cache, then init_hicache
+        from devkit.testkit.radix_cache import attach_hicache
+
+        attach_hicache(cache, params, server_args)
+    return cache, allocator, r2t
 
 
 def build_scheduler(
@@ -364,6 +372,7 @@ def build_scheduler(
     max_prefill_tokens: int | None = None,
     vocab_size: int = 32000,
     dsv4: bool = False,
+    hicache: Any = None,
 ) -> SchedulerHarness:
     """A real ``Scheduler`` (``object.__new__``) on real CPU pools; see the module docstring."""
     from devkit.testkit.pins import check_builder_pins
@@ -396,12 +405,14 @@ def build_scheduler(
         pp_max_micro_batch_size=max_reqs,  # left None, get_num_allocatable_reqs raises a TypeError
         max_running_requests=max_reqs,
         **extra,
+        **({} if hicache is None else hicache.flags()),
     )
     set_global_server_args_for_scheduler(server_args)  # publishes get_schedule() / get_exec() / ...
     cache, allocator, r2t = _build_pools(
         server_args, page_size=page_size, pool_tokens=pool_tokens, max_reqs=max_reqs,
         max_context_len=max_context_len, chunked_prefill_size=chunked_prefill_size,
         hybrid_swa=hybrid_swa, swa_pool_tokens=swa_pool_tokens, sliding_window=sliding_window, dsv4=dsv4,
+        hicache=hicache,
     )
 
     s = object.__new__(Scheduler)
@@ -425,7 +436,7 @@ def build_scheduler(
     s.is_mixed_chunk = bool(mixed_chunk)
     s.dynamic_chunk_sizer = None
     s.schedule_policy = schedule.schedule_policy
-    s.enable_hierarchical_cache = False
+    s.enable_hierarchical_cache = hicache is not None  # get_next_batch_to_run then polls check_hicache_events
     s.enable_priority_scheduling = False
     s.schedule_low_priority_values_first = False
     s.abort_on_priority_when_disabled = False

@@ -172,3 +172,38 @@ def test_receipts_json_is_one_object_with_each_switch_decision_per_rank(tmp_path
     assert out.returncode == 1 and report["ok"] is False
     assert report["receipts"] == {"kv_park": {"tp0": "installed", "tp1": "refused: no host copy path"}}
     assert report["gaps"] == ["kv_park refused on tp1: no host copy path", "kv_park installed on 1 of 2 ranks (tp0)"]
+
+
+HICACHE_ARGS = "--enable-hierarchical-cache --hicache-ratio 4 --hicache-write-policy write_back"
+
+
+@pytest.mark.parametrize("flags,host_pool", [
+    (HICACHE_ARGS, "--hicache-ratio 4.0: that many times the device KV pool"),
+    ("--enable-hierarchical-cache --hicache-size 64 --hicache-write-policy write_through "
+     "--hicache-storage-backend file", "--hicache-size 64: 64 GB per rank"),
+])
+def test_check_reads_the_hicache_flags_and_predicts_kv_park_refused_and_the_other_switches_installed(
+        tmp_path, mellum, flags, host_pool):
+    """Beside HiCache: kv_park refuses with the line its first scheduler pass logs; cone replay is
+    predicted from its bound as without HiCache (it acts beside it); SWA thin and the fast tree core
+    install (their receipt is the install outcome)."""
+    profile = tmp_path / "p.env"
+    profile.write_text(f'LAUNCH_ARGS="--model-path {mellum.path} --page-size 1 {flags}"\n'
+                       "DSV41_KV_PARK=ram DSV41_KV_PARK_GIB=8 DSV41_SWA_THIN=1 DSV41_SWA_CONE_REPLAY=1 "
+                       "DSV41_SWA_CONE_TOKENS=64\n")
+    report = check.evaluate(str(profile))
+    hicache = report["launch"]["hicache"]
+    assert hicache["write_policy"] in ("write_back", "write_through") and (hicache["ratio"] or hicache["size_gb"])
+    receipts = report["receipts"]
+    from adapter.switches.kv_park import beside_hicache
+
+    assert receipts["kv_park"] == f"refused: {beside_hicache.reason(host_pool, 8)}"
+    assert receipts["cone_replay"] == "installed"
+    assert receipts["swa_thin"] == receipts["fast_tree_core"] == "installed"
+
+
+def test_check_without_hicache_predicts_kv_park_installed(tmp_path, mellum):
+    profile = tmp_path / "p.env"
+    profile.write_text(f'LAUNCH_ARGS="--model-path {mellum.path} --page-size 1"\nDSV41_KV_PARK=ram\n')
+    report = check.evaluate(str(profile))
+    assert report["launch"]["hicache"] is None and report["receipts"]["kv_park"] == "installed"

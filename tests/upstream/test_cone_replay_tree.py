@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from adapter.core import boot
 from devkit.testkit import cone_replay_parts as cone_replay
 from devkit.testkit import radix_cache as rc
-from devkit.testkit.cone import cone_turn, install, model_kit
+from devkit.testkit.cone import cone_turn, install, model_kit, recorder
 from devkit.testkit.hypothesis_budget import examples
 from devkit.testkit.tiny_hybrid import TinyHybrid
 
@@ -168,32 +168,26 @@ def test_cone_turn_on_the_cache_is_bit_identical_to_a_prefix_hit_end_to_end(back
     g = rc.SMALL.with_pools(full_tokens=16384, swa_tokens=1024)
     outs: dict[str, dict[int, torch.Tensor]] = {"hit": {}, "cone": {}}
 
-    def recorder(kit, name):
-        def forward(req, start, end, rows):
-            slots = kit.pool.req_to_token[req.kv.req_pool_idx, :end]
-            tokens = list(req.origin_input_ids) + [rc.OUTPUT_TOKEN] * (end - len(req.origin_input_ids))
-            kw = {} if rows is None else {"floor": rows["floor"], "mask": rows["mask"]}
-            for r, h in zip(range(start, end), model.forward(kit.allocator.get_kvcache(), slots, tokens, start, end, **kw)):
-                outs[name][r] = h
-        return forward
+    def rec(kit, name):
+        return recorder(model, kit, outs[name])
 
     prompt = rc.Tokens(start=5).fresh(400)
     new = rc.Tokens(start=100_000).fresh(48)
     # kit A: turn 1 with the model, then turn 2 as a prefix hit at F
     kit_a = model_kit(model, g.with_pools(swa_tokens=16384), backend)
     outs["t1a"] = {}
-    hist = cone_turn(kit_a, prompt, 16, forward=recorder(kit_a, "t1a")).history
-    hit = cone_turn(kit_a, hist + new, 16, forward=recorder(kit_a, "hit"))
+    hist = cone_turn(kit_a, prompt, 16, forward=rec(kit_a, "t1a")).history
+    hit = cone_turn(kit_a, hist + new, 16, forward=rec(kit_a, "hit"))
     assert hit.plan is None and hit.F is None
     kit_b = model_kit(model, g, backend)
     outs["t1b"] = {}
-    cone_turn(kit_b, prompt, 16, forward=recorder(kit_b, "t1b"))
+    cone_turn(kit_b, prompt, 16, forward=rec(kit_b, "t1b"))
     toks = rc.Tokens(start=200_000)
     for _ in range(60):
         if kit_b.resume_state(hist)["lost"]:
             break
         kit_b.run_turn(toks.fresh(256), out_len=16)
-    cone = cone_turn(kit_b, hist + new, 16, forward=recorder(kit_b, "cone"))
+    cone = cone_turn(kit_b, hist + new, 16, forward=rec(kit_b, "cone"))
     # The SWA-evicted last leaf took its Full page along, so F may sit a page below the hit.
     F = cone.plan.F
     assert cone.plan is not None and hit.prefix_len - kit_a.geometry.page <= F <= hit.prefix_len

@@ -138,6 +138,53 @@ def test_fast_core_leaves_the_same_cache_as_stock_after_every_operation(fast, op
         assert n["scan"] == 0, n
 
 
+def _host_values(kit: rc.CacheKit) -> list[tuple]:
+    """Per node (DFS order): its Full and SWA host indices and whether a write-through is pending."""
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+
+    return [(rc._ids(n.component_data[ComponentType.FULL].host_value),
+             rc._ids(n.component_data[ComponentType.SWA].host_value), n.write_through_pending_id is None)
+            for n in rc._dfs(kit.core)]
+
+
+@pytest.mark.parametrize("policy", ["write_back", "write_through"])
+@given(ops=st.lists(OPS, min_size=2, max_size=12), header=st.sampled_from([0, P + 3]))
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_beside_hicache_the_fast_match_leaves_the_same_cache_and_host_tier_as_stock(fast, policy, ops, header):
+    """HiCache attached to both twins (host pools of twice the device pools): evictions demote to
+    host, admissions load host hits back, and the fast match (both validator sets) runs on every
+    admission; after every operation the tree, the host copies, the matches and the loads agree."""
+    hicache = rc.HiCache(ratio=2.0, write_policy=policy)
+    stock = rc.build(GEOMETRY, backend="python", hicache=hicache)
+    fast_tree_core.keep_stock(stock.core)
+    quick = rc.build(GEOMETRY, backend="python", hicache=hicache)
+    assert quick.core.enable_hicache
+    runner = rc.TraceRunner([stock, quick], tokens=_HeaderTokens(header), max_one_pass=MAX_ONE_PASS,
+                            max_history=MAX_HISTORY)
+
+    def check(stage: str) -> None:
+        assert rc.snapshot(stock, lru_order=True) == rc.snapshot(quick, lru_order=True), stage
+        assert _host_values(stock) == _host_values(quick), stage
+        stock.cache.sanity_check()
+        quick.cache.sanity_check()
+
+    # Two sessions pushed to host and resumed first (every example loads back), then the drawn trace.
+    opening = [rc.Op("turn", new_pages=6, chunked=True), rc.Op("turn", new_pages=4),
+               rc.Op("evict_full", pages=128), rc.Op("turn", session=0, new_pages=2),
+               rc.Op("evict_swa", pages=24), rc.Op("turn", session=1, new_pages=1)]
+    with pytest.MonkeyPatch.context() as mp:
+        counts = _Counts(mp, quick)
+        for op in opening + ops:
+            runner.run(op, check)
+    for a, b in runner.results:
+        assert (a.prefix_len, a.swa_branching_seqlen) == (b.prefix_len, b.swa_branching_seqlen)
+    assert (stock.loaded_from_host, stock.load_backs) == (quick.loaded_from_host, quick.load_backs)
+    assert quick.load_backs >= 1
+    assert stock.leak_check() == quick.leak_check() == {"full": 0, "swa": 0}
+    matched = sum(1 for a, _ in runner.results if a.prefix_len + a.reprefilled > P)
+    assert counts.n["match"] == matched, counts.n  # the fast match ran under HiCache, not stock's
+
+
 def test_a_deep_insert_copies_the_key_once(fast, monkeypatch):
     """Stock slices the rest of the key at every walked node; the fast walk slices it once."""
     from sglang.srt.mem_cache.radix_cache import RadixKey

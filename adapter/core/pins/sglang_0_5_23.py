@@ -128,6 +128,11 @@ PINS: dict[str, str] = {
         "3af84653132e239dadc2b3b86c211adc66dc11a9974b6af700ac005fedf3b83e"
     ),
     # swa_thin
+    # (HiCache write-back: counts a new leaf's creator as the other policies do; _inc_hit_count_and_check
+    # is pinned with fast_tree_core)
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._should_backup_after_insert": (
+        "2591b96f6c167e2e72b253cab41825260dab952703e428026f41eed16febc026"
+    ),
     "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.checkpoint_into_tree": (
         "3a20fa5c0617352cc19485b47d5fc54b429288fe6deb62747ed95f4fd7ffd098"
     ),
@@ -200,6 +205,14 @@ PINS: dict[str, str] = {
         "19034759e5d5ec511c71cfd535d168a4b7d48040e0b895321f12d7233e27b88f"
     ),
     # cone_replay (pinned, not wrapped: F's definition, the fields a fallback restores, the anchor lock)
+    # Beside HiCache: B, the stock resume point after load-back (init_load_back splices up to
+    # best_match_node), read through collect_path_info.
+    "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.init_load_back": (
+        "93968501bc8782f0b5305bc41a563955ed5cf59e8f08f29978d8e721cc247b22"
+    ),
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore.collect_path_info": (
+        "b6443bb10f9ef444b4772c6806e6a9c8161e85b73265fb94e843ba5ab9e927fc"
+    ),
     "sglang.srt.mem_cache.unified_cache.components.swa:SWAComponent.finalize_match_result_in_tree_core": (
         "e680eab5d5c255cae6ef9a6dcbb14b32ca172ca371c3d6f1b7c63f36462531bf"
     ),

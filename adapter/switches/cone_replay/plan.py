@@ -3,7 +3,10 @@
 * :func:`plan` (after ``UnifiedRadixCache.match_prefix``): a match stopped only by an evicted SWA
   window at F (``swa_branching_seqlen``) with the Full KV of ``[0, F)`` resident becomes a match
   at ``s = page_floor(F - N)`` anchored on F's node (``tree_core.match_full_device_prefix``); the
-  stock ``MatchResult`` is kept on the request to fall back to.
+  stock ``MatchResult`` is kept on the request to fall back to. Beside HiCache the stock admission
+  loads host copies back up to ``best_match_node`` (its depth B): the cone plans only when s lies
+  past B, with no host hit in its match (no load-back queued); Full KV up to F on host only falls
+  back (``full_on_host``: HiCache's load-back needs the window's SWA on device or host).
 * :func:`admit` (after ``PrefillAdder._select_prefill_admission``): the first prefill pass must be
   one chunk covering ``[s, F)``, else the stock match is restored and the reason logged.
 
@@ -35,6 +38,7 @@ class ConePlan:
     anchor: Any  # F's node (NodeId / TreeNode), Full-only match
     stock: Any  # the stock MatchResult, to fall back to
     stock_protected: int  # the stock cache_protected_len
+    B: int = 0  # HiCache: the stock resume point after its load-back (P without HiCache)
     state: str = PLANNED
     source: Any = None  # F's tree slots of [s, F) (the copy source; locked through the anchor)
 
@@ -76,16 +80,18 @@ def plan(cache: Any, params: Any, result: Any) -> Any:
         return result
     P = int(result.device_prefix_len)
     s = cone_start(F, cfg.tokens, cfg.page)
-    if s <= P:  # the stock resume point is as good: nothing to save
+    hicache = cache.cache_controller is not None
+    # HiCache: the stock admission loads the host copies up to best_match_node, so its resume point
+    # is that node's depth B, not P.
+    B = _stock_resume_point(cache, result) if hicache else P
+    if s <= B:  # the stock resume point is as good: nothing to save
         return result
     key = params.key
     from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 
     urc = __import__(SWITCH.module_of("UnifiedRadixCache.match_prefix"), fromlist=["get_disagg"])
     why = None
-    if result.host_hit_length or result.swa_host_hit_length or cache.host_pool_group is not None:
-        why = "hicache"
-    elif cache.linker is not None:
+    if cache.linker is not None:
         why = "linker"
     elif urc.get_disagg().disaggregation_mode == "decode":
         why = "pd_decode"
@@ -99,22 +105,36 @@ def plan(cache: Any, params: Any, result: Any) -> Any:
         anchor_key = RadixKey(token_ids=key.token_ids, extra_key=key.extra_key, limit=F, cache_salt=key.cache_salt)
         f_len, anchor, _pinned = cache.tree_core.match_full_device_prefix(anchor_key)
         if f_len < F:
-            why = "full_not_resident"
+            # Under HiCache the Full KV of [f_len, F) may sit on host only: its load-back
+            # (swa.py LOAD_BACK) brings a node's Full and SWA back together and requires every
+            # node of the window to hold SWA on device or host, which F's lost window does not.
+            why = "full_on_host" if hicache and result.full_kv_hit_length >= F else "full_not_resident"
     if why is not None:
         if getattr(req, REQ_ATTR + "_why", None) != (why, F):  # once per request and reason
             setattr(req, REQ_ATTR + "_why", (why, F))
-            fallback(req, why, F=F, P=P)
+            fallback(req, why, F=F, P=P, **({"B": B} if hicache else {}))
         return result
     protected = result.cache_protected_len
-    plan = ConePlan(req.rid, F, s, P, anchor, result, P if protected is None else int(protected))
+    plan = ConePlan(req.rid, F, s, P, anchor, result, P if protected is None else int(protected), B=B)
     setattr(req, REQ_ATTR, plan)
     if previous is None or (previous.F, previous.s) != (F, s):  # a waiting request is matched every round
         COUNTERS.plans += 1
-        SWITCH.event("DSV41_SWA_CONE plan", rid=req.rid, F=F, s=s, N=F - s, P=P)
+        SWITCH.event("DSV41_SWA_CONE plan", rid=req.rid, F=F, s=s, N=F - s, P=P, **({"B": B} if hicache else {}))
+    # The cone's prefix [0, s) is all on device: no host hit, so no load-back is queued (a stock
+    # host hit below s is superseded: the replay starts deeper than its load-back would end).
     return result._replace(
         device_prefix_len=s, last_device_node=anchor, last_host_node=anchor, best_match_node=anchor,
         cache_protected_len=None if protected is None else s,
+        host_hit_length=0, swa_host_hit_length=0, mamba_host_hit_length=0,
     )
+
+
+def _stock_resume_point(cache: Any, result: Any) -> int:
+    """Depth of the stock match's ``best_match_node``: where the stock admission resumes after
+    loading the host copies (``init_load_back`` splices everything between the last device node
+    and it). Both tree cores answer ``collect_path_info``."""
+    (path,) = cache.tree_core.collect_path_info([result.best_match_node])
+    return int(path[-1].path_end) if path else 0
 
 
 def admit(req: Any, prefix_len: int, extend_len: int) -> bool:
@@ -136,6 +156,8 @@ def restore_stock(req: Any, plan: ConePlan) -> None:
     req.prefix_len = int(stock.device_prefix_len)
     req.last_node, req.last_host_node, req.best_match_node = (
         stock.last_device_node, stock.last_host_node, stock.best_match_node)
-    req.num_matched_prefix_tokens = min(req.num_matched_prefix_tokens, req.prefix_len)
+    req.host_hit_length, req.swa_host_hit_length, req.mamba_host_hit_length = (
+        stock.host_hit_length, stock.swa_host_hit_length, stock.mamba_host_hit_length)
+    req.num_matched_prefix_tokens = min(req.num_matched_prefix_tokens, req.prefix_len + req.host_hit_length)
     req.kv.cache_protected_len = plan.stock_protected
     setattr(req, REQ_ATTR, None)

@@ -145,13 +145,17 @@ def _select_admission(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> An
     admission = wrapped(*args, **kwargs)
     if not hasattr(admission, "extend_len"):  # not admitted this round: matched again next round
         return admission
-    if kwargs.get("host_hit_length"):  # excluded by the plan; never replay beside a load-back
-        fallback(req, "hicache", F=plan.F, s=plan.s)
+    if kwargs.get("host_hit_length") or kwargs.get("swa_host_hit_length"):
+        # The plan zeroes the host hit; a caller that still passes one would queue a load-back
+        # beside the replay: never replay then.
+        fallback(req, "host_load_back", F=plan.F, s=plan.s)
         restore_stock(req, plan)
     elif admit(req, admission.prefix_len, admission.extend_len):
         return admission
-    # The caller priced the request from prefix s; the stock prefix is shorter.
-    kwargs = dict(kwargs, total_tokens=kwargs["total_tokens"] + plan.s - plan.P)
+    # The caller priced the request from prefix s; the stock prefix is shorter, and the stock host
+    # hit (HiCache) goes back to the selection with it.
+    kwargs = dict(kwargs, total_tokens=kwargs["total_tokens"] + plan.s - plan.P,
+                  host_hit_length=req.host_hit_length, swa_host_hit_length=req.swa_host_hit_length)
     return wrapped(*args, **kwargs)
 
 

@@ -40,9 +40,18 @@ Copies in flight (pages are write-fenced, not held in the allocator)
     SWA page of ``loc``) and a restore. So the batch that ``get_next_batch_to_run`` returns
     waits, before it is launched, for every copy in flight that reads a full page or (through
     the full-to-SWA mapping) a SWA page that batch writes, and a restore waits for all copies.
-    A HiCache load-back writes pages while the pass admits requests, before the batch is
-    known: with hierarchical cache on, every copy lands at the start of the pass. Allocation,
-    freeing and tree eviction write no bytes. A full queue saves synchronously.
+    (A HiCache load-back would write pages before the batch is known; the switch refuses beside
+    HiCache, below.) Allocation, freeing and tree eviction write no bytes. A full queue saves
+    synchronously.
+
+Not beside HiCache
+    With ``--enable-hierarchical-cache`` the switch refuses at the first scheduler pass (the tree
+    and its host pool are built before it): one line, a boot failure under ``DSV41_STRICT=1``, and
+    every wrapper off. HiCache pins its host pool at boot and keeps a retracted request's inserted
+    prefix there (its checkpoints are in the tree; write-back and write-through copy them to host),
+    so the park store would be a second host-RAM budget beside it, parking what HiCache already
+    holds. Sharing one budget would need the store to carve its bytes out of HiCache's pinned pool
+    and to park only the tail past what the tree holds: not built.
 
 Nothing is ever lost
     A refused offer (over ``DSV41_KV_PARK_GIB``), an entry evicted by LRU, a restore that finds no
@@ -82,7 +91,7 @@ from typing import Any
 import torch
 
 from adapter.core import api
-from adapter.switches.kv_park import capture, regions
+from adapter.switches.kv_park import beside_hicache, capture, regions
 from adapter.switches.kv_park.engine import CopyEngine
 from adapter.switches.kv_park.store import SWITCH, ParkStore
 
@@ -103,6 +112,7 @@ class _State:
     # rid -> (tree, TreeLock) on the pages a restore inserted, held until the request is admitted
     # (its admission then locks them as its prefix) so running rows do not evict them meanwhile.
     pins: dict[Any, tuple[Any, Any]] = field(default_factory=dict)
+    checked_hicache: bool = False  # the first scheduler pass asked whether HiCache is attached
 
     def once(self, what: str, **params: object) -> None:
         line = what + repr(sorted(params.items()))
@@ -253,11 +263,15 @@ def _get_next_batch_to_run(wrapped: Any, instance: Any, args: tuple, kwargs: dic
     state = STATE
     if state is None:
         return wrapped(*args, **kwargs)
+    if not state.checked_hicache:  # the tree is built before the first pass
+        state.checked_hicache = True
+        host_pool = beside_hicache.measured(getattr(instance, "tree_cache", None))
+        if host_pool is not None:  # every wrapper off: stock retraction from here on
+            SWITCH.refuse_late(beside_hicache.reason(host_pool, state.store.budget // GIB), revert=True)
+            return wrapped(*args, **kwargs)
     state.store.poll()
     if state.pins:
         _release_pins(state, instance)
-    if state.store.pending() and getattr(instance, "enable_hierarchical_cache", False):
-        state.store.fence()  # a HiCache load-back may write freed pages before the batch is known
     try:
         _restore_waiting(state, instance)
     except Exception as exc:  # a failed restore disables parking; the request recomputes

@@ -10,6 +10,10 @@ What is here, and why only this:
 * ``extend_attention_cpu`` / ``decode_attention_cpu`` on ``torch.ops.sgl_kernel``: reference
   attention (GQA, causal, sliding window, logit cap, attention sinks) for SGLang's own CPU backend,
   checked against ``torch.nn.functional.scaled_dot_product_attention`` in tests.
+* ``sgl_kernel.kvcacheio`` (:mod:`sgl_kernel.kvcacheio`): the pure-torch host <-> device KV copies
+  HiCache's host pools call (``--enable-hierarchical-cache``), bound into those pools by a route
+  with the host-memory route beside it (:mod:`sgl_kernel._route`), each checked byte for byte in
+  ``tests/upstream/test_hicache_host_io.py``.
 * Names imported at module load on the CPU path but called only by speculative decoding: they
   import, and raise ``NotImplementedError`` naming the op when called.
 * Any other name raises ``AttributeError`` (so ``from sgl_kernel import X`` fails by name).

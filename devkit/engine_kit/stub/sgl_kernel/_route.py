@@ -7,6 +7,14 @@ they are already imported). Tests and the gate only.
   forward-pass metrics (``--enable-forward-pass-metrics``) time each forward with
   ``torch.get_device_module().Event``, which initialises CUDA and kills the CPU scheduler; on CPU
   the forward is synchronous, so a ``perf_counter`` pair around it is its span.
+* ``host_memory`` (HiCache, ``--enable-hierarchical-cache``): a host pool whose transfer device is
+  the CPU allocates with SGLang's own allocator but skips ``cudaHostRegister``
+  (``alloc_with_host_register`` calls ``torch.cuda.cudart()``, which needs a CUDA driver; with the
+  device pool in host memory there is nothing to pin for).
+* ``host_pool_ops`` (HiCache): the host pool modules import their copy ops from
+  ``sgl_kernel.kvcacheio`` only under ``is_cuda() or is_hip()``; the route binds the same names from
+  the stand-in's pure-torch :mod:`sgl_kernel.kvcacheio`, so the pools' own ``kernel`` / ``direct``
+  branches run unchanged.
 
 What each route replaces or builds is pinned in :data:`PINS` (one finder, one pin rule with the
 overlay's own): a route whose upstream source drifted raises :class:`RouteRefused` naming it, so
@@ -26,7 +34,23 @@ import time
 
 REGISTRY = "sglang.srt.layers.attention.attention_registry"
 DEVICE_TIMER = "sglang.srt.utils.device_timer"
+HOST_MEMORY = "sglang.srt.mem_cache.pool_host.common"
 ROUTED = "torch_native"
+# The copy ops each host pool module imports from sgl_kernel.kvcacheio under is_cuda() or is_hip(),
+# as it names them (the stand-in raises by name for the page_head pair: no kit reaches that layout).
+HOST_POOL_OPS = {
+    "sglang.srt.mem_cache.pool_host.mha": (
+        "transfer_kv_all_layer", "transfer_kv_all_layer_direct_lf_pf", "transfer_kv_all_layer_lf_pf",
+        "transfer_kv_all_layer_lf_ph", "transfer_kv_all_layer_mla_lf_pf", "transfer_kv_direct",
+        "transfer_kv_per_layer", "transfer_kv_per_layer_direct_pf_lf", "transfer_kv_per_layer_mla",
+        "transfer_kv_per_layer_mla_pf_lf", "transfer_kv_per_layer_pf_lf", "transfer_kv_per_layer_ph_lf",
+    ),
+    "sglang.srt.mem_cache.memory_pool_host": (
+        "transfer_kv_all_layer_direct_lf_pf", "transfer_kv_all_layer_mla", "transfer_kv_all_layer_mla_lf_pf",
+        "transfer_kv_direct", "transfer_kv_per_layer_direct_pf_lf", "transfer_kv_per_layer_mla",
+        "transfer_kv_per_layer_mla_pf_lf",
+    ),
+}
 
 
 def _create_cpu_backend(runner):
@@ -82,7 +106,28 @@ def route_timer(module) -> None:
     interval.end = end
 
 
-# What the two routes replace or rely on, pinned like the overlay's own targets (the hash of
+def route_host_memory(module) -> None:
+    original = module.alloc_with_host_register
+    registered = module._CUDA_HOST_REGISTERED_RANGES_ATTR
+
+    def alloc_unregistered(dims, dtype, device, pin_memory, allocator, registration_granularity_bytes=None):
+        buffer = allocator.allocate(dims, dtype=dtype, device=device)
+        setattr(buffer, registered, [])  # nothing registered, so nothing for destroy() to unregister
+        return buffer
+
+    alloc_unregistered.__wrapped__ = original
+    module.ALLOC_MEMORY_FUNCS["cpu"] = alloc_unregistered
+
+
+def route_host_pool_ops(module) -> None:
+    from sgl_kernel import kvcacheio
+
+    for name in HOST_POOL_OPS[module.__name__]:
+        if name not in vars(module):  # bound by upstream on CUDA/ROCm: leave it
+            setattr(module, name, getattr(kvcacheio, name))
+
+
+# What the routes replace or rely on, pinned like the overlay's own targets (the hash of
 # adapter.core.pins.source_hash): a route written for another source refuses loudly, naming it.
 PINS = {
     f"{REGISTRY}:create_torch_native_backend": "1727eff9e9ab1882d5bf1af72098840affb72ae2b166190d7ad9069bd7679e8f",
@@ -91,6 +136,16 @@ PINS = {
     ),
     f"{DEVICE_TIMER}:_TimingInterval.create": "eff8f9040193b1325a49cb10892e21c1346777330c6577e3e7a0da9dbc82aaf6",
     f"{DEVICE_TIMER}:_TimingInterval.end": "80596445d38868ec68ab1aff82055317f855398c3dbbd3741ef3cf827c31857e",
+    # host_memory: what it replaces for a CPU transfer device, and the allocator it calls instead
+    f"{HOST_MEMORY}:alloc_with_host_register": "2be04a4ad186063a03f395bb5202ffb8a7b4cdbfa1f2a6e1fa92f48dbe003b6e",
+    f"{HOST_MEMORY}:HostTensorAllocator.allocate": "7501533b4c095cb8618d8c4e3cf07e3d165875e39cce8500426866c30061b370",
+    # host_pool_ops: the transfer methods that call the bound ops, with the kernels' argument names
+    "sglang.srt.mem_cache.pool_host.mha:MHATokenToKVPoolHost.load_to_device_per_layer": "1206daa053dca863b09c2276605022cac81b32c8cddcfc7c228c3e1f34943dec",
+    "sglang.srt.mem_cache.pool_host.mha:MHATokenToKVPoolHost.backup_from_device_all_layer": "10804e436ba3520db2346c235f7c879340329e49d2e97d6a367a79506d5c472d",
+    "sglang.srt.mem_cache.memory_pool_host:DeepSeekV4PagedHostPool.load_to_device_per_layer": "d22ca00a24cfe58228d37cb6873a864069198ff90b12adfd4c100b5ed6adb294",
+    "sglang.srt.mem_cache.memory_pool_host:DeepSeekV4PagedHostPool.backup_from_device_all_layer": "4aaefd1e42a838b13557265dcb83fca8c448d9a1f908a5d77d5d7757a5c8ce96",
+    "sglang.srt.mem_cache.memory_pool_host:DeepSeekV4StateHostPool.load_to_device_per_layer": "ec17e5cd18c51c57a66e5788b76f52a058ac9d0664cc649dfcc21e3b635fa70a",
+    "sglang.srt.mem_cache.memory_pool_host:DeepSeekV4StateHostPool.backup_from_device_all_layer": "ea8fc49e522fd172c48811257135e47225d6cce60852771cdfa3d9b7b75863ab",
 }
 
 
@@ -115,7 +170,12 @@ def _pinned(module_name: str, route):
     return checked
 
 
-ROUTES = {REGISTRY: _pinned(REGISTRY, route_attention), DEVICE_TIMER: _pinned(DEVICE_TIMER, route_timer)}
+ROUTES = {
+    REGISTRY: _pinned(REGISTRY, route_attention),
+    DEVICE_TIMER: _pinned(DEVICE_TIMER, route_timer),
+    HOST_MEMORY: _pinned(HOST_MEMORY, route_host_memory),
+    **{name: _pinned(name, route_host_pool_ops) for name in HOST_POOL_OPS},
+}
 
 
 def _chain(first, second):

@@ -1,0 +1,167 @@
+"""Cone replay beside HiCache, on the real ``UnifiedRadixCache`` with HiCache attached
+(``init_hicache``: the real host pools, cache controller and transfers; ``devkit.testkit.radix_cache.HiCache``).
+
+HiCache keeps an idle session's window on host when it leaves the device (write-back: on eviction;
+write-through: when a node is hit), and the stock admission loads it back. The cone acts only where
+that cannot help: the window at F is on neither device nor host while the Full KV of ``[0, F)`` is
+on device. It then starts from ``s = F - N`` if s lies past the stock resume point after load-back
+(``best_match_node``'s depth B), queues no load-back, and replays N tokens.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from devkit.testkit import cone_replay_parts as cone_replay
+from devkit.testkit import radix_cache as rc
+from devkit.testkit.cone import cone_turn, install, model_kit, recorder
+from devkit.testkit.tiny_hybrid import TinyHybrid
+
+N = 64  # 4 pages of the SMALL geometry (page 16, window 8)
+POLICIES = ["write_back", "write_through"]
+
+
+def _window_state(kit: rc.CacheKit, history: list[int]) -> dict[str, bool]:
+    """Where the resume point F = page_floor(len(history))'s last node keeps its Full KV and SWA
+    window: on device, on host (python core)."""
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+
+    page = kit.geometry.page
+    f = len(history) // page * page
+    node, off = kit.core.root_node, 0
+    while off < f:
+        head = tuple(history[off : off + page])
+        child = next((c for c in node.children.values() if tuple(c.key.token_ids[:page]) == head), None)
+        if child is None:
+            break
+        node, off = child, off + len(child.key)
+    full, swa = node.component_data[ComponentType.FULL], node.component_data[ComponentType.SWA]
+    return {"full_device": full.value is not None, "full_host": full.host_value is not None,
+            "swa_device": swa.value is not None, "swa_host": swa.host_value is not None, "depth": off}
+
+
+def _lose_window_everywhere(kit: rc.CacheKit, toks: rc.Tokens) -> list[int]:
+    """Session A runs a turn and a fork continues it (A's resume point becomes an inner node, as a
+    retried or branched agent turn leaves it); traffic runs until A's window is on neither device
+    nor host while its Full KV stays on device."""
+    history = kit.run_turn(toks.fresh(400), out_len=16).history
+    kit.run_turn(history + toks.fresh(32), out_len=16)
+    for _ in range(60):
+        where = _window_state(kit, history)
+        if where["full_device"] and not where["swa_device"] and not where["swa_host"]:
+            return history
+        first = kit.run_turn(toks.fresh(512), out_len=16)
+        kit.run_turn(first.history + toks.fresh(64), out_len=16)
+    raise AssertionError(f"A's window never left both tiers: {_window_state(kit, history)}")
+
+
+def _sane(kit: rc.CacheKit) -> None:
+    kit.cache.sanity_check()
+    assert kit.leak_check() == {"full": 0, "swa": 0}
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_beside_hicache_a_window_on_neither_tier_is_replayed_from_s_without_a_load_back(policy, capfd):
+    install(N)
+    kit = rc.build(rc.SMALL, hicache=rc.HiCache(ratio=0.5, write_policy=policy))
+    assert kit.cache.cache_controller is not None and kit.cache.host_pool_group is not None
+    toks = rc.Tokens()
+    history = _lose_window_everywhere(kit, toks)
+    turn = cone_turn(kit, history + toks.fresh(64), out_len=16)
+    plan = turn.plan
+    assert plan is not None, cone_replay.FALLBACKS
+    assert plan.B < plan.s == plan.F - N and turn.prefix_len == plan.s
+    assert turn.recomputed == len(history) + 64 - plan.s
+    assert kit.loaded_from_host == 0  # the cone queued no load-back
+    assert turn.checks["cache_protected_len"] == plan.F and turn.checks["window_holes"] == []
+    assert turn.checks["leak_after_first_checkpoint"] == {"full": 0}
+    _sane(kit)
+    nxt = cone_turn(kit, turn.history + toks.fresh(32), out_len=16)
+    assert nxt.plan is None and nxt.prefix_len == len(turn.history) // kit.geometry.page * kit.geometry.page
+    _sane(kit)
+    err = capfd.readouterr().err
+    assert re.search(rf"DSV41_SWA_CONE plan rid={turn.rid} F={plan.F} s={plan.s} N={N} P=\d+ B={plan.B}", err), err
+    assert cone_replay.FALLBACKS == {}
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_beside_hicache_a_window_kept_on_host_is_loaded_back_and_the_cone_stays_out(policy):
+    """Without the fork, A's resume point is a leaf: HiCache moves it to host whole (write-back) or
+    has backed it up (write-through); the stock load-back restores it and nothing is replayed."""
+    install(N)
+    kit = rc.build(rc.SMALL, hicache=rc.HiCache(ratio=2.0, write_policy=policy))
+    toks = rc.Tokens()
+    history = kit.run_turn(toks.fresh(400), out_len=16).history
+    for _ in range(60):
+        if kit.resume_state(history)["lost"]:
+            break
+        first = kit.run_turn(toks.fresh(512), out_len=16)
+        kit.run_turn(first.history + toks.fresh(64), out_len=16)
+    assert kit.resume_state(history)["lost"]  # gone from the device
+    turn = cone_turn(kit, history + toks.fresh(64), out_len=16)
+    assert turn.plan is None and turn.prefix_len == len(history) // kit.geometry.page * kit.geometry.page
+    assert kit.loaded_from_host > 0 and turn.recomputed == 64
+    assert cone_replay.COUNTERS.plans == 0 and cone_replay.FALLBACKS == {}
+    _sane(kit)
+
+
+def test_beside_hicache_a_cone_turn_is_bit_identical_to_a_prefix_hit():
+    """The tiny model on the cache's own SWAKVPool: kit A (no HiCache, window kept) resumes with a
+    prefix hit at F; kit B (HiCache write-back) loses the window on device and host and replays.
+    Every row from F agrees bit for bit."""
+    install(N)
+    model = TinyHybrid("SFSS", window=8, d=16)  # bound 48 <= N
+    g = rc.SMALL.with_pools(full_tokens=16384, swa_tokens=1024)
+    outs: dict[str, dict[int, torch.Tensor]] = {"hit": {}, "cone": {}, "t1a": {}, "t1b": {}, "fork": {}, "other": {}}
+
+    def rec(kit, name):
+        return recorder(model, kit, outs[name])
+
+    prompt = rc.Tokens(start=5).fresh(400)
+    new = rc.Tokens(start=100_000).fresh(48)
+    kit_a = model_kit(model, g.with_pools(swa_tokens=16384))
+    hist = cone_turn(kit_a, prompt, 16, forward=rec(kit_a, "t1a")).history
+    hit = cone_turn(kit_a, hist + new, 16, forward=rec(kit_a, "hit"))
+    assert hit.plan is None and hit.F is None
+    kit_b = model_kit(model, g, hicache=rc.HiCache(ratio=0.5, write_policy="write_back"))
+    cone_turn(kit_b, prompt, 16, forward=rec(kit_b, "t1b"))
+    toks = rc.Tokens(start=200_000)
+    cone_turn(kit_b, hist + toks.fresh(32), 16, forward=rec(kit_b, "fork"))
+    for _ in range(60):
+        where = _window_state(kit_b, hist)
+        if where["full_device"] and not where["swa_device"] and not where["swa_host"]:
+            break
+        # Traffic through the model, so the freed SWA pages are overwritten with other KV.
+        cone_turn(kit_b, toks.fresh(256), 16, forward=rec(kit_b, "other"))
+    cone = cone_turn(kit_b, hist + new, 16, forward=rec(kit_b, "cone"))
+    assert cone.plan is not None and kit_b.loaded_from_host == 0
+    F = cone.plan.F
+    rows = sorted(r for r in outs["hit"] if r >= F)
+    assert rows and all(torch.equal(outs["cone"][r], outs["hit"][r]) for r in rows)
+    _sane(kit_a)
+    _sane(kit_b)
+
+
+def test_beside_hicache_full_kv_on_host_only_falls_back_once_with_full_on_host(capfd):
+    """Every turn's KV is pushed to host (write-back) and the small host SWA tier churns A's window
+    out: A's Full KV up to F is on host only and its window nowhere. HiCache's load-back needs the
+    window's SWA on device or host, so the cone falls back (one line) and the turn runs stock."""
+    install(N)
+    kit = rc.build(rc.SMALL, hicache=rc.HiCache(ratio=0.5, write_policy="write_back"))
+    toks = rc.Tokens()
+    history = kit.run_turn(toks.fresh(400), out_len=16).history
+    kit.evict(full=1 << 20)
+    for _ in range(40):
+        kit.run_turn(toks.fresh(256), out_len=16)
+        kit.evict(full=1 << 20)
+    where = _window_state(kit, history)
+    assert not where["full_device"] and not where["swa_device"] and not where["swa_host"], where
+    turn = cone_turn(kit, history + toks.fresh(64), out_len=16)
+    assert turn.plan is None and turn.F is not None and turn.prefix_len == turn.stock_prefix
+    assert cone_replay.FALLBACKS == {"full_on_host": 1}
+    err = capfd.readouterr().err
+    assert len(re.findall(rf"DSV41_SWA_CONE fallback rid={turn.rid} reason=full_on_host F={turn.F} P=\d+ B=\d+", err)) == 1, err
+    _sane(kit)
