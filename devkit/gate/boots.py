@@ -68,6 +68,7 @@ def run_boot(boot: Boot, model: Path, workload: Any, out: Path, *, say: Callable
         "--decode-log-interval", "1", "--enable-forward-pass-metrics", "--forward-pass-metrics-ipc-name", ipc,
         *launch_extra,
     ], plugin=plugin)
+    boot.launch_extra = tuple(launch_extra)
     boot.fpm_log = out / f"fpm-{boot.label}.jsonl"
     recorder = fpm.Recorder(ipc, boot.fpm_log)
     try:

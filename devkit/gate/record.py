@@ -23,6 +23,11 @@ class Boot:
     yield_log_from: int = 0
     log_lines: list[str] = field(default_factory=list)
     leftover: list[int] = field(default_factory=list)
+    launch_extra: tuple[str, ...] = ()  # server arguments this gate run adds to every boot (--hicache)
+
+    @property
+    def hicache(self) -> bool:
+        return "--enable-hierarchical-cache" in self.launch_extra
 
     def outputs(self) -> dict[str, list[int]]:
         return {**self.cache.get("outputs", {}), **self.yield_.get("outputs", {})}

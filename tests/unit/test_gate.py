@@ -157,3 +157,20 @@ def test_a_plugin_server_runs_the_venvs_python_with_only_the_stand_in_on_the_pat
     assert server.env["DSV41_SWA_THIN"] == "1"
     hook = kits.kit("mellum").server(tmp_path / "model", tmp_path / "a.log", {}, [])
     assert str(launcher.REPO_ROOT) in hook.env["PYTHONPATH"].split(":") and "SGLANG_PLUGINS" not in hook.env
+
+
+def test_beside_hicache_the_thin_row_passes_when_the_profile_keeps_the_session_as_well_as_hicache_alone():
+    def hicache(boot):
+        boot.launch_extra = ("--enable-hierarchical-cache", "--hicache-ratio", "2")
+        return boot
+
+    both = [hicache(_boot(x, resume=1.0)) for x in ("A1", "B", "A2")]
+    row = gate._effect_row("swa_thin", *both, True)
+    assert row["status"] == "pass (HiCache alone also kept the session here)"
+    lost = hicache(_boot("B", resume=0.0))
+    assert gate._effect_row("swa_thin", both[0], lost, both[2], True)["status"].startswith("FAIL")
+    kept = hicache(_boot("B", resume=1.0))
+    assert gate._effect_row("swa_thin", hicache(_boot("A1", resume=0.0)), kept, hicache(_boot("A2", resume=0.0)),
+                            True)["status"] == "pass"
+    # without HiCache, equal to the controls is not enough
+    assert gate._effect_row("swa_thin", _boot("A1"), _boot("B"), _boot("A2"), True)["status"].startswith("FAIL")
