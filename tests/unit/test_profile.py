@@ -1,4 +1,5 @@
-"""The production profile `.env.tp4.example` against the registry, and the generated adapters doc."""
+"""The shipped profiles against the registry (the reference fleet's `.env.tp4.example`, the
+datacenter `.env.h200-hicache.example`), and the generated adapters doc."""
 
 from __future__ import annotations
 
@@ -16,14 +17,16 @@ from adapter.switches import autotune_keep
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILE = ROOT / ".env.tp4.example"
+PROFILES = [PROFILE, ROOT / ".env.h200-hicache.example"]
+each_profile = pytest.mark.parametrize("profile", PROFILES, ids=lambda p: p.name)
 
 
-def _setting_lines() -> list[str]:
-    return [line for line in PROFILE.read_text().splitlines() if line.strip() and not line.lstrip().startswith("#")]
+def _setting_lines(profile: Path = PROFILE) -> list[str]:
+    return [line for line in profile.read_text().splitlines() if line.strip() and not line.lstrip().startswith("#")]
 
 
-def _production_line() -> list[str]:
-    lines = [line for line in _setting_lines() if "DSV41_" in line]
+def _production_line(profile: Path = PROFILE) -> list[str]:
+    lines = [line for line in _setting_lines(profile) if "DSV41_" in line]
     assert len(lines) == 1, "exactly one line sets DSV41_* keys"
     return shlex.split(lines[0])
 
@@ -32,45 +35,63 @@ def _registry_keys() -> list[str]:
     return [k.name for s in registry.SWITCHES for k in s.keys]
 
 
-def test_each_switch_key_is_set_once_on_the_production_line_and_nowhere_else():
-    words = _production_line()
+@each_profile
+def test_each_switch_key_is_set_once_on_the_production_line_and_nowhere_else(profile):
+    words = _production_line(profile)
     keys = [w.split("=", 1)[0] for w in words if w.startswith("DSV41_")]
     assert len(keys) == len(set(keys))
-    other_lines = [line for line in _setting_lines() if "DSV41_" not in line]
+    other_lines = [line for line in _setting_lines(profile) if "DSV41_" not in line]
     assert not any("DSV41_" in line for line in other_lines)
 
 
-def test_the_switches_end_the_production_line_in_the_registry_order():
-    words = _production_line()
+@each_profile
+def test_the_switches_end_the_production_line_in_the_registry_order(profile):
+    words = _production_line(profile)
     first = next(i for i, w in enumerate(words) if w.startswith("DSV41_"))
     tail = words[first:]
     assert all(w.startswith("DSV41_") for w in tail), "the switches end the line"
     keys = [w.split("=", 1)[0] for w in tail]
     assert keys == [k for k in _registry_keys() if k in keys]
-    assert keys[:6] == [
-        "DSV41_AUTOTUNE_KEEP", "DSV41_SWA_NATIVE_DECODE", "DSV41_DECODE_YIELD",
-        "DSV41_SWA_THIN", "DSV41_SWA_CONE_REPLAY", "DSV41_SWA_CONE_TOKENS",
-    ]
+    if profile == PROFILE:
+        assert keys[:6] == [
+            "DSV41_AUTOTUNE_KEEP", "DSV41_SWA_NATIVE_DECODE", "DSV41_DECODE_YIELD",
+            "DSV41_SWA_THIN", "DSV41_SWA_CONE_REPLAY", "DSV41_SWA_CONE_TOKENS",
+        ]
 
 
-def test_the_launch_arguments_carry_tails_384_and_chunk_8192_exactly_once():
-    args = shlex.split(env.read_env_file(str(PROFILE))["LAUNCH_ARGS"])
+def test_the_datacenter_profile_runs_hicache_beside_the_switches_and_leaves_out_what_refuses_beside_it():
+    profile = env.read_env_file(str(PROFILES[1]))
+    args = shlex.split(profile["LAUNCH_ARGS"])
+    assert "--enable-hierarchical-cache" in args and "--hicache-size" not in args  # DeepSeek-V4 refuses a size
+    assert args[args.index("--hicache-ratio") + 1] == "2"
+    assert args[args.index("--hicache-write-policy") + 1] == "write_through"
+    assert "DSV41_KV_PARK" not in profile  # refuses beside HiCache
+    assert "DSV41_SWA_NATIVE_DECODE" not in profile  # SM120/SM121 only
+    assert {"DSV41_SWA_THIN", "DSV41_SWA_CONE_REPLAY", "DSV41_DECODE_YIELD"} <= set(profile)
+    assert "--enable-hierarchical-cache" not in env.read_env_file(str(PROFILE))["LAUNCH_ARGS"]  # GB10: shared memory
+
+
+@each_profile
+def test_the_launch_arguments_carry_tails_384_and_chunk_8192_exactly_once(profile):
+    args = shlex.split(env.read_env_file(str(profile))["LAUNCH_ARGS"])
     assert args.count("--swa-prefix-tails") == 1 and args[args.index("--swa-prefix-tails") + 1] == "384"
     assert args.count("--chunked-prefill-size") == 1 and args[args.index("--chunked-prefill-size") + 1] == "8192"
-    assert PROFILE.read_text().count("--swa-prefix-tails 384") == 1
+    assert profile.read_text().count("--swa-prefix-tails 384") == 1
 
 
-def test_every_profile_key_is_known_to_the_registry_and_valid():
-    config = registry.resolve(env.read_env_file(str(PROFILE)))
+@each_profile
+def test_every_profile_key_is_known_to_the_registry_and_valid(profile):
+    config = registry.resolve(env.read_env_file(str(profile)))
     assert config.errors == [] and config.warnings == []
     assert {s.on_key.name for s in config.requested} >= {
-        "DSV41_AUTOTUNE_KEEP", "DSV41_SWA_NATIVE_DECODE", "DSV41_DECODE_YIELD", "DSV41_SWA_THIN", "DSV41_SWA_CONE_REPLAY",
+        "DSV41_AUTOTUNE_KEEP", "DSV41_DECODE_YIELD", "DSV41_SWA_THIN", "DSV41_SWA_CONE_REPLAY",
     }
 
 
-def test_test_only_keys_are_in_no_profile():
+@each_profile
+def test_test_only_keys_are_in_no_profile(profile):
     test_only = {k.name for k in registry.all_keys().values() if k.test_only} | {"DSV41_DEBUG_LOG"}
-    assert not test_only & set(env.read_env_file(str(PROFILE)))
+    assert not test_only & set(env.read_env_file(str(profile)))
 
 
 def test_with_no_key_set_no_switch_is_requested_and_the_profile_requests_only_what_it_sets():
@@ -98,8 +119,10 @@ def test_the_adapters_doc_is_generated_from_the_registry_and_up_to_date():
 
 
 @pytest.mark.slow
-def test_check_passes_on_the_production_profile_on_cpu():
+@pytest.mark.spawns
+@each_profile
+def test_check_passes_on_each_shipped_profile_on_cpu(profile):
     environ = {k: v for k, v in os.environ.items() if not k.startswith("DSV41_")}
-    out = subprocess.run([sys.executable, "-m", "adapter", "check", "--env-file", str(PROFILE)], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "adapter", "check", "--env-file", str(profile)], cwd=ROOT,
                          env={**environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
