@@ -6,6 +6,7 @@
 * ``pins``: the pinned upstream functions and the hashes installed here.
 * ``docs [--check]``: render ``docs/adapters.md`` from the registry.
 * ``bench NAME [--quick]``: a named benchmark; last line is one JSON object.
+* ``simulate TRACE``: replay a Mooncake-format trace on the real cache, policies side by side (devkit).
 """
 
 from __future__ import annotations
@@ -92,6 +93,14 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
 
         soak.add_arguments(p)
         p.set_defaults(run=soak.main)
+    else:
+        p.set_defaults(run=_devkit_missing)
+    p = sub.add_parser("simulate", help="replay a Mooncake-format trace on the real cache, policies side by side")
+    if gate is not None:
+        from devkit import simulate  # light: the engine loads only when the replay runs
+
+        simulate.add_arguments(p)
+        p.set_defaults(run=simulate.main)
     else:
         p.set_defaults(run=_devkit_missing)
     args = parser.parse_args(argv)

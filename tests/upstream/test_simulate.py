@@ -1,0 +1,102 @@
+"""``python -m adapter simulate``: small generated traces whose answers are known by construction,
+replayed on the real ``UnifiedRadixCache`` under every policy (the switches installed through the
+boot). Page 16, window 8, chunk 128; the SWA pool is small so that other traffic evicts windows,
+the Full pool large so that Full KV stays."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from adapter.ops import cli
+from devkit import simulate
+from devkit.simulate import fleet, trace
+
+PAGE, WINDOW, CHUNK, N = 16, 8, 128, 64
+POLICIES = ("stock", "thin", "thin+cone")
+
+
+def _fleet(swa_pool: int = 768) -> fleet.Fleet:
+    return fleet.Fleet(page=PAGE, window=WINDOW, chunk=CHUNK, max_running=8, tails=0, swa_pool=swa_pool,
+                       full_tokens=1 << 16, full_source="test", cone_tokens=N, cone_bound=32, model="test",
+                       profile="test")
+
+
+def _trace(tmp_path, rows) -> list[trace.Request]:
+    path = tmp_path / "trace.jsonl"
+    path.write_text("".join(json.dumps({"timestamp": ts, "input_length": n_in, "output_length": n_out,
+                                        "hash_ids": ids}) + "\n" for ts, n_in, n_out, ids in rows))
+    return trace.load(str(path), PAGE)
+
+
+def _replay(policy, requests, swa_pool=768):
+    turns, row = simulate.run_policy(policy, _fleet(swa_pool), requests, progress=False)
+    assert row["leak"] == 0, f"{policy}: slots leaked"
+    return turns, row
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_continuation_right_after_its_parent_matches_its_whole_history(tmp_path, policy):
+    """A (1,024 tokens, 16 out) then B = A's prompt + A's output + 512 new tokens: B's match is
+    A's whole history (1,040 tokens, page-aligned) under every policy; the leak check is clean."""
+    requests = _trace(tmp_path, [(0, 1024, 16, [1, 2]), (1, 1536, 16, [1, 2, 3])])
+    turns, row = _replay(policy, requests)
+    a, b = turns
+    assert b.continuation and b.history == 1040 and b.resume_at == 1040
+    assert b.stock_prefix == b.prefix == 1040 and b.recomputed == 1536 - 1040 and not b.cone
+    assert row["resume_hit_rate"] == 1.0 and row["whole_reprefills"] == 0
+    assert a.recomputed == 1024 and row["recomputed_tokens"] == 1024 + 496
+
+
+def _idle_then_chunked_traffic():
+    # A goes idle; one 4,096-token prompt (32 chunks of 128) runs beside it; A's next turn comes late.
+    return [(0, 512, 16, [1]), (5_000, 4096, 16, list(range(100, 108))), (100_000, 1024, 16, [1, 2])]
+
+
+def test_an_idle_sessions_window_evicted_by_other_traffic_is_lost_under_stock_and_kept_under_thin(tmp_path):
+    requests = _trace(tmp_path, _idle_then_chunked_traffic())
+    stock, _ = _replay("stock", requests)
+    thin, _ = _replay("thin", requests)
+    assert stock[2].history == thin[2].history == 528
+    assert stock[2].stock_prefix < stock[2].resume_at == 528  # stock: the resume point is gone
+    assert stock[2].history_recomputed >= 528 // 2
+    assert thin[2].stock_prefix == thin[2].prefix == 528  # thin: kept, the chunks it moved past went first
+    assert thin[2].history_recomputed == 0
+
+
+def test_a_lost_window_whose_full_kv_stays_costs_n_plus_a_page_under_the_cone(tmp_path):
+    """Many short finished requests (their leaves are resume points thin keeps too) evict A's
+    window under every policy while the large Full pool keeps A's KV: stock and thin re-prefill A's
+    history, the cone recomputes N = 64 tokens of it, at most N + page."""
+    rows = [(0, 512, 16, [1])] + [(5_000 + i, 64, 16, [1000 + i]) for i in range(24)] + [(100_000, 1024, 16, [1, 2])]
+    requests = _trace(tmp_path, rows)
+    results = {p: _replay(p, requests) for p in POLICIES}
+    for policy in ("stock", "thin"):
+        last = results[policy][0][-1]
+        assert last.stock_prefix < last.resume_at == 528 and last.history_recomputed >= 528 // 2, policy
+    turns, row = results["thin+cone"]
+    last = turns[-1]
+    assert last.cone and last.stock_prefix < last.resume_at
+    # F is A's resume point or a page below it (the SWA-evicted last leaf takes its Full page along)
+    assert N <= last.history_recomputed <= N + PAGE and last.prefix % PAGE == 0
+    assert row["cone_plans"] == 1 and row["cone_fallbacks"] == {}
+
+
+def test_the_cli_names_the_line_field_and_value_of_a_malformed_trace(tmp_path, capsys):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 512, "output_length": 4, "hash_ids": [1]}\n'
+                    '{"timestamp": 5, "input_length": -3, "output_length": 4, "hash_ids": []}\n')
+    assert cli.main(["simulate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:2: input_length=-3: expected an integer >= 1" in err
+
+
+def test_plot_without_matplotlib_says_how_to_install_it(tmp_path, capsys, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ModuleNotFoundError
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 512, "output_length": 4, "hash_ids": [1]}\n')
+    assert cli.main(["simulate", str(path), "--plot", str(tmp_path / "x.png")]) == 2
+    assert "pip install matplotlib" in capsys.readouterr().err
