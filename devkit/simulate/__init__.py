@@ -110,9 +110,10 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
     # One thread: the replay is sequential, and torch's small index writes on two threads of a
     # shared machine cost 100x more than on one (measured: 11 ms vs 0.05 ms for 8192 slots).
     torch.set_num_threads(1)
+    parsed = trace.read(args.trace)  # a malformed line fails before SGLang is imported
     geo = fleet.resolve(args.env_file, args.model, args.kv_tokens, args.swa_prefix_tails, args.cone_tokens)
     share = args.share
-    requests = trace.load(args.trace, geo.page, share, args.seed)
+    requests = trace.prepare(parsed, geo.page, share, args.seed)
     if args.quick:
         requests = _first_sessions(requests, QUICK_REQUESTS)
     ideal = engine.ideal_prefixes(requests, geo.page)

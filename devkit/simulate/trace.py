@@ -256,7 +256,11 @@ def _sub(spans: list[Span], lo: int, hi: int) -> list[Span]:
 
 def load(path: str | Path, page: int, share: float = 1.0, seed: int = 0) -> list[Request]:
     """Read, link sessions, sample ``share`` of them, give every kept request its token spans."""
-    requests = read(path)
+    return prepare(read(path), page, share, seed)
+
+
+def prepare(requests: list[Request], page: int, share: float = 1.0, seed: int = 0) -> list[Request]:
+    """Link sessions, sample ``share`` of them, give every kept request its token spans."""
     link_sessions(requests)
     kept = sample_sessions(requests, share, seed)
     TokenBuilder(page).build(kept, {r.index: r for r in kept})
