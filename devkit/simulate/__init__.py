@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policies", default=",".join(_policies()), help="comma-separated subset of "
                         + ", ".join(_policies()))
     parser.add_argument("--sweep", action="store_true", help="also sweep --swa-prefix-tails "
-                        f"{SWEEP_TAILS} (thin) and N {SWEEP_N} (thin+cone)")
+                        f"{SWEEP_TAILS} (stock, thin) and N {SWEEP_N} (thin+cone)")
     parser.add_argument("--quick", action="store_true", help=f"the first whole sessions of the share, up to "
                         f"{QUICK_REQUESTS} requests (under a minute)")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
@@ -146,15 +146,16 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def sweep(args: argparse.Namespace, geo: Any, requests: list[Any], coef: Any) -> dict[str, Any]:
-    """Thin over --swa-prefix-tails, thin + cone over N: recomputed tokens each, and the smallest
-    setting within 1 % of the best."""
+    """Stock and thin over --swa-prefix-tails, thin + cone over N: recomputed tokens each, and per
+    policy the smallest setting within 1 % of its best."""
     import dataclasses
 
     from devkit.bench.swa_thin import swa_pool_for_tails
 
     result: dict[str, Any] = {}
+    rows: dict[str, Any] = {}
     print("\nsweep (recomputed prompt tokens, all turns)")
-    runs = [("thin", "swa_prefix_tails", t) for t in SWEEP_TAILS]
+    runs = [(policy, "swa_prefix_tails", t) for policy in ("stock", "thin") for t in SWEEP_TAILS]
     runs += [("thin+cone", "cone_tokens", n) for n in SWEEP_N if n >= geo.cone_bound and n % geo.page == 0]
     for policy, knob, value in runs:
         if knob == "swa_prefix_tails":
@@ -164,15 +165,18 @@ def sweep(args: argparse.Namespace, geo: Any, requests: list[Any], coef: Any) ->
         else:
             g = dataclasses.replace(geo, cone_tokens=value)
         _, row = run_policy(policy, g, requests, args.time_scale, coef=coef)
-        result.setdefault(knob, {})[str(value)] = row["recomputed_tokens"]
+        result.setdefault(f"{policy} {knob}", {})[str(value)] = row["recomputed_tokens"]
+        rows.setdefault(f"{policy} {knob}", {})[str(value)] = {
+            k: row[k] for k in ("recomputed_tokens", "recomputed_tokens_continuation", "resume_hit_rate",
+                                "whole_reprefills", "cone_plans", "cone_fallbacks", "prefill_s_modelled")}
         print(f"  {policy:<10} {knob}={value:<6} recomputed {row['recomputed_tokens']:>14,}  "
               f"resume hit {row['resume_hit_rate']}  cone plans {row['cone_plans']}")
+    picks = {}
     for knob, values in result.items():
         best = min(values.values())
-        pick = min((int(v) for v, r in values.items() if r <= best * 1.01), default=None)
-        result[f"{knob}_pick"] = pick
-        print(f"  smallest {knob} within 1 % of the best ({best:,}): {pick}")
-    return result
+        picks[knob] = pick = min((int(v) for v, r in values.items() if r <= best * 1.01), default=None)
+        print(f"  {knob}: smallest within 1 % of the best ({best:,} recomputed): {pick}")
+    return {"runs": rows, "smallest_within_1pct": picks}
 
 
 def _first_sessions(requests: list[Any], limit: int) -> list[Any]:
