@@ -128,7 +128,7 @@ class Replay:
                 at, r = waiting[0]
                 tokens = materialize(r.prompt)
                 probe = self._probe(r, tokens)
-                ct = cone.start_turn(kit, tokens, r.out_tokens, self.chunk, budget=budget, rid=f"t{r.index}")
+                ct = cone.start_turn(kit, tokens, r.output_length, self.chunk, budget=budget, rid=f"t{r.index}")
                 if ct is None:
                     if decoding or pending_done or rows:
                         break  # memory: wait for running requests to finish

@@ -10,11 +10,14 @@ it (the deepest such request, the latest of equal depth): its prompt is the pare
 parent's output and new tokens. A session is a first request and every request continuing it, so
 ``--share`` keeps or drops whole sessions.
 
-Token ids. Every length is rounded up to whole pages (the simulated cache inserts whole pages; the
-rounding is at most a page a request and is said in the output). A prompt is built from its parent's
-history (prompt + output) when it has one, else from its blocks: a block id seen before reuses that
-block's tokens, a new one gets fresh ids. Output tokens are ``OUTPUT_TOKEN`` (what the cache kit's
-decode writes), so a continuation's prompt starts with exactly what its parent left in the tree.
+Token ids. A prompt's length is rounded up to whole pages (the simulated cache allocates whole
+pages; at most a page a request, said in the output). A finished turn leaves in the tree what SGLang
+inserts: the KV it computed (prompt + output - 1 tokens; the last sampled token never ran), floored
+to a page, so at page 256 a short answer leaves only the prompt. A prompt is built from its parent's
+history (that much of prompt + output) when it has one, then from its blocks: a block id seen before
+reuses that block's tokens, a new one gets fresh ids (the rest of the parent's output is new to the
+tree either way). Output tokens are ``OUTPUT_TOKEN`` (what the cache kit's decode writes), so a
+continuation's prompt starts with exactly what its parent left in the tree.
 Token sequences are kept as spans (``start, length, step``: fresh ids run up by 1, output runs have
 step 0) and materialized only when a request is admitted: a 61M-token trace costs megabytes.
 """
@@ -58,7 +61,7 @@ class Request:
     session: int = 0  # index of the session's first request
     children: list[int] = field(default_factory=list)
     prompt: list[Span] = field(default_factory=list)  # page-rounded prompt token ids
-    out_tokens: int = 0  # page-rounded output tokens the cache keeps
+    out_tokens: int = 0  # output tokens the finished turn leaves in the tree (whole pages of prompt + output - 1)
 
     @property
     def prompt_len(self) -> int:
@@ -234,7 +237,9 @@ class TokenBuilder:
                     _append(spans, self._fresh(hi - have))
             _append(spans, self._fresh(length - spans_len(spans)))  # a page larger than the blocks
             r.prompt = spans
-            r.out_tokens = self.round_up(r.output_length)
+            # What the finished turn leaves in the tree: SGLang inserts the KV the request computed,
+            # prompt + output - 1 tokens (the last sampled token never ran), page-floored.
+            r.out_tokens = max(0, (length + r.output_length - 1) // self.page * self.page - length)
             for i, h in enumerate(r.hash_ids[: r.input_length // BLOCK]):  # full blocks only
                 if h not in self.blocks:
                     self.blocks[h] = _sub(spans, i * BLOCK, (i + 1) * BLOCK)

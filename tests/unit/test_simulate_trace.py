@@ -54,7 +54,8 @@ def test_a_continuation_is_its_parents_prompt_then_its_output_then_new_tokens(tm
     ])
     a, b, c = trace.load(path, page=16)
     assert (b.parent, b.session, c.parent, c.session) == (a.index, a.session, None, c.index)
-    assert a.prompt_len == 1136 and a.out_tokens == 48  # page-rounded: 1124 -> 1136, 40 -> 48
+    # the prompt page-rounded (1124 -> 1136); the tree keeps whole pages of prompt + output - 1 (1175 -> 1168)
+    assert a.prompt_len == 1136 and a.out_tokens == 32 and a.history_len == 1168
     ta, tb, tc = (trace.materialize(r.prompt) for r in (a, b, c))
     history = list(ta) + [OUTPUT_TOKEN] * a.out_tokens
     assert list(tb[: len(history)]) == history and len(tb) == 2048

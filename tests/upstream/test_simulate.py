@@ -38,15 +38,16 @@ def _replay(policy, requests, swa_pool=768):
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_a_continuation_right_after_its_parent_matches_its_whole_history(tmp_path, policy):
-    """A (1,024 tokens, 16 out) then B = A's prompt + A's output + 512 new tokens: B's match is
-    A's whole history (1,040 tokens, page-aligned) under every policy; the leak check is clean."""
-    requests = _trace(tmp_path, [(0, 1024, 16, [1, 2]), (1, 1536, 16, [1, 2, 3])])
+    """A (1,024 tokens, 33 out: its KV covers 1,056 = prompt + output - 1, two pages of output) then
+    B = A's prompt + A's output + new tokens: B's match is A's whole history under every policy; the
+    leak check is clean."""
+    requests = _trace(tmp_path, [(0, 1024, 33, [1, 2]), (1, 1536, 16, [1, 2, 3])])
     turns, row = _replay(policy, requests)
     a, b = turns
-    assert b.continuation and b.history == 1040 and b.resume_at == 1040
-    assert b.stock_prefix == b.prefix == 1040 and b.recomputed == 1536 - 1040 and not b.cone
+    assert b.continuation and b.history == 1056 and b.resume_at == 1056
+    assert b.stock_prefix == b.prefix == 1056 and b.recomputed == 1536 - 1056 and not b.cone
     assert row["resume_hit_rate"] == 1.0 and row["whole_reprefills"] == 0
-    assert a.recomputed == 1024 and row["recomputed_tokens"] == 1024 + 496
+    assert a.recomputed == 1024 and row["recomputed_tokens"] == 1024 + 480
 
 
 def _idle_then_chunked_traffic():
@@ -58,10 +59,10 @@ def test_an_idle_sessions_window_evicted_by_other_traffic_is_lost_under_stock_an
     requests = _trace(tmp_path, _idle_then_chunked_traffic())
     stock, _ = _replay("stock", requests)
     thin, _ = _replay("thin", requests)
-    assert stock[2].history == thin[2].history == 528
-    assert stock[2].stock_prefix < stock[2].resume_at == 528  # stock: the resume point is gone
-    assert stock[2].history_recomputed >= 528 // 2
-    assert thin[2].stock_prefix == thin[2].prefix == 528  # thin: kept, the chunks it moved past went first
+    assert stock[2].history == thin[2].history == 512  # a 16-token answer leaves no whole page
+    assert stock[2].stock_prefix < stock[2].resume_at == 512  # stock: the resume point is gone
+    assert stock[2].history_recomputed >= 512 // 2
+    assert thin[2].stock_prefix == thin[2].prefix == 512  # thin: kept, the chunks it moved past went first
     assert thin[2].history_recomputed == 0
 
 
@@ -74,7 +75,7 @@ def test_a_lost_window_whose_full_kv_stays_costs_n_plus_a_page_under_the_cone(tm
     results = {p: _replay(p, requests) for p in POLICIES}
     for policy in ("stock", "thin"):
         last = results[policy][0][-1]
-        assert last.stock_prefix < last.resume_at == 528 and last.history_recomputed >= 528 // 2, policy
+        assert last.stock_prefix < last.resume_at == 512 and last.history_recomputed >= 512 // 2, policy
     turns, row = results["thin+cone"]
     last = turns[-1]
     assert last.cone and last.stock_prefix < last.resume_at
