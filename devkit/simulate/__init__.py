@@ -42,8 +42,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--time-scale", type=float, default=1.0, help="multiply the trace's timestamps")
     parser.add_argument("--policies", default=",".join(_policies()), help="comma-separated subset of "
                         + ", ".join(_policies()))
-    parser.add_argument("--sweep", action="store_true", help="also sweep --swa-prefix-tails "
-                        f"{SWEEP_TAILS} (stock, thin) and N {SWEEP_N} (thin+cone)")
+    parser.add_argument("--sweep", action="store_true", help="also sweep --swa-prefix-tails (stock, thin) and N "
+                        "(thin+cone)")
+    parser.add_argument("--sweep-tails", type=_counts, default=SWEEP_TAILS,
+                        help=f"the --swa-prefix-tails values of --sweep (default {','.join(map(str, SWEEP_TAILS))})")
+    parser.add_argument("--sweep-n", type=_counts, default=SWEEP_N,
+                        help=f"the N values of --sweep (default {','.join(map(str, SWEEP_N))}; below the bound: skipped)")
     parser.add_argument("--quick", action="store_true", help=f"the first whole sessions of the share, up to "
                         f"{QUICK_REQUESTS} requests (under a minute)")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
@@ -54,6 +58,16 @@ def _policies() -> tuple[str, ...]:
     from devkit.simulate.fleet import POLICIES
 
     return POLICIES
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated whole numbers, e.g. 128,256,384")
+    return values
 
 
 def _fraction(text: str) -> float:
@@ -155,8 +169,8 @@ def sweep(args: argparse.Namespace, geo: Any, requests: list[Any], coef: Any) ->
     result: dict[str, Any] = {}
     rows: dict[str, Any] = {}
     print("\nsweep (recomputed prompt tokens, all turns)")
-    runs = [(policy, "swa_prefix_tails", t) for policy in ("stock", "thin") for t in SWEEP_TAILS]
-    runs += [("thin+cone", "cone_tokens", n) for n in SWEEP_N if n >= geo.cone_bound and n % geo.page == 0]
+    runs = [(policy, "swa_prefix_tails", t) for policy in ("stock", "thin") for t in args.sweep_tails]
+    runs += [("thin+cone", "cone_tokens", n) for n in args.sweep_n if n >= geo.cone_bound and n % geo.page == 0]
     for policy, knob, value in runs:
         if knob == "swa_prefix_tails":
             pool = swa_pool_for_tails(value, max_running=geo.max_running, page=geo.page, window=geo.window,

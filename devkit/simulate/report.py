@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import textwrap
 import time
 from typing import Any
 
@@ -141,7 +142,7 @@ def plot(path: str, turns: dict[str, list[Turn]], title: str) -> None:
         centers = [(i + 0.5) * end / 20 / 10**15 for i in range(20)]
         ax2.plot([c for c, b in zip(centers, bins) if b[1]], [b[0] / b[1] for b in bins if b[1]], marker="o",
                  label=policy)
-    ax1.set_xscale("symlog", linthresh=256)
+    ax1.set_xscale("log")  # every turn recomputes at least its new tokens (a page or more)
     ax1.set_xlabel("prompt tokens recomputed per continuation turn")
     ax1.set_ylabel("fraction of continuation turns")
     ax1.legend()
@@ -149,7 +150,7 @@ def plot(path: str, turns: dict[str, list[Turn]], title: str) -> None:
     ax2.set_ylabel("resume-point hit rate")
     ax2.set_ylim(0, 1.05)
     ax2.legend()
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle("\n".join(textwrap.wrap(title, 150)), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
