@@ -123,3 +123,27 @@ def test_the_cli_replays_a_trace_at_the_profiles_geometry_and_ends_with_one_json
         row = result["policies"][policy]
         assert row["leak"] == 0 and row["continuation_turns"] == 1 and row["resume_hit_rate"] == 1.0, policy
         assert row["recomputed_tokens_continuation"] == 26112 - history, policy
+
+
+def test_the_sweep_picks_the_smallest_setting_within_one_percent_of_the_best(tmp_path, capsys):
+    """The lost-window workload swept: both N values act (16 is below the bound, skipped) and the
+    smaller recomputes N tokens fewer, so it is the pick; every pick is the smallest setting whose
+    recomputed tokens are within 1 % of that policy's best."""
+    from types import SimpleNamespace
+
+    rows = [(0, 512, 16, [1])] + [(5_000 + i, 64, 16, [1000 + i]) for i in range(24)] + [(100_000, 1024, 16, [1, 2])]
+    requests = _trace(tmp_path, rows)
+    args = SimpleNamespace(time_scale=1.0, sweep_tails=(1, 64), sweep_n=(16, 32, 64))
+    out = simulate.sweep(args, _fleet(), requests, None)
+    runs = out["runs"]
+    assert set(runs) == {"stock swa_prefix_tails", "thin swa_prefix_tails", "thin+cone cone_tokens"}
+    assert set(runs["thin+cone cone_tokens"]) == {"32", "64"}  # 16 is below the bound (32): skipped
+    cone = runs["thin+cone cone_tokens"]
+    assert cone["32"]["cone_plans"] == cone["64"]["cone_plans"] == 1
+    assert cone["32"]["recomputed_tokens"] == cone["64"]["recomputed_tokens"] - 32
+    for knob, values in runs.items():
+        best = min(r["recomputed_tokens"] for r in values.values())
+        assert out["smallest_within_1pct"][knob] == min(int(v) for v, r in values.items()
+                                                        if r["recomputed_tokens"] <= best * 1.01), knob
+    assert out["smallest_within_1pct"]["thin+cone cone_tokens"] == 32
+    assert "smallest within 1 % of the best" in capsys.readouterr().out
