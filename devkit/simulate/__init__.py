@@ -5,8 +5,9 @@ and pools at the fleet's geometry (:mod:`.fleet`), requests overlapping on a mod
 (:mod:`.engine`), once per policy (stock, SWA thin, SWA thin + cone replay), and prints per policy:
 prompt tokens recomputed (all turns, continuation turns), continuation turns that re-prefilled
 their history, the resume-point hit rate, cone plans and fallbacks, the infinite-cache ideal, and
-the modelled prefill time (:mod:`.report`). ``--sweep`` reruns thin over ``--swa-prefix-tails`` and
-thin + cone over N and prints the smallest setting within 1 % of the best.
+the modelled prefill time (:mod:`.report`). ``--sweep`` reruns stock and thin over
+``--swa-prefix-tails`` and thin + cone over N and prints, per policy, the smallest setting within
+1 % of its best.
 
 Never imported by a serving process (devkit; an import contract in pyproject.toml).
 """
@@ -90,20 +91,20 @@ def run_policy(policy: str, fleet: Any, requests: list[Any], time_scale: float =
     from devkit.simulate.fleet import build_kit, uninstall
 
     max_ctx = max(r.history_len for r in requests) + fleet.page
-    kit = build_kit(policy, fleet, max_ctx)
     bar = report.Progress(policy, len(requests)) if progress else None
     try:
+        kit = build_kit(policy, fleet, max_ctx)
         replay = engine.Replay(kit, requests, chunk=fleet.chunk, max_running=fleet.max_running,
                                coef=coef or cost_model.DEFAULTS, time_scale=time_scale, progress=bar)
         turns, wall = engine.timed(replay.run)
+        leak = kit.leak_check()
+        kit.cache.sanity_check()
+        row = report.summarize(turns, wall, dict(cone_replay.FALLBACKS) if policy == "thin+cone" else None)
+        row["leak"] = leak["full"] + leak["swa"]
     finally:
         if bar is not None:
             bar.close()
-    leak = kit.leak_check()
-    kit.cache.sanity_check()
-    row = report.summarize(turns, wall, dict(cone_replay.FALLBACKS) if policy == "thin+cone" else None)
-    row["leak"] = leak["full"] + leak["swa"]
-    uninstall()
+        uninstall()  # the next policy starts from no switch installed
     del kit, replay
     gc.collect()
     return turns, row
@@ -136,7 +137,8 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
           f"{sum(r.parent is not None for r in requests)} continuation turns), share {share:g} (seed {args.seed})"
           f"{', --quick sample' if args.quick else ''}, time scale {args.time_scale:g}")
     print(f"geometry: {geo.describe()}")
-    print("lengths rounded up to whole pages; prefill / TTFT modelled with the decode-yield cost model "
+    print("prompts rounded up to whole pages, a finished turn keeps whole pages of prompt + output - 1; "
+          "prefill / TTFT modelled with the decode-yield cost model "
           f"({_describe(coef)}); prefill first, no decode yield, no mixed chunk; HiCache host tier not simulated")
     rows: dict[str, dict[str, Any]] = {}
     all_turns: dict[str, list[Any]] = {}
