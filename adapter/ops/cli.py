@@ -6,6 +6,7 @@
 * ``pins``: the pinned upstream functions and the hashes installed here.
 * ``docs [--check]``: render ``docs/adapters.md`` from the registry.
 * ``bench NAME [--quick]``: a named benchmark; last line is one JSON object.
+* ``simulate TRACE``: replay a Mooncake-format trace on the real cache, policies side by side (devkit).
 """
 
 from __future__ import annotations
@@ -24,6 +25,21 @@ def _devkit_missing(args: argparse.Namespace) -> int:
     print(f"{args.command}: devkit is not installed here (the serving image carries only the overlay); "
           "run it from a checkout", file=sys.stderr)
     return 2
+
+
+def _add_devkit_command(parser: argparse.ArgumentParser, module_name: str) -> None:
+    """A devkit command: its arguments and entry point, or a one-line refusal where the serving
+    image carries no devkit. The modules are light: the engine kit and SGLang load only when the
+    command runs."""
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name != "devkit":
+            raise
+        parser.set_defaults(run=_devkit_missing)
+        return
+    module.add_arguments(parser)
+    parser.set_defaults(run=module.main)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -74,26 +90,12 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     p = sub.add_parser("fit-cost-model", help="fit the decode-yield cost model from forward-pass-metrics output")
     fit_cost_model.add_arguments(p)
     p.set_defaults(run=fit_cost_model.run)
-    try:
-        from devkit import gate  # light: the engine kit and SGLang load only when the gate runs
-    except ModuleNotFoundError as exc:  # the serving image carries no devkit
-        if exc.name != "devkit":
-            raise
-        gate = None
-    p = sub.add_parser("gate", help="release gate: stock / profile / stock boots of the real engine on CPU")
-    if gate is not None:
-        gate.add_arguments(p)
-        p.set_defaults(run=gate.main)
-    else:
-        p.set_defaults(run=_devkit_missing)
-    p = sub.add_parser("soak", help="soak: seeded agent traffic on the real engine (CPU), stock vs the gate profile")
-    if gate is not None:
-        from devkit import soak  # light like the gate: the engine loads only when the soak runs
-
-        soak.add_arguments(p)
-        p.set_defaults(run=soak.main)
-    else:
-        p.set_defaults(run=_devkit_missing)
+    for name, module, text in (
+        ("gate", "devkit.gate", "release gate: stock / profile / stock boots of the real engine on CPU"),
+        ("soak", "devkit.soak", "soak: seeded agent traffic on the real engine (CPU), stock vs the gate profile"),
+        ("simulate", "devkit.simulate", "replay a Mooncake-format trace on the real cache, policies side by side"),
+    ):
+        _add_devkit_command(sub.add_parser(name, help=text), module)
     args = parser.parse_args(argv)
     try:
         return args.run(args)

@@ -39,27 +39,30 @@ DEFAULT_TAILS = 256
 
 
 # -- pool sizing ---------------------------------------------------------------------------------
-def _server_args() -> None:
+def _server_args(page: int = PAGE, chunk: int = CHUNK, max_running: int = MAX_RUNNING) -> None:
     from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
     set_global_server_args_for_scheduler(ServerArgs(
-        model_path="dummy", page_size=PAGE, chunked_prefill_size=CHUNK, max_running_requests=MAX_RUNNING))
-    rc._SERVER_ARGS_PAGE[:] = [PAGE]
+        model_path="dummy", page_size=page, chunked_prefill_size=chunk, max_running_requests=max_running))
+    rc._SERVER_ARGS_PAGE[:] = [page]
 
 
-def swa_pool_for_tails(tails: int) -> dict[str, int]:
-    """The cap-mode SWA pool of the real configurator formula, and what the simulation gets."""
+def swa_pool_for_tails(tails: int, max_running: int = MAX_RUNNING, page: int = PAGE, window: int = WINDOW,
+                       chunk: int = CHUNK) -> dict[str, int]:
+    """The cap-mode SWA pool of the real configurator formula, and what the simulation gets (sets
+    the process-global ServerArgs the formula reads: page, chunk, max running requests)."""
     from sglang.srt.model_executor.pool_configurator import DSV4PoolConfigurator, compute_swa_request_cap
 
+    _server_args(page, chunk, max_running)
     configurator = SimpleNamespace(  # the attributes _resolve_swa_cap_tokens reads
-        operator_swa_ratio=None, _unified=False, requested_max_running_requests_per_worker=MAX_RUNNING,
-        sliding_window_size=WINDOW, disaggregation_mode="null", page_size=PAGE, attn_dp_size=1,
+        operator_swa_ratio=None, _unified=False, requested_max_running_requests_per_worker=max_running,
+        sliding_window_size=window, disaggregation_mode="null", page_size=page, attn_dp_size=1,
         swa_prefix_tails=tails)
     pool = DSV4PoolConfigurator._resolve_swa_cap_tokens(configurator)
-    cap_all = compute_swa_request_cap(page_size=PAGE, window=WINDOW, attn_dp_size=1, max_running_requests=MAX_RUNNING)
-    cap_one = compute_swa_request_cap(page_size=PAGE, window=WINDOW, attn_dp_size=1, max_running_requests=1)
-    return {"tails": tails, "swa_pool": pool, "request_cap": cap_all, "headroom": tails * (WINDOW + PAGE),
-            "simulated_pool": (pool - cap_all + cap_one) // PAGE * PAGE}
+    cap_all = compute_swa_request_cap(page_size=page, window=window, attn_dp_size=1, max_running_requests=max_running)
+    cap_one = compute_swa_request_cap(page_size=page, window=window, attn_dp_size=1, max_running_requests=1)
+    return {"tails": tails, "swa_pool": pool, "request_cap": cap_all, "headroom": tails * (window + page),
+            "simulated_pool": (pool - cap_all + cap_one) // page * page}
 
 
 # -- part 1: survival ----------------------------------------------------------------------------

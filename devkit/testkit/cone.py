@@ -12,6 +12,10 @@ API::
         # _select_prefill_admission applies the switch's rule; _commit_prefill_admission locks)
         # -> prefix row -> per chunk: alloc + row write [+ copy on the cone pass]
         # [+ forward(req, start, end, rows)] + checkpoint -> decode + release. Returns a ConeTurn.
+    # the same in steps, for a simulation that interleaves requests (devkit.simulate):
+    turn = start_turn(kit, tokens, out_len, chunk, budget=B)  # match, admission, first pass; None: not admitted
+    prefill_pass(kit, turn, end)                  # the next pass [turn.pos, end) + its checkpoint
+    end_turn(kit, turn, out_len, history=False)   # decode + release
 
 What is real and what is the kit's: the match, the admission (``PrefillAdder.add_one_req`` through
 the switch's wrapped ``_select_prefill_admission``) and the checkpoints are SGLang's own; the row
@@ -43,6 +47,9 @@ class ConeTurn:
     recomputed: int  # prompt tokens prefilled
     checks: dict[str, Any] = field(default_factory=dict)
     history: list[int] = field(default_factory=list)
+    req: Any = None  # the running Req (None once the turn has ended)
+    pos: int = 0  # prompt tokens in the cache so far (the next pass starts here)
+    passes: int = 0  # prefill passes run
 
 
 def install(tokens: int, **keys: str) -> Any:
@@ -119,10 +126,24 @@ def cone_turn(kit: CacheKit, tokens: list[int], out_len: int, chunk: int | None 
               forward: Callable[[Any, int, int, dict[str, Any] | None], None] | None = None,
               rid: str | None = None) -> ConeTurn:
     """One turn in the scheduler's order with the switch's plan, admission rule (through a real
-    ``PrefillAdder``) and copy."""
-    import torch
+    ``PrefillAdder``) and copy: :func:`start_turn`, :func:`prefill_pass` until the prompt is in,
+    :func:`end_turn`."""
+    turn = start_turn(kit, tokens, out_len, chunk, forward=forward, rid=rid)
+    assert turn is not None, "cone_turn: the PrefillAdder did not admit the request (budget)"
+    chunk = chunk or kit.geometry.chunk
+    while turn.pos < len(tokens):
+        prefill_pass(kit, turn, min(len(tokens), turn.pos + chunk), forward)
+    end_turn(kit, turn, out_len, forward)
+    return turn
+
+
+def start_turn(kit: CacheKit, tokens: Any, out_len: int, chunk: int | None = None,
+               forward: Callable[[Any, int, int, dict[str, Any] | None], None] | None = None,
+               rid: str | None = None, budget: int | None = None) -> ConeTurn | None:
+    """Match (the switch's plan), admission by a real ``PrefillAdder`` with ``budget`` chunk tokens
+    left (default ``chunk``) and the first prefill pass (with the cone's copy). None when the adder
+    does not admit the request (memory or budget): its row is freed, nothing is locked."""
     from sglang.srt.managers.schedule_batch import Req
-    from sglang.srt.mem_cache.common import checkpoint_kv_cache
     from sglang.srt.sampling.sampling_params import SamplingParams
 
     chunk = chunk or kit.geometry.chunk
@@ -132,12 +153,13 @@ def cone_turn(kit: CacheKit, tokens: list[int], out_len: int, chunk: int | None 
     req.init_next_round_input(kit.cache)  # match_kv_cache -> the switch's plan
     plan = getattr(req, cone_replay.REQ_ATTR, None)
     stock_prefix = plan.P if plan is not None else req.prefix_len
-    L = len(tokens)
     # A real PrefillAdder selects the first pass [prefix, prefix + chunk): the switch's wrapper
     # keeps or drops the cone; _commit_prefill_admission locks req.last_node (F's node on a cone).
-    adder = _prefill_adder(kit, chunk)
+    adder = _prefill_adder(kit, chunk if budget is None else budget)
     adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
-    assert adder.can_run_list == [req], f"cone_turn: the PrefillAdder did not admit {req.rid} (budget)"
+    if adder.can_run_list != [req]:
+        kit.pool.free(req)
+        return None
     if kit.cache.cache_controller is not None:  # HiCache: the batch starts the queued load-back
         kit.cache.ready_to_load_host_cache()
         kit.sync_hicache()
@@ -145,46 +167,67 @@ def cone_turn(kit: CacheKit, tokens: list[int], out_len: int, chunk: int | None 
         kit.load_backs += bool(req.host_loaded_length)
     if plan is not None and getattr(req, cone_replay.REQ_ATTR, None) is not plan:
         plan = None  # the admission rule restored the stock match
-    turn = ConeTurn(req.rid, stock_prefix, req.prefix_len, req.swa_branching_seqlen, plan, L - req.prefix_len)
-    row = req.kv.req_pool_idx
+    turn = ConeTurn(req.rid, stock_prefix, req.prefix_len, req.swa_branching_seqlen, plan,
+                    len(tokens) - req.prefix_len, req=req, pos=req.prefix_len)
     if req.prefix_len:
-        kit.pool.write((row, slice(0, req.prefix_len)), kit.cache.prefix_device_indices(req))
+        kit.pool.write((req.kv.req_pool_idx, slice(0, req.prefix_len)), kit.cache.prefix_device_indices(req))
     if plan is not None:
         turn.checks["anchor_locked"] = _full_lock_ref(kit, plan.anchor)
-    pos, first = req.prefix_len, True
-    while pos < L:
-        end = req.extend_end if first else min(L, pos + chunk)  # the first pass: what the adder admitted
-        kit.pool.write((row, slice(pos, end)), kit.alloc_pages(end - pos))
-        rows = None
-        if first and plan is not None:  # ScheduleBatch.prepare_for_extend: the copy
-            pages, nbytes = cone_replay.copy_replay_rows(kit.cache, kit.pool.req_to_token, row, plan)
-            turn.checks.update(pages=pages, bytes=nbytes)
-            rows = cone_replay.forward_rows(plan.s, plan.F)
-        if forward is not None:
-            forward(req, pos, end, rows)
-        req.extend_end = end
-        req.kv.kv_committed_len = req.kv.kv_allocated_len = end
-        checkpoint_kv_cache(req, kit.cache)
-        if first and plan is not None:
-            tree = kit.cache.path_device_indices(plan.anchor)[plan.s : plan.F]
-            turn.checks.update(
-                cache_protected_len=req.kv.cache_protected_len,
-                swa_branching_seqlen=req.swa_branching_seqlen,
-                row_is_tree_pages=bool(torch.equal(kit.pool.req_to_token[row, plan.s : plan.F].to(torch.int64),
-                                                   tree.to(torch.int64))),
-                leak_after_first_checkpoint=_held_leak(kit, req),
-                window_holes=kit.resume_state(list(tokens[: plan.F]))["swa_window_holes"],
-            )
-        pos, first = end, False
-    total = L
+    prefill_pass(kit, turn, req.extend_end, forward)  # the first pass: what the adder admitted
+    return turn
+
+
+def prefill_pass(kit: CacheKit, turn: ConeTurn, end: int,
+                 forward: Callable[[Any, int, int, dict[str, Any] | None], None] | None = None) -> None:
+    """One prefill pass ``[turn.pos, end)``: alloc + row write [+ the cone's copy on the first
+    pass] [+ forward(req, start, end, rows)] + checkpoint."""
+    import torch
+    from sglang.srt.mem_cache.common import checkpoint_kv_cache
+
+    req, plan, pos = turn.req, turn.plan, turn.pos
+    first = turn.passes == 0
+    row = req.kv.req_pool_idx
+    kit.pool.write((row, slice(pos, end)), kit.alloc_pages(end - pos))
+    rows = None
+    if first and plan is not None:  # ScheduleBatch.prepare_for_extend: the copy
+        pages, nbytes = cone_replay.copy_replay_rows(kit.cache, kit.pool.req_to_token, row, plan)
+        turn.checks.update(pages=pages, bytes=nbytes)
+        rows = cone_replay.forward_rows(plan.s, plan.F)
+    if forward is not None:
+        forward(req, pos, end, rows)
+    req.extend_end = end
+    req.kv.kv_committed_len = req.kv.kv_allocated_len = end
+    checkpoint_kv_cache(req, kit.cache)
+    if first and plan is not None:
+        tree = kit.cache.path_device_indices(plan.anchor)[plan.s : plan.F]
+        turn.checks.update(
+            cache_protected_len=req.kv.cache_protected_len,
+            swa_branching_seqlen=req.swa_branching_seqlen,
+            row_is_tree_pages=bool(torch.equal(kit.pool.req_to_token[row, plan.s : plan.F].to(torch.int64),
+                                               tree.to(torch.int64))),
+            leak_after_first_checkpoint=_held_leak(kit, req),
+            window_holes=kit.resume_state(list(req.origin_input_ids[: plan.F]))["swa_window_holes"],
+        )
+    turn.pos, turn.passes = end, turn.passes + 1
+
+
+def end_turn(kit: CacheKit, turn: ConeTurn, out_len: int,
+             forward: Callable[[Any, int, int, dict[str, Any] | None], None] | None = None,
+             history: bool = True) -> None:
+    """Decode ``out_len`` tokens and release the finished request; ``history``: keep prompt +
+    output on ``turn.history`` (the next turn starts with it)."""
+    req = turn.req
+    total = len(req.origin_input_ids)
     if out_len:
-        kit.pool.write((row, slice(total, total + out_len)), kit.alloc_pages(out_len))
+        kit.pool.write((req.kv.req_pool_idx, slice(total, total + out_len)), kit.alloc_pages(out_len))
         if forward is not None:
             forward(req, total, total + out_len, None)
         req.output_ids = array("q", [OUTPUT_TOKEN] * out_len)
         req.kv.kv_committed_len = req.kv.kv_allocated_len = total + out_len
-    turn.history = _finish(kit, req)
-    return turn
+    _finish(kit, req)
+    if history:
+        turn.history = list(req.origin_input_ids) + list(req.output_ids)
+    turn.req = None
 
 
 def _prefill_adder(kit: CacheKit, chunk: int) -> Any:
@@ -195,13 +238,12 @@ def _prefill_adder(kit: CacheKit, chunk: int) -> Any:
                         rem_input_tokens=1 << 30, rem_chunk_tokens=chunk)
 
 
-def _finish(kit: CacheKit, req: Any) -> list[int]:
+def _finish(kit: CacheKit, req: Any) -> None:
     from sglang.srt.managers.schedule_batch import FINISH_LENGTH
     from sglang.srt.mem_cache.common import release_kv_cache
 
     req.finished_reason = FINISH_LENGTH(length=len(req.output_ids))
     release_kv_cache(req, kit.cache, checkpoint=True)
-    return list(req.origin_input_ids) + list(req.output_ids)
 
 
 def _full_lock_ref(kit: CacheKit, anchor: Any) -> int | None:

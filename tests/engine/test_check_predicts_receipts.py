@@ -27,6 +27,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 PROFILE = ROOT / ".env.tp4.example"
+DATACENTER = ROOT / ".env.h200-hicache.example"  # HiCache's host tier on its launch line
 
 
 def check_json(env_file: Path, model: Path) -> dict:
@@ -68,13 +69,13 @@ def test_check_predicts_the_receipts_a_dsv4_boot_of_the_production_profile_logs(
     assert booted["cone_replay"] == "installed" or booted["cone_replay"].startswith("refused: ")
 
 
-def _strict_boot_passes_receipts(tmp_path, model, start) -> list[str]:
+def _strict_boot_passes_receipts(tmp_path, model, start, profile_file: Path = PROFILE) -> list[str]:
     """Boot ``start(profile, log)`` with ``DSV41_STRICT=1`` on the profile's switches that install on
     this machine (the GPU-only ones are what ``check`` predicts refused without a CUDA device); the
     boot comes up, serves one request, and ``python -m adapter receipts --ranks 1`` passes on its
     log. Returns the cone's installed lines."""
-    predicted = check_json(PROFILE, model)["receipts"]
-    profile = env.dsv41_items(env.read_env_file(str(PROFILE)))
+    predicted = check_json(profile_file, model)["receipts"]
+    profile = env.dsv41_items(env.read_env_file(str(profile_file)))
     installable = {name for name, decision in predicted.items() if decision == "installed"}
     assert {"decode_yield", "swa_thin", "cone_replay"} <= installable, predicted
     from adapter.core import registry
@@ -114,3 +115,19 @@ def test_a_strict_v41_boot_beside_decoder_bounded_replay_passes_receipts(tmp_pat
     lines = _strict_boot_passes_receipts(tmp_path, model, lambda profile, log: v41.server(
         model, log, profile, ready_timeout_s=400, max_total_tokens=2048, max_running=3, chunk=256, swa_ratio=1.0))
     assert lines and "N=8192 bound=768 " in lines[0] and "decoder_tail_from=2" in lines[0], lines
+
+
+def test_a_strict_dsv4_boot_of_the_datacenter_profile_with_its_hicache_passes_receipts(tmp_path):
+    """``.env.h200-hicache.example``: the DSV4 kit boots with the profile's HiCache arguments
+    (host tier, write-through) and its switches under ``DSV41_STRICT=1``; every switch installs."""
+    import shlex
+
+    words = shlex.split(env.read_env_file(str(DATACENTER))["LAUNCH_ARGS"])
+    hicache = [w for i, w in enumerate(words) if w.startswith("--hicache") or w == "--enable-hierarchical-cache"
+               or (i and words[i - 1].startswith("--hicache"))]
+    assert hicache[0] == "--enable-hierarchical-cache" and "--hicache-ratio" in hicache
+    model = launch.write_dummy_model(tmp_path / "dsv4")
+    lines = _strict_boot_passes_receipts(tmp_path, model, lambda profile, log: launch.server(
+        model, log, profile, ready_timeout_s=400, load_format="dummy", max_total_tokens=2048, max_running=3,
+        chunk=256, swa_ratio=1.0, extra=hicache), DATACENTER)
+    assert lines and "N=8192" in lines[0], lines

@@ -1,0 +1,255 @@
+"""``python -m adapter simulate TRACE``: what the switches would do on a fleet's own traffic.
+
+Replays a Mooncake-format trace (:mod:`.trace`) on SGLang's real ``UnifiedRadixCache``, allocators
+and pools at the fleet's geometry (:mod:`.fleet`), requests overlapping on a modelled clock
+(:mod:`.engine`), once per policy (stock, SWA thin, SWA thin + cone replay), and prints per policy:
+prompt tokens recomputed (all turns, continuation turns), continuation turns that re-prefilled
+their history, the resume-point hit rate, cone plans and fallbacks, the infinite-cache ideal, and
+the modelled prefill time (:mod:`.report`). ``--sweep`` reruns stock and thin over
+``--swa-prefix-tails`` and thin + cone over N and prints, per policy, the smallest setting within
+1 % of its best.
+
+Never imported by a serving process (devkit; an import contract in pyproject.toml).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import time
+from typing import Any
+
+QUICK_REQUESTS = 200  # --quick: whole sessions in order of their first request, up to this many requests
+SWEEP_TAILS = (128, 256, 384, 512)
+SWEEP_N = (2048, 4096, 8192)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("trace", help="a Mooncake-format trace (JSON lines: timestamp, input_length, output_length, "
+                                      "hash_ids)")
+    parser.add_argument("--env-file", help="the profile whose launch line and keys give the geometry "
+                                           "(default: the repo's .env.tp4.example)")
+    parser.add_argument("--model", help="model folder (config.json) for window, layers and the cone's bound "
+                                        "(default: DeepSeek-V4.1 as the production profile serves it)")
+    parser.add_argument("--kv-tokens", type=int, help="Full KV pool tokens (default: the launch line's "
+                                                      "--max-total-tokens, else 4M, an assumption)")
+    parser.add_argument("--swa-prefix-tails", type=int, help="override the launch line's --swa-prefix-tails")
+    parser.add_argument("--cone-tokens", type=int, help="override the profile's DSV41_SWA_CONE_TOKENS (N)")
+    parser.add_argument("--share", type=_fraction, default=1.0, help="replay a seeded fraction of the sessions "
+                        "(one instance's share of a cluster's trace), e.g. 0.25 or 1/16")
+    parser.add_argument("--seed", type=int, default=0, help="the --share sample's seed")
+    parser.add_argument("--time-scale", type=float, default=1.0, help="multiply the trace's timestamps")
+    parser.add_argument("--policies", default=",".join(_policies()), help="comma-separated subset of "
+                        + ", ".join(_policies()))
+    parser.add_argument("--sweep", action="store_true", help="also sweep --swa-prefix-tails (stock, thin) and N "
+                        "(thin+cone)")
+    parser.add_argument("--sweep-tails", type=_counts, default=SWEEP_TAILS,
+                        help=f"the --swa-prefix-tails values of --sweep (default {','.join(map(str, SWEEP_TAILS))})")
+    parser.add_argument("--sweep-n", type=_counts, default=SWEEP_N,
+                        help=f"the N values of --sweep (default {','.join(map(str, SWEEP_N))}; below the bound: skipped)")
+    parser.add_argument("--quick", action="store_true", help=f"the first whole sessions of the share, up to "
+                        f"{QUICK_REQUESTS} requests (under a minute)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    parser.add_argument("--plot", help="write a PNG (needs matplotlib: pip install matplotlib)")
+
+
+def _policies() -> tuple[str, ...]:
+    from devkit.simulate.fleet import POLICIES
+
+    return POLICIES
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        values = ()
+    if not values or any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated whole numbers, e.g. 128,256,384")
+    return values
+
+
+def _fraction(text: str) -> float:
+    try:
+        num, _, den = text.partition("/")
+        value = float(num) / float(den) if den else float(num)
+    except (ValueError, ZeroDivisionError):
+        raise argparse.ArgumentTypeError(f"--share={text!r}: expected a fraction in (0, 1], e.g. 0.25 or 1/16") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"--share={text!r}: expected a fraction in (0, 1]")
+    return value
+
+
+def run_policy(policy: str, fleet: Any, requests: list[Any], time_scale: float = 1.0,
+               progress: bool = True, coef: Any = None) -> tuple[list[Any], dict[str, Any]]:
+    """One policy's replay on a fresh cache: its turns and figures (leak check included)."""
+    from adapter.switches.decode_yield import cost_model
+    from devkit.simulate import engine, report
+    from devkit.simulate.fleet import build_kit, uninstall
+    from devkit.testkit import cone_replay_parts as cone_replay
+
+    max_ctx = max(r.history_len for r in requests) + fleet.page
+    bar = report.Progress(policy, len(requests)) if progress else None
+    try:
+        kit = build_kit(policy, fleet, max_ctx)
+        replay = engine.Replay(kit, requests, chunk=fleet.chunk, max_running=fleet.max_running,
+                               coef=coef or cost_model.DEFAULTS, time_scale=time_scale, progress=bar)
+        turns, wall = engine.timed(replay.run)
+        leak = kit.leak_check()
+        kit.cache.sanity_check()
+        row = report.summarize(turns, wall, dict(cone_replay.FALLBACKS) if policy == "thin+cone" else None)
+        row["leak"] = leak["full"] + leak["swa"]
+    finally:
+        if bar is not None:
+            bar.close()
+        uninstall()  # the next policy starts from no switch installed
+    del kit, replay
+    gc.collect()
+    return turns, row
+
+
+def simulate(args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    from adapter.core import env
+    from devkit.simulate import engine, fleet, report, trace
+
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    for p in policies:
+        if p not in fleet.POLICIES:
+            raise env.ConfigError("--policies", p, "one of " + ", ".join(fleet.POLICIES))
+    if args.time_scale <= 0:
+        raise env.ConfigError("--time-scale", str(args.time_scale), "a positive factor")
+    # One thread: the replay is sequential, and torch's small index writes on two threads of a
+    # shared machine cost 100x more than on one (measured: 11 ms vs 0.05 ms for 8192 slots).
+    torch.set_num_threads(1)
+    parsed = trace.read(args.trace)  # a malformed line fails before SGLang is imported
+    geo = fleet.resolve(args.env_file, args.model, args.kv_tokens, args.swa_prefix_tails, args.cone_tokens)
+    share = args.share
+    requests = trace.prepare(parsed, geo.page, share, args.seed)
+    if args.quick:
+        requests = _first_sessions(requests, QUICK_REQUESTS)
+    ideal = engine.ideal_prefixes(requests, geo.page)
+    coef = coefficients(geo.profile)
+    print(f"simulate {args.trace}: {len(requests)} requests ({sum(r.parent is None for r in requests)} sessions, "
+          f"{sum(r.parent is not None for r in requests)} continuation turns), share {share:g} (seed {args.seed})"
+          f"{', --quick sample' if args.quick else ''}, time scale {args.time_scale:g}")
+    print(f"geometry: {geo.describe()}")
+    print("prompts rounded up to whole pages, a finished turn keeps whole pages of prompt + output - 1; "
+          "prefill / TTFT modelled with the decode-yield cost model "
+          f"({_describe(coef)}); prefill first, no decode yield, no mixed chunk; HiCache host tier not simulated")
+    rows: dict[str, dict[str, Any]] = {}
+    all_turns: dict[str, list[Any]] = {}
+    for policy in policies:
+        turns, row = run_policy(policy, geo, requests, args.time_scale, coef=coef)
+        rows[policy], all_turns[policy] = row, turns
+    ideal_row = report.ideal_summary(next(iter(all_turns.values())), ideal) if all_turns else {}
+    print()
+    print(report.table(rows, ideal_row))
+    out: dict[str, Any] = {"trace": str(args.trace), "requests": len(requests), "share": share, "seed": args.seed,
+                           "quick": args.quick, "geometry": geo.as_dict(),
+                           "cost_model": dict(coef.items(), source=coef.source),
+                           "policies": rows, "ideal": ideal_row}
+    if args.sweep:
+        out["sweep"] = sweep(args, geo, requests, coef)
+    if args.plot:
+        report.plot(args.plot, all_turns, f"{args.trace}: {len(requests)} requests, share {share:g}; "
+                    f"{geo.describe()}")
+        print(f"plot: {args.plot}")
+    return out
+
+
+def sweep(args: argparse.Namespace, geo: Any, requests: list[Any], coef: Any) -> dict[str, Any]:
+    """Stock and thin over --swa-prefix-tails, thin + cone over N: recomputed tokens each, and per
+    policy the smallest setting within 1 % of its best."""
+    import dataclasses
+
+    from devkit.bench.swa_thin import swa_pool_for_tails
+
+    result: dict[str, Any] = {}
+    rows: dict[str, Any] = {}
+    print("\nsweep (recomputed prompt tokens, all turns)")
+    runs = [(policy, "swa_prefix_tails", t) for policy in ("stock", "thin") for t in args.sweep_tails]
+    runs += [("thin+cone", "cone_tokens", n) for n in args.sweep_n if n >= geo.cone_bound and n % geo.page == 0]
+    for policy, knob, value in runs:
+        if knob == "swa_prefix_tails":
+            pool = swa_pool_for_tails(value, max_running=geo.max_running, page=geo.page, window=geo.window,
+                                      chunk=geo.chunk)["swa_pool"]
+            g = dataclasses.replace(geo, tails=value, swa_pool=pool)
+        else:
+            g = dataclasses.replace(geo, cone_tokens=value)
+        _, row = run_policy(policy, g, requests, args.time_scale, coef=coef)
+        result.setdefault(f"{policy} {knob}", {})[str(value)] = row["recomputed_tokens"]
+        rows.setdefault(f"{policy} {knob}", {})[str(value)] = {
+            k: row[k] for k in ("recomputed_tokens", "recomputed_tokens_continuation", "resume_hit_rate",
+                                "whole_reprefills", "cone_plans", "cone_fallbacks", "prefill_s_modelled")}
+        print(f"  {policy:<10} {knob}={value:<6} recomputed {row['recomputed_tokens']:>14,}  "
+              f"resume hit {row['resume_hit_rate']}  cone plans {row['cone_plans']}")
+    picks = {}
+    for knob, values in result.items():
+        best = min(values.values())
+        picks[knob] = pick = min((int(v) for v, r in values.items() if r <= best * 1.01), default=None)
+        print(f"  {knob}: smallest within 1 % of the best ({best:,} recomputed): {pick}")
+    return {"runs": rows, "smallest_within_1pct": picks}
+
+
+def _first_sessions(requests: list[Any], limit: int) -> list[Any]:
+    """Whole sessions in trace order until ``limit`` requests."""
+    sessions: dict[int, int] = {}
+    for r in requests:
+        sessions[r.session] = sessions.get(r.session, 0) + 1
+    keep, n = set(), 0
+    for s, count in sessions.items():
+        if n + count > limit and keep:
+            continue
+        keep.add(s)
+        n += count
+    return [r for r in requests if r.session in keep]
+
+
+def coefficients(profile: str) -> Any:
+    """The decode-yield cost model's coefficients the profile sets (``DSV41_DECODE_YIELD_*``, e.g.
+    the line ``fit-cost-model`` printed), the defaults for the rest."""
+    from adapter.core import env
+    from adapter.ops import check
+    from adapter.switches.decode_yield import cost_model
+
+    names = {cost_model.key_name(name) for name, _ in cost_model.DEFAULTS.items()}
+    values = {}
+    for key, value in check.profile_environ(profile).items():
+        if key in names:
+            try:
+                values[key] = int(value)
+            except ValueError:
+                raise env.ConfigError(key, value, "an integer (a cost model coefficient)") from None
+    return cost_model.from_config(values)
+
+
+def _describe(coef: Any) -> str:
+    from adapter.switches.decode_yield import cost_model
+
+    return f"{coef.source} coefficients: " + cost_model.profile_line(coef)
+
+
+def main(args: argparse.Namespace) -> int:
+    from devkit.simulate.trace import TraceError
+
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ModuleNotFoundError:
+            print("simulate --plot needs matplotlib: pip install matplotlib", file=sys.stderr)
+            return 2
+    start = time.perf_counter()
+    try:
+        out = simulate(args)
+    except TraceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    out["wall_s"] = round(time.perf_counter() - start, 1)
+    print(f"wall {out['wall_s']} s")
+    if args.json:
+        print(json.dumps(out, sort_keys=False))
+    return 0

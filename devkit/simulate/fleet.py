@@ -1,0 +1,166 @@
+"""The fleet's geometry (from a profile and a model config) and one real cache per policy.
+
+Geometry: page, chunk, ``--swa-prefix-tails`` and ``--max-running-requests`` from the profile's
+launch line (SGLang's own parser, :func:`adapter.ops.check.parse_launch`); the sliding window, layer
+count and the cone's bound from the model's ``config.json`` (``check.read_model`` /
+cone replay's own predictor and decision); the SWA pool from SGLang's
+``DSV4PoolConfigurator._resolve_swa_cap_tokens`` for that many tails at that many running requests
+(:func:`devkit.bench.swa_thin.swa_pool_for_tails`); the Full pool from ``--kv-tokens``, else the
+launch line's ``--max-total-tokens``, else :data:`DEFAULT_FULL_TOKENS` (an assumption, said in the
+output). Without a model folder the production profile's DeepSeek-V4.1 is assumed: window 128, 61
+layers, the last one C128, last KV source at layer 10, decoder SWA bounded replay on as SGLang
+resolves it on CUDA (bound 2,048; the shape ``tests/upstream/test_cone_replay_dsv4_seams.py``
+checks).
+
+Policies (the switches installed through the registry's boot, as a serving process does):
+
+* ``stock``: SGLang's defaults (the Rust tree core, stock LRU order); nothing installed.
+* ``thin``: ``DSV41_SWA_THIN=1`` (which turns on the Python core and ``fast_tree_core``).
+* ``thin+cone``: ``DSV41_SWA_THIN=1 DSV41_SWA_CONE_REPLAY=1 DSV41_SWA_CONE_TOKENS=N``.
+
+HiCache's host tier is not a policy here yet (it does not run in-process on CPU at this commit).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shlex
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from adapter.core import env
+
+POLICIES = ("stock", "thin", "thin+cone")
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_PROFILE = REPO / ".env.tp4.example"
+DEFAULT_FULL_TOKENS = 4 * 1024 * 1024  # devkit.testkit.radix_cache.DSV4's Full pool: an assumption
+BACKEND_ENV = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"
+TOKENS_KEY = "DSV41_SWA_CONE_TOKENS"
+DSV4_MAX_RUNNING = 256  # SGLang's DeepSeek-V4 default max_running_requests (arg_groups/deepseek_v4_hook.py)
+
+# DeepSeek-V4.1 as the production profile serves it, when no model folder is given.
+V41_CONFIG = {"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v41", "num_hidden_layers": 61,
+              "sliding_window": 128, "compress_ratios": [4] * 60 + [128], "kv_source_layer_ids": [10]}
+
+
+@dataclass(frozen=True)
+class Fleet:
+    page: int
+    window: int
+    chunk: int
+    max_running: int
+    tails: int
+    swa_pool: int
+    full_tokens: int
+    full_source: str  # --kv-tokens | launch line | assumed
+    cone_tokens: int
+    cone_bound: int
+    model: str  # the model folder, or the assumed DeepSeek-V4.1
+    profile: str
+
+    def describe(self) -> str:
+        return (f"page {self.page}, window {self.window}, chunk {self.chunk}, max running {self.max_running}, "
+                f"--swa-prefix-tails {self.tails} -> SWA pool {self.swa_pool:,} slots (SGLang's configurator), "
+                f"Full pool {self.full_tokens:,} tokens ({self.full_source}), cone N {self.cone_tokens} "
+                f"(bound {self.cone_bound}); model: {self.model}; profile: {self.profile}")
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _model(path: str | None) -> tuple[Any, str]:
+    from adapter.ops import check
+
+    if path:
+        return check.read_model(path), path
+    return check.Model("(assumed)", V41_CONFIG["architectures"][0], "DeepSeekV4TokenToKVPool", 128, 61, 61,
+                       tuple(V41_CONFIG["compress_ratios"]), "deepseek_v41", (10,)), \
+        "DeepSeek-V4.1 assumed (61 layers, window 128, last KV source 10)"
+
+
+def resolve(env_file: str | None = None, model_path: str | None = None, kv_tokens: int | None = None,
+            tails: int | None = None, cone_tokens: int | None = None) -> Fleet:
+    """The geometry of one run; bad values are a ``ConfigError`` naming the flag or key."""
+    from adapter.core import api
+    from adapter.ops import check
+    from adapter.switches.cone_replay import predict as cone_predict
+    from devkit.bench.swa_thin import swa_pool_for_tails
+
+    profile = str(env_file or DEFAULT_PROFILE)
+    environ = check.profile_environ(profile)
+    words = shlex.split(environ.get(check.LAUNCH_KEY, ""))
+    launch = check.parse_launch(words)
+    ns = launch.namespace
+    folder = model_path or (launch.model_path if launch.model_path and Path(launch.model_path).is_dir() else None)
+    model, model_name = _model(folder)
+    if model.pool == "none":
+        raise env.ConfigError("--model", str(folder), "a model with sliding-window layers (this one has none: "
+                              "no SWA cache, nothing to simulate)")
+    page = cone_predict.DSV4_PAGE if model.pool == "DeepSeekV4TokenToKVPool" else int(launch.page_size or 1)
+    chunk = int(ns.chunked_prefill_size or 8192)
+    max_running = int(launch.max_running_requests or DSV4_MAX_RUNNING)
+    tails = int(tails if tails is not None else (ns.swa_prefix_tails if ns.swa_prefix_tails is not None else 128))
+    if tails < 0:
+        raise env.ConfigError("--swa-prefix-tails", str(tails), "a count >= 0")
+    n = int(cone_tokens if cone_tokens is not None else environ.get(TOKENS_KEY) or 8192)
+    if model.model_type == "deepseek_v41" and "--no-enable-decoder-swa-bounded-replay" not in words:
+        words = [*words, "--enable-decoder-swa-bounded-replay"]  # SGLang's resolution on the fleet's CUDA
+        launch = check.parse_launch(words)
+    said = cone_predict.predict(api.Profile({}, {TOKENS_KEY: n}, tuple(words), launch.namespace, model, "armed"))
+    receipt, bound = said.receipt, int(said.params.get("bound") or 0)
+    if n % page or n < bound:
+        raise env.ConfigError(TOKENS_KEY, str(n), f"a multiple of the page {page} and at least the cone's bound "
+                              f"{bound} ({receipt})")
+    window = int(model.window)
+    if kv_tokens is not None:
+        full, source = kv_tokens, "--kv-tokens"
+    elif getattr(ns, "max_total_tokens", None):
+        full, source = int(ns.max_total_tokens), "--max-total-tokens of the launch line"
+    else:
+        full, source = DEFAULT_FULL_TOKENS, "assumed: set --kv-tokens to the boot log's max_total_num_tokens"
+    if full < chunk or full % page:
+        raise env.ConfigError("--kv-tokens", str(full), f"a multiple of the page {page}, at least one chunk ({chunk})")
+    swa = swa_pool_for_tails(tails, max_running=max_running, page=page, window=window, chunk=chunk)["swa_pool"]
+    return Fleet(page, window, chunk, max_running, tails, swa, full, source, n, bound, model_name, profile)
+
+
+def build_kit(policy: str, fleet: Fleet, max_ctx: int) -> Any:
+    """A real cache for ``policy`` at ``fleet``'s geometry, with that policy's switches installed
+    (and every other switch uninstalled)."""
+    from adapter.core import boot
+    from devkit.testkit import cone
+    from devkit.testkit import cone_replay_parts as cone_replay
+    from devkit.testkit import radix_cache as rc
+
+    if policy not in POLICIES:
+        raise env.ConfigError("--policies", policy, "one of " + ", ".join(POLICIES))
+    boot.uninstall()
+    os.environ.pop(BACKEND_ENV, None)  # stock: SGLang's default core; thin sets the Python core itself
+    geometry = rc.Geometry(fleet.page, fleet.window, fleet.chunk, full_tokens=fleet.full_tokens,
+                           swa_tokens=fleet.swa_pool, max_reqs=fleet.max_running + 2, max_ctx=max_ctx)
+    if policy == "stock":
+        return rc.build(geometry, backend=None)
+    if policy == "thin":
+        state = boot.install({"DSV41_SWA_THIN": "1"})
+        importlib.import_module("sglang.srt.mem_cache.unified_radix_cache")
+    else:
+        state = cone.install(fleet.cone_tokens, DSV41_SWA_THIN="1")
+    for name in ("swa_thin", "fast_tree_core"):
+        if state.outcomes[name].status != "installed":
+            raise RuntimeError(f"simulate: {name} did not install: {state.outcomes[name].reason}")
+    kit = rc.build(geometry, backend=None)
+    if policy == "thin+cone":
+        cfg = cone_replay.cache_config(kit.cache)
+        if cfg is None or not cfg.enabled:
+            raise RuntimeError(f"simulate: cone replay refused on the simulated cache: {getattr(cfg, 'reason', '?')}")
+        cone_replay.reset_counters()
+    return kit
+
+
+def uninstall() -> None:
+    from adapter.core import boot
+
+    boot.uninstall()
+    os.environ.pop(BACKEND_ENV, None)

@@ -1,0 +1,156 @@
+"""Per-policy figures of a replay, the table, and the optional plot."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+import time
+from typing import Any
+
+from devkit.simulate.engine import Turn
+
+FS_PER_S = 10**15
+
+
+def summarize(turns: list[Turn], wall_s: float, fallbacks: dict[str, int] | None = None) -> dict[str, Any]:
+    """One policy's figures. "Resume hit": a continuation's match (before any cone) reached its
+    parent's resume point. "Whole re-prefill": a continuation ran from below half its parent's
+    history. "Full lost" / "window lost": at admission, the resume point's Full KV was gone / only
+    its SWA window was (the case cone replay acts on)."""
+    ran = [t for t in turns if not t.skipped]
+    cont = [t for t in ran if t.continuation]
+    ttft = sorted((t.first_token_fs - t.ready_fs) / FS_PER_S for t in ran)
+    return {
+        "requests": len(turns),
+        "skipped": len(turns) - len(ran),
+        "continuation_turns": len(cont),
+        "prompt_tokens": sum(t.prompt for t in ran),
+        "recomputed_tokens": sum(t.recomputed for t in ran),
+        "recomputed_tokens_continuation": sum(t.recomputed for t in cont),
+        "history_recomputed_tokens": sum(t.history_recomputed for t in cont),
+        "whole_reprefills": sum(t.prefix < t.history // 2 for t in cont),
+        "resume_hits": sum(t.stock_prefix >= t.resume_at for t in cont),
+        "resume_hit_rate": round(sum(t.stock_prefix >= t.resume_at for t in cont) / len(cont), 4) if cont else None,
+        "resume_full_lost": sum(t.full_lost for t in cont),
+        "resume_window_only_lost": sum(t.window_lost for t in cont),
+        "cone_plans": sum(t.cone for t in ran),
+        "cone_fallbacks": dict(fallbacks or {}),
+        "host_loaded_tokens": None,  # HiCache's host tier: not simulated
+        "prefill_s_modelled": round(sum(t.prefill_fs for t in ran) / FS_PER_S, 1),
+        "ttft_s_modelled_mean": round(sum(ttft) / len(ttft), 2) if ttft else None,
+        "ttft_s_modelled_p90": round(ttft[int(0.9 * (len(ttft) - 1))], 2) if ttft else None,
+        "wall_s": round(wall_s, 1),
+        "req_per_s": round(len(turns) / wall_s, 1) if wall_s > 0 else None,
+    }
+
+
+def ideal_summary(turns: list[Turn], ideal: dict[int, int]) -> dict[str, Any]:
+    ran = [t for t in turns if not t.skipped]
+    cont = [t for t in ran if t.continuation]
+    return {"recomputed_tokens": sum(t.prompt - ideal[t.index] for t in ran),
+            "recomputed_tokens_continuation": sum(t.prompt - ideal[t.index] for t in cont)}
+
+
+COLUMNS = [
+    ("policy", None), ("recomputed", "recomputed_tokens"), ("recomp. cont.", "recomputed_tokens_continuation"),
+    ("history recomp.", "history_recomputed_tokens"), ("whole re-prefills", "whole_reprefills"),
+    ("resume hit", "resume_hit_rate"), ("Full lost", "resume_full_lost"), ("window lost", "resume_window_only_lost"),
+    ("cone plans", "cone_plans"), ("fallbacks", "cone_fallbacks"),
+    ("host loaded", "host_loaded_tokens"), ("prefill s (model)", "prefill_s_modelled"),
+    ("TTFT mean / p90 s (model)", None), ("req/s", "req_per_s"), ("leak", "leak"),
+]
+
+
+def _cell(key: str | None, row: dict[str, Any]) -> str:
+    value = row.get(key) if key else None
+    if key == "cone_fallbacks":
+        return str(sum(value.values())) if value else "0"
+    if value is None:
+        return "-"
+    if isinstance(value, float) and key == "resume_hit_rate":
+        return f"{value:.3f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def table(rows: dict[str, dict[str, Any]], ideal: dict[str, Any]) -> str:
+    header = [c for c, _ in COLUMNS]
+    body = []
+    for policy, row in rows.items():
+        cells = [policy] + [_cell(k, row) for _, k in COLUMNS[1:]]
+        cells[header.index("TTFT mean / p90 s (model)")] = f"{row['ttft_s_modelled_mean']} / {row['ttft_s_modelled_p90']}"
+        body.append(cells)
+    body.append(["ideal (infinite cache)", f"{ideal['recomputed_tokens']:,}",
+                 f"{ideal['recomputed_tokens_continuation']:,}"] + ["-"] * (len(header) - 3))
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *body)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in body]
+    return "\n".join(lines)
+
+
+class Progress:
+    """A one-line progress bar on stderr, shown once a run has lasted ``after`` seconds."""
+
+    def __init__(self, label: str, total: int, after: float = 2.0, stream: Any = None):
+        self.label, self.total, self.after = label, max(1, total), after
+        self.stream = stream or sys.stderr
+        self.start = self.last = time.perf_counter()
+        self.shown = False
+
+    def __call__(self, done: int) -> None:
+        now = time.perf_counter()
+        tty = getattr(self.stream, "isatty", lambda: False)()
+        every = 0.5 if tty else 15.0  # a log file gets a line every 15 s, a terminal one redrawn line
+        if now - self.start < self.after or (now - self.last < every and done < self.total):
+            return
+        self.last, self.shown = now, True
+        filled = int(30 * done / self.total)
+        rate = done / (now - self.start)
+        head, tail = ("\r", " ") if tty else ("", "\n")
+        self.stream.write(f"{head}{self.label:<10} [{'#' * filled}{'.' * (30 - filled)}] "
+                          f"{done}/{self.total} {now - self.start:.0f}s {rate:.0f} req/s{tail}")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.shown and getattr(self.stream, "isatty", lambda: False)():
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def plot(path: str, turns: dict[str, list[Turn]], title: str) -> None:
+    """PNG: recomputed tokens per continuation turn as a CDF per policy, and the resume hit rate
+    over trace time (continuation turns in 20 equal time bins)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 5))
+    for policy, ts in turns.items():
+        cont = [t for t in ts if t.continuation and not t.skipped]
+        if not cont:
+            continue
+        xs = sorted(t.recomputed for t in cont)
+        ax1.step(xs, [(i + 1) / len(xs) for i in range(len(xs))], where="post", label=policy)
+        end = max(t.ready_fs for t in cont) or 1
+        bins: list[list[int]] = [[0, 0] for _ in range(20)]
+        for t in cont:
+            b = bins[min(19, int(20 * t.ready_fs / (end + 1)))]
+            b[0] += t.stock_prefix >= t.resume_at
+            b[1] += 1
+        centers = [(i + 0.5) * end / 20 / 10**15 for i in range(20)]
+        ax2.plot([c for c, b in zip(centers, bins) if b[1]], [b[0] / b[1] for b in bins if b[1]], marker="o",
+                 label=policy)
+    ax1.set_xscale("log")  # every turn recomputes at least its new tokens (a page or more)
+    ax1.set_xlabel("prompt tokens recomputed per continuation turn")
+    ax1.set_ylabel("fraction of continuation turns")
+    ax1.legend()
+    ax2.set_xlabel("simulated time (s, modelled)")
+    ax2.set_ylabel("resume-point hit rate")
+    ax2.set_ylim(0, 1.05)
+    ax2.legend()
+    fig.suptitle("\n".join(textwrap.wrap(title, 150)), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

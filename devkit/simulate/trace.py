@@ -1,0 +1,272 @@
+"""A Mooncake-format trace: parsed, split into sessions, and given token ids.
+
+One JSON object a line (SGLang's ``bench_serving --dataset-name mooncake`` reads the same):
+``timestamp`` (ms), ``input_length``, ``output_length``, ``hash_ids`` (one id per 512-token prefix
+block; equal ids are a shared prefix). A bad line is a :class:`TraceError` naming the line, the
+field and the value.
+
+Sessions. A request whose ``hash_ids`` start with every full block of an earlier request continues
+it (the deepest such request, the latest of equal depth): its prompt is the parent's prompt, the
+parent's output and new tokens. A session is a first request and every request continuing it, so
+``--share`` keeps or drops whole sessions.
+
+Token ids. A prompt's length is rounded up to whole pages (the simulated cache allocates whole
+pages; at most a page a request, said in the output). A finished turn leaves in the tree what SGLang
+inserts: the KV it computed (prompt + output - 1 tokens; the last sampled token never ran), floored
+to a page, so at page 256 a short answer leaves only the prompt. A prompt is built from its parent's
+history (that much of prompt + output) when it has one, then from its blocks: a block id seen before
+reuses that block's tokens, a new one gets fresh ids (the rest of the parent's output is new to the
+tree either way). Output tokens are ``OUTPUT_TOKEN`` (what the cache kit's decode writes), so a
+continuation's prompt starts with exactly what its parent left in the tree.
+Token sequences are kept as spans (``start, length, step``: fresh ids run up by 1, output runs have
+step 0) and materialized only when a request is admitted: a 61M-token trace costs megabytes.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from devkit.testkit.radix_cache import OUTPUT_TOKEN
+
+BLOCK = 512  # tokens per hash_ids block (Mooncake)
+FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
+FIRST_TOKEN = 1_000_000  # fresh ids start here (below: OUTPUT_TOKEN and the padding ids)
+
+Span = tuple[int, int, int]  # (first id, length, step): ids first, first + step, ...
+
+
+class TraceError(ValueError):
+    """A malformed trace line: ``line`` (1-based), ``field``, ``value`` and what is allowed."""
+
+    def __init__(self, path: str, line: int, field: str, value: Any, allowed: str):
+        self.line, self.field, self.value = line, field, value
+        shown = value if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+        super().__init__(f"{path}:{line}: {field}={shown!r}: expected {allowed}")
+
+
+@dataclass
+class Request:
+    index: int  # position in the trace (0-based)
+    line: int  # 1-based line number
+    arrival_ms: int
+    input_length: int
+    output_length: int
+    hash_ids: list[int]
+    parent: int | None = None  # index of the request this one continues
+    session: int = 0  # index of the session's first request
+    children: list[int] = field(default_factory=list)
+    prompt: list[Span] = field(default_factory=list)  # page-rounded prompt token ids
+    out_tokens: int = 0  # output tokens the finished turn leaves in the tree (whole pages of prompt + output - 1)
+
+    @property
+    def prompt_len(self) -> int:
+        return spans_len(self.prompt)
+
+    @property
+    def history_len(self) -> int:
+        return self.prompt_len + self.out_tokens
+
+
+# -- parsing ---------------------------------------------------------------------------------------
+def _int_field(path: str, line: int, obj: dict[str, Any], name: str, minimum: int) -> int:
+    value = obj.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise TraceError(path, line, name, value, f"an integer >= {minimum}")
+    return value
+
+
+def parse_line(path: str, line: int, text: str) -> dict[str, Any]:
+    try:
+        obj = json.loads(text)
+    except ValueError as exc:
+        raise TraceError(path, line, "(json)", text.strip(), f"one JSON object a line ({exc})") from None
+    if not isinstance(obj, dict):
+        raise TraceError(path, line, "(json)", obj, "a JSON object with " + ", ".join(FIELDS))
+    for name in FIELDS:
+        if name not in obj:
+            raise TraceError(path, line, name, None, "the field to be present (a Mooncake trace line has "
+                             + ", ".join(FIELDS) + ")")
+    out = {"timestamp": _int_field(path, line, obj, "timestamp", 0),
+           "input_length": _int_field(path, line, obj, "input_length", 1),
+           "output_length": _int_field(path, line, obj, "output_length", 1)}
+    ids = obj["hash_ids"]
+    if not isinstance(ids, list) or any(isinstance(h, bool) or not isinstance(h, int) for h in ids):
+        raise TraceError(path, line, "hash_ids", ids, "a list of integer block ids")
+    need = -(-out["input_length"] // BLOCK)
+    if len(ids) != need:
+        raise TraceError(path, line, "hash_ids", ids, f"{need} block ids for input_length={out['input_length']} "
+                         f"(one per {BLOCK} tokens, the last may be partial), got {len(ids)}")
+    out["hash_ids"] = ids
+    return out
+
+
+def read(path: str | Path) -> list[Request]:
+    """Every line of the trace (blank lines skipped), in file order; arrivals must not go back."""
+    path = str(path)
+    requests: list[Request] = []
+    with open(path, encoding="utf-8") as f:
+        for n, text in enumerate(f, 1):
+            if not text.strip():
+                continue
+            row = parse_line(path, n, text)
+            if requests and row["timestamp"] < requests[-1].arrival_ms:
+                raise TraceError(path, n, "timestamp", row["timestamp"],
+                                 f"arrivals in order (>= {requests[-1].arrival_ms}, the line before)")
+            requests.append(Request(len(requests), n, row["timestamp"], row["input_length"], row["output_length"],
+                                    row["hash_ids"]))
+    if not requests:
+        raise TraceError(path, 0, "(file)", "", "at least one request line")
+    return requests
+
+
+# -- sessions --------------------------------------------------------------------------------------
+def link_sessions(requests: list[Request]) -> None:
+    """Set ``parent`` / ``session`` / ``children``: the deepest earlier request whose full blocks
+    all start this one's ``hash_ids`` (the latest of equal depth) is its parent."""
+    by_blocks: dict[tuple[int, ...], int] = {}
+    for r in requests:
+        ids = r.hash_ids
+        for k in range(len(ids), 0, -1):
+            parent = by_blocks.get(tuple(ids[:k]))
+            if parent is not None:
+                r.parent, r.session = parent, requests[parent].session
+                requests[parent].children.append(r.index)
+                break
+        else:
+            r.session = r.index
+        full = r.input_length // BLOCK
+        if full:
+            by_blocks[tuple(ids[:full])] = r.index
+
+
+def sample_sessions(requests: list[Request], share: float, seed: int) -> list[Request]:
+    """A seeded ``share`` of the sessions, each with all its turns (in trace order)."""
+    if not 0 < share <= 1:
+        raise ValueError(f"--share={share}: expected a fraction in (0, 1]")
+    if share == 1:
+        return list(requests)
+    rng = random.Random(seed)
+    keep = {r.index for r in requests if r.parent is None and rng.random() < share}
+    return [r for r in requests if r.session in keep]
+
+
+# -- token ids -------------------------------------------------------------------------------------
+def spans_len(spans: list[Span]) -> int:
+    return sum(n for _, n, _ in spans)
+
+
+def spans_slice(spans: list[Span], end: int) -> list[Span]:
+    """The first ``end`` tokens of ``spans``."""
+    out, left = [], end
+    for start, n, step in spans:
+        if left <= 0:
+            break
+        take = min(n, left)
+        out.append((start, take, step))
+        left -= take
+    return out
+
+
+def _append(spans: list[Span], span: Span) -> None:
+    start, n, step = span
+    if n <= 0:
+        return
+    if spans:
+        s0, n0, st0 = spans[-1]
+        if st0 == step and ((step == 0 and s0 == start) or (step != 0 and s0 + n0 * step == start)):
+            spans[-1] = (s0, n0 + n, step)
+            return
+    spans.append(span)
+
+
+def materialize(spans: list[Span]) -> array:
+    """The token ids of ``spans`` as an ``array('q')`` (what a Req keeps)."""
+    import numpy as np
+
+    parts = [np.arange(start, start + n * step, step, dtype=np.int64) if step else np.full(n, start, dtype=np.int64)
+             for start, n, step in spans]
+    out = array("q")
+    if parts:
+        out.frombytes(np.concatenate(parts).tobytes())
+    return out
+
+
+class TokenBuilder:
+    """Token spans for every request, in trace order (so equal blocks get equal ids whatever the
+    policy's timing)."""
+
+    def __init__(self, page: int):
+        if BLOCK % page and page % BLOCK:
+            raise ValueError(f"page={page}: the simulation needs a page that divides or is a multiple of {BLOCK}")
+        self.page = page
+        self.next_id = FIRST_TOKEN
+        self.blocks: dict[int, list[Span]] = {}
+
+    def _fresh(self, n: int) -> Span:
+        span = (self.next_id, n, 1)
+        self.next_id += n
+        return span
+
+    def round_up(self, n: int) -> int:
+        return -(-n // self.page) * self.page
+
+    def build(self, requests: list[Request], by_index: dict[int, Request]) -> None:
+        for r in requests:
+            length = self.round_up(r.input_length)
+            spans: list[Span] = []
+            parent = by_index.get(r.parent) if r.parent is not None else None
+            if parent is not None:
+                history = [*parent.prompt, (OUTPUT_TOKEN, parent.out_tokens, 0)]
+                for span in spans_slice(history, length):
+                    _append(spans, span)
+            for i, h in enumerate(r.hash_ids):  # the blocks past the parent's history
+                lo, hi = i * BLOCK, min(length, (i + 1) * BLOCK)
+                have = spans_len(spans)
+                if hi <= have:
+                    continue
+                known = self.blocks.get(h)
+                if known is not None and spans_len(known) >= hi - lo and have == lo:
+                    for span in spans_slice(known, hi - lo):
+                        _append(spans, span)
+                else:
+                    _append(spans, self._fresh(hi - have))
+            _append(spans, self._fresh(length - spans_len(spans)))  # a page larger than the blocks
+            r.prompt = spans
+            # What the finished turn leaves in the tree: SGLang inserts the KV the request computed,
+            # prompt + output - 1 tokens (the last sampled token never ran), page-floored.
+            r.out_tokens = max(0, (length + r.output_length - 1) // self.page * self.page - length)
+            for i, h in enumerate(r.hash_ids[: r.input_length // BLOCK]):  # full blocks only
+                if h not in self.blocks:
+                    self.blocks[h] = _sub(spans, i * BLOCK, (i + 1) * BLOCK)
+
+
+def _sub(spans: list[Span], lo: int, hi: int) -> list[Span]:
+    """Tokens ``[lo, hi)`` of ``spans``."""
+    out: list[Span] = []
+    pos = 0
+    for start, n, step in spans:
+        a, b = max(lo, pos), min(hi, pos + n)
+        if a < b:
+            _append(out, (start + (a - pos) * step, b - a, step))
+        pos += n
+        if pos >= hi:
+            break
+    return out
+
+
+def load(path: str | Path, page: int, share: float = 1.0, seed: int = 0) -> list[Request]:
+    """Read, link sessions, sample ``share`` of them, give every kept request its token spans."""
+    return prepare(read(path), page, share, seed)
+
+
+def prepare(requests: list[Request], page: int, share: float = 1.0, seed: int = 0) -> list[Request]:
+    """Link sessions, sample ``share`` of them, give every kept request its token spans."""
+    link_sessions(requests)
+    kept = sample_sessions(requests, share, seed)
+    TokenBuilder(page).build(kept, {r.index: r for r in kept})
+    return kept

@@ -1,0 +1,149 @@
+"""``python -m adapter simulate``: small generated traces whose answers are known by construction,
+replayed on the real ``UnifiedRadixCache`` under every policy (the switches installed through the
+boot). Page 16, window 8, chunk 128; the SWA pool is small so that other traffic evicts windows,
+the Full pool large so that Full KV stays."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from adapter.ops import cli
+from devkit import simulate
+from devkit.simulate import fleet, trace
+
+PAGE, WINDOW, CHUNK, N = 16, 8, 128, 64
+POLICIES = ("stock", "thin", "thin+cone")
+
+
+def _fleet(swa_pool: int = 768) -> fleet.Fleet:
+    return fleet.Fleet(page=PAGE, window=WINDOW, chunk=CHUNK, max_running=8, tails=0, swa_pool=swa_pool,
+                       full_tokens=1 << 16, full_source="test", cone_tokens=N, cone_bound=32, model="test",
+                       profile="test")
+
+
+def _trace(tmp_path, rows) -> list[trace.Request]:
+    path = tmp_path / "trace.jsonl"
+    path.write_text("".join(json.dumps({"timestamp": ts, "input_length": n_in, "output_length": n_out,
+                                        "hash_ids": ids}) + "\n" for ts, n_in, n_out, ids in rows))
+    return trace.load(str(path), PAGE)
+
+
+def _replay(policy, requests, swa_pool=768):
+    turns, row = simulate.run_policy(policy, _fleet(swa_pool), requests, progress=False)
+    assert row["leak"] == 0, f"{policy}: slots leaked"
+    return turns, row
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_a_continuation_right_after_its_parent_matches_its_whole_history(tmp_path, policy):
+    """A (1,024 tokens, 33 out: its KV covers 1,056 = prompt + output - 1, two pages of output) then
+    B = A's prompt + A's output + new tokens: B's match is A's whole history under every policy; the
+    leak check is clean."""
+    requests = _trace(tmp_path, [(0, 1024, 33, [1, 2]), (1, 1536, 16, [1, 2, 3])])
+    turns, row = _replay(policy, requests)
+    a, b = turns
+    assert b.continuation and b.history == 1056 and b.resume_at == 1056
+    assert b.stock_prefix == b.prefix == 1056 and b.recomputed == 1536 - 1056 and not b.cone
+    assert row["resume_hit_rate"] == 1.0 and row["whole_reprefills"] == 0
+    assert a.recomputed == 1024 and row["recomputed_tokens"] == 1024 + 480
+
+
+def _idle_then_chunked_traffic():
+    # A goes idle; one 4,096-token prompt (32 chunks of 128) runs beside it; A's next turn comes late.
+    return [(0, 512, 16, [1]), (5_000, 4096, 16, list(range(100, 108))), (100_000, 1024, 16, [1, 2])]
+
+
+def test_an_idle_sessions_window_evicted_by_other_traffic_is_lost_under_stock_and_kept_under_thin(tmp_path):
+    requests = _trace(tmp_path, _idle_then_chunked_traffic())
+    stock, _ = _replay("stock", requests)
+    thin, _ = _replay("thin", requests)
+    assert stock[2].history == thin[2].history == 512  # a 16-token answer leaves no whole page
+    assert stock[2].stock_prefix < stock[2].resume_at == 512  # stock: the resume point is gone
+    assert stock[2].history_recomputed >= 512 // 2
+    assert thin[2].stock_prefix == thin[2].prefix == 512  # thin: kept, the chunks it moved past went first
+    assert thin[2].history_recomputed == 0
+
+
+def test_a_lost_window_whose_full_kv_stays_costs_n_plus_a_page_under_the_cone(tmp_path):
+    """Many short finished requests (their leaves are resume points thin keeps too) evict A's
+    window under every policy while the large Full pool keeps A's KV: stock and thin re-prefill A's
+    history, the cone recomputes N = 64 tokens of it, at most N + page."""
+    rows = [(0, 512, 16, [1])] + [(5_000 + i, 64, 16, [1000 + i]) for i in range(24)] + [(100_000, 1024, 16, [1, 2])]
+    requests = _trace(tmp_path, rows)
+    results = {p: _replay(p, requests) for p in POLICIES}
+    for policy in ("stock", "thin"):
+        last = results[policy][0][-1]
+        assert last.stock_prefix < last.resume_at == 512 and last.history_recomputed >= 512 // 2, policy
+    turns, row = results["thin+cone"]
+    last = turns[-1]
+    assert last.cone and last.stock_prefix < last.resume_at
+    # F is A's resume point or a page below it (the SWA-evicted last leaf takes its Full page along)
+    assert N <= last.history_recomputed <= N + PAGE and last.prefix % PAGE == 0
+    assert row["cone_plans"] == 1 and row["cone_fallbacks"] == {}
+
+
+def test_the_cli_names_the_line_field_and_value_of_a_malformed_trace(tmp_path, capsys):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 512, "output_length": 4, "hash_ids": [1]}\n'
+                    '{"timestamp": 5, "input_length": -3, "output_length": 4, "hash_ids": []}\n')
+    assert cli.main(["simulate", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:2: input_length=-3: expected an integer >= 1" in err
+
+
+def test_plot_without_matplotlib_says_how_to_install_it(tmp_path, capsys, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ModuleNotFoundError
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 512, "output_length": 4, "hash_ids": [1]}\n')
+    assert cli.main(["simulate", str(path), "--plot", str(tmp_path / "x.png")]) == 2
+    assert "pip install matplotlib" in capsys.readouterr().err
+
+
+def test_the_cli_replays_a_trace_at_the_profiles_geometry_and_ends_with_one_json_line(tmp_path, capsys):
+    """The production profile's geometry (page 256, window 128, chunk 8192, the SWA pool of SGLang's
+    configurator for --swa-prefix-tails 384): a session of two turns and a stranger; every policy
+    matches the continuation's whole history, and nothing leaks."""
+    path = tmp_path / "t.jsonl"
+    rows = [(0, 20000, 300, list(range(40))), (50, 3000, 10, list(range(100, 106))),
+            (9000, 26000, 20, list(range(39)) + list(range(200, 212)))]
+    path.write_text("".join(json.dumps({"timestamp": ts, "input_length": n_in, "output_length": n_out,
+                                        "hash_ids": ids}) + "\n" for ts, n_in, n_out, ids in rows))
+    assert cli.main(["simulate", str(path), "--json"]) == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    result = json.loads(out[-1])
+    assert result["geometry"]["page"] == 256 and result["geometry"]["tails"] == 384
+    assert result["geometry"]["swa_pool"] > 384 * (128 + 256)  # the request cap plus the tails' headroom
+    assert result["cost_model"]["source"] == "default"
+    history = (20224 + 300 - 1) // 256 * 256  # the prompt page-rounded (20,224), then whole pages of its KV
+    for policy in POLICIES:
+        row = result["policies"][policy]
+        assert row["leak"] == 0 and row["continuation_turns"] == 1 and row["resume_hit_rate"] == 1.0, policy
+        assert row["recomputed_tokens_continuation"] == 26112 - history, policy
+
+
+def test_the_sweep_picks_the_smallest_setting_within_one_percent_of_the_best(tmp_path, capsys):
+    """The lost-window workload swept: both N values act (16 is below the bound, skipped) and the
+    smaller recomputes N tokens fewer, so it is the pick; every pick is the smallest setting whose
+    recomputed tokens are within 1 % of that policy's best."""
+    from types import SimpleNamespace
+
+    rows = [(0, 512, 16, [1])] + [(5_000 + i, 64, 16, [1000 + i]) for i in range(24)] + [(100_000, 1024, 16, [1, 2])]
+    requests = _trace(tmp_path, rows)
+    args = SimpleNamespace(time_scale=1.0, sweep_tails=(1, 64), sweep_n=(16, 32, 64))
+    out = simulate.sweep(args, _fleet(), requests, None)
+    runs = out["runs"]
+    assert set(runs) == {"stock swa_prefix_tails", "thin swa_prefix_tails", "thin+cone cone_tokens"}
+    assert set(runs["thin+cone cone_tokens"]) == {"32", "64"}  # 16 is below the bound (32): skipped
+    cone = runs["thin+cone cone_tokens"]
+    assert cone["32"]["cone_plans"] == cone["64"]["cone_plans"] == 1
+    assert cone["32"]["recomputed_tokens"] == cone["64"]["recomputed_tokens"] - 32
+    for knob, values in runs.items():
+        best = min(r["recomputed_tokens"] for r in values.values())
+        assert out["smallest_within_1pct"][knob] == min(int(v) for v, r in values.items()
+                                                        if r["recomputed_tokens"] <= best * 1.01), knob
+    assert out["smallest_within_1pct"]["thin+cone cone_tokens"] == 32
+    assert "smallest within 1 % of the best" in capsys.readouterr().out
