@@ -152,9 +152,10 @@ def run_mellum(workdir: Path, model: Path, *, profile: dict[str, str] | None = N
 
 
 def run_dsv4(workdir: Path, model: Path, *, profile: dict[str, str] | None = None, storage: bool = True,
-             g: Geometry = DSV4) -> dict[str, Any]:
-    """One DSV4-kit boot (V4 or V4.1 checkpoint ``model``) through the pool probe, with HiCache; per
-    phase also the probe's dumps of every whole page after the measured request's extend."""
+             g: Geometry = DSV4, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """One DSV4-kit boot (V4 or V4.1 checkpoint ``model``; ``extra``: more launch flags, the V4.1 kit's
+    decoder replay) through the pool probe, with HiCache; per phase also the probe's dumps of every
+    whole page after the measured request's extend."""
     from devkit.engine_kit.dsv4 import launch
     from devkit.testkit.dsv4_cone import ProbeServer
 
@@ -162,7 +163,7 @@ def run_dsv4(workdir: Path, model: Path, *, profile: dict[str, str] | None = Non
     for folder in (probe, store):
         shutil.rmtree(folder, ignore_errors=True)
     probe.mkdir(parents=True)
-    flags = hicache_flags(g.ratio, store if storage else None)
+    flags = [*extra, *hicache_flags(g.ratio, store if storage else None)]
     args = launch.server_args(model, launcher.free_port(), max_total_tokens=g.max_total_tokens, extra=flags,
                               **g.extra)
     server = ProbeServer(args, workdir / "dsv4_hicache.log", profile or {}, ready_timeout_s=900)
@@ -195,20 +196,19 @@ def last_pages(phase: dict[str, Any]) -> dict[int, dict[str, Any]]:
     return found
 
 
-def region_diffs(a: dict[int, Any], b: dict[int, Any], *, prefix: int, window: int = 128) -> dict[str, int]:
-    """Per region (``full.<buffer>`` over every page; ``swa.<layer>`` over the pages that hold the
-    window before ``prefix`` and every page after it): bytes that differ."""
+def region_diffs(a: dict[int, Any], b: dict[int, Any], *, prefix: int, page: int = 256,
+                 window: int = 128) -> dict[str, int]:
+    """Per region (``full.<buffer>`` over every page; ``swa.<layer>`` over the pages holding the
+    window before ``prefix`` and every page after it, which must be mapped in both): bytes that differ."""
     import torch
 
     assert a.keys() == b.keys() and a, (sorted(a), sorted(b))
     out: dict[str, int] = {}
     for start in sorted(a):
         kinds = ["full"]
-        page = len(a[start]["swa"][0]) if a[start]["swa"] else 0
-        if a[start]["swa"] is not None and b[start]["swa"] is not None:
+        if start + page > prefix - window:
+            assert a[start]["swa"] is not None and b[start]["swa"] is not None, f"page {start}: SWA not mapped"
             kinds.append("swa")
-        elif page and start + page > prefix - window:
-            raise AssertionError(f"page {start}: an SWA page the window needs is not mapped")
         for kind in kinds:
             for i, (x, y) in enumerate(zip(a[start][kind], b[start][kind])):
                 key = f"{kind}.{i}"

@@ -73,9 +73,9 @@ def test_mellum_prefix_comes_back_from_the_file_l3_with_the_logits_of_a_device_h
     _same_logits(mellum, "storage", tokens=2)
 
 
-def _dsv4(tmp_path_factory, name, make):
+def _dsv4(tmp_path_factory, name, make, extra=()):
     work = tmp_path_factory.mktemp(name)
-    return hc.run_dsv4(work, make(work / "ckpt"))
+    return hc.run_dsv4(work, make(work / "ckpt"), extra=extra)
 
 
 @pytest.fixture(scope="module")
@@ -87,9 +87,10 @@ def dsv4(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def v41(tmp_path_factory):
-    from devkit.engine_kit.dsv41 import checkpoint
+    from devkit.engine_kit.dsv41 import checkpoint, launch
 
-    return _dsv4(tmp_path_factory, "hicache_v41", checkpoint.make_checkpoint)
+    # the V4.1 kit: ratio-1 KV-source layer, decoder SWA bounded replay on (as the kit boots it)
+    return _dsv4(tmp_path_factory, "hicache_v41", checkpoint.make_checkpoint, extra=(launch.REPLAY_FLAG,))
 
 
 def _check_dsv4_boot_and_host(out):
