@@ -72,7 +72,7 @@ class Geometry:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-# Mellum (page 1, 2048-token pool, SWA 32): two 1000-token churn prompts evict the 1008-token session
+# Mellum (page 1, 2048-token pool, sliding_window 32): two 1000-token churn prompts evict the 1008-token session
 # from device; a host 3x the device keeps it.
 MELLUM = Geometry(max_total_tokens=2048, prompt_tokens=1008, churn_requests=2, churn_tokens=1000, ratio=3.0)
 # DSV4 / V4.1 (page 256, the cone tests' pool): two 2048-token churn prompts push the session's SWA
@@ -106,6 +106,18 @@ def max_logprob_diff(a: dict[str, Any], b: dict[str, Any], tokens: int | None = 
     return max(abs(x[t] - y[t]) for x, y in rows for t in x)
 
 
+def flush(url: str, timeout_s: float = 120.0) -> None:
+    """``/flush_cache``, retried while SGLang refuses it (400: the scheduler is not idle yet, e.g. a
+    write-through or L3 backup still in flight, or the boot's health check)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        response = requests.post(url + "/flush_cache", timeout=60)
+        if response.status_code != 400 or time.monotonic() > deadline:
+            response.raise_for_status()
+            return
+        time.sleep(0.5)
+
+
 def _churn(url: str, g: Geometry, tag: str) -> None:
     for i in range(g.churn_requests):
         client.generate(url, _ids(f"{tag}{i}", g.churn_tokens), 1)
@@ -116,7 +128,7 @@ def run_phases(url: str, g: Geometry, *, storage: bool, on_phase: Any = None) ->
     ``on_phase(name)`` runs before each phase's measured request (the DSV4 probe's dump switch)."""
     prompt = _ids("session", g.prompt_tokens)
     hook = on_phase or (lambda name: None)
-    client.flush_cache(url)
+    flush(url)
     out: dict[str, Any] = {}
     hook("cold")
     out["cold"] = generate(url, prompt, g.new_tokens)
@@ -129,7 +141,7 @@ def run_phases(url: str, g: Geometry, *, storage: bool, on_phase: Any = None) ->
     out["host"] = generate(url, prompt, g.new_tokens)
     if storage:
         hook(None)
-        client.flush_cache(url)
+        flush(url)
         hook("storage")
         out["storage"] = generate(url, prompt, g.new_tokens)
     hook(None)
@@ -137,11 +149,11 @@ def run_phases(url: str, g: Geometry, *, storage: bool, on_phase: Any = None) ->
 
 
 def run_mellum(workdir: Path, model: Path, *, profile: dict[str, str] | None = None, storage: bool = True,
-               g: Geometry = MELLUM, ratio: float | None = None) -> dict[str, Any]:
+               g: Geometry = MELLUM) -> dict[str, Any]:
     """One Mellum kit boot with HiCache (L2, and the ``file`` L3 in ``workdir/l3``), its phases and log."""
     store = workdir / "l3"
     shutil.rmtree(store, ignore_errors=True)
-    flags = hicache_flags(ratio or g.ratio, store if storage else None)
+    flags = hicache_flags(g.ratio, store if storage else None)
     args = launcher.server_args(model, launcher.free_port(), max_total_tokens=g.max_total_tokens, extra=flags)
     server = launcher.Server(args, workdir / "mellum_hicache.log", profile or {}, ready_timeout_s=600)
     with server:
