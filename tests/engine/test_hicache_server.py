@@ -23,6 +23,7 @@ from devkit.engine_kit import model
 from devkit.testkit import hicache as hc
 
 pytestmark = pytest.mark.slow
+PAGE = 256  # the DSV4 kits' page
 
 
 def _where(phase):
@@ -116,9 +117,6 @@ def _same_regions_and_logits(out, tier):
 def _check_dsv4_l3(out):
     assert _where(out["storage"]) == (0, 0, out["hit"]["cached_tokens"])
     _same_regions_and_logits(out, "storage")
-
-
-PAGE = 256
 
 
 def test_dsv4_kit_pool_regions_and_logits_after_host_load_back_equal_a_device_hit_byte_for_byte(dsv4):
