@@ -14,5 +14,6 @@ BENCHMARKS = {
     "cone-replay-dsv4": "devkit.bench.cone_replay_dsv4:run",
     "admission": "devkit.bench.admission:run",
     "metrics-overhead": "devkit.bench.metrics_overhead:run",
+    "hicache": "devkit.bench.hicache:run",
     # -- end of benchmarks --
 }

@@ -11,6 +11,9 @@ The probe, driven by ``$CONE_PROBE_DIR/control.json`` (re-read before every matc
   batch, the KV the forward left in the real ``DeepSeekV4TokenToKVPool`` for every whole page of
   its extend (positions, per layer: the SWA page bytes, and every Full-side page row the cone
   copies: C4 / C128 latents and C4 index keys), and the batch's next-token logits.
+  ``{"dump": "name", "whole": true}``: every whole page from position 0 (the prefix the forward
+  read too, e.g. what a HiCache load-back wrote); a page whose SWA rows are not mapped on device
+  (outside the window) has ``"swa": None``.
 * ``{"tokens": N}``: the cone's replay depth for the next matches (a test lowers it below the
   bound, which the switch refuses at boot); ``{"cone": false}``: the cache's cone is off (stock).
 * ``{"mask": false}``: the cone's DSV4 write mask is not applied (the negative control).
@@ -36,13 +39,13 @@ def _control() -> dict[str, Any]:
         return {}
 
 
-def _pages_of(fb: Any, i: int, page: int) -> tuple[int, int]:
-    prefix = int(fb.extend_prefix_lens_cpu[i])
+def _pages_of(fb: Any, i: int, page: int, whole: bool = False) -> tuple[int, int]:
+    prefix = 0 if whole else int(fb.extend_prefix_lens_cpu[i])
     seq = int(fb.seq_lens_cpu[i])
     return -(-prefix // page) * page, seq // page * page
 
 
-def dump(runner: Any, fb: Any, out: Any, name: str) -> None:
+def dump(runner: Any, fb: Any, out: Any, name: str, whole: bool = False) -> None:
     import torch
 
     from adapter.switches.cone_replay.copy import full_side_buffers
@@ -53,7 +56,7 @@ def dump(runner: Any, fb: Any, out: Any, name: str) -> None:
     full = full_side_buffers(pool)
     reqs = []
     for i, row in enumerate(fb.req_pool_indices.tolist()):
-        lo, hi = _pages_of(fb, i, page)
+        lo, hi = _pages_of(fb, i, page, whole)
         entry: dict[str, Any] = {"prefix": int(fb.extend_prefix_lens_cpu[i]), "seq": int(fb.seq_lens_cpu[i]),
                                  "pages": {}}
         for start in range(lo, hi, page):
@@ -61,9 +64,10 @@ def dump(runner: Any, fb: Any, out: Any, name: str) -> None:
             full_page = int(slots[0]) // page
             swa = pool.translate_loc_from_full_to_swa(slots).to(torch.int64)
             swa_page = int(swa[0]) // page
-            assert torch.equal(swa, swa_page * page + torch.arange(page)), "SWA page not contiguous"
+            mapped = bool(torch.equal(swa, swa_page * page + torch.arange(page)))
+            assert mapped or whole, "SWA page not contiguous"
             entry["pages"][start] = {
-                "swa": [buf[swa_page].clone() for buf in pool.swa_kv_pool.kv_buffer],
+                "swa": [buf[swa_page].clone() for buf in pool.swa_kv_pool.kv_buffer] if mapped else None,
                 "full": [buf[full_page * rows : (full_page + 1) * rows].clone() for buf, rows in full],
             }
         reqs.append(entry)
@@ -74,9 +78,9 @@ def dump(runner: Any, fb: Any, out: Any, name: str) -> None:
 
 
 def _dump_if_asked(runner: Any, fb: Any, out: Any) -> None:
-    name = _control().get("dump")
-    if name:
-        dump(runner, fb, out, name)
+    control = _control()
+    if control.get("dump"):
+        dump(runner, fb, out, control["dump"], bool(control.get("whole", False)))
 
 
 def _patch_runner(module: Any) -> None:
