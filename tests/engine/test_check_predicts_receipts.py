@@ -102,7 +102,7 @@ def test_a_strict_dsv4_boot_of_the_profiles_cpu_switches_passes_receipts(tmp_pat
     lines = _strict_boot_passes_receipts(tmp_path, model, lambda profile, log: launch.server(
         model, log, profile, ready_timeout_s=400, load_format="dummy", max_total_tokens=2048, max_running=3,
         chunk=256, swa_ratio=1.0))
-    assert lines and "N=8192" in lines[0], lines
+    assert lines and "N=2048" in lines[0], lines
 
 
 def test_a_strict_v41_boot_beside_decoder_bounded_replay_passes_receipts(tmp_path):
@@ -114,7 +114,7 @@ def test_a_strict_v41_boot_beside_decoder_bounded_replay_passes_receipts(tmp_pat
     model = checkpoint.make_checkpoint(tmp_path / "v41", ratios=(0, 2, 1, 1, 0))
     lines = _strict_boot_passes_receipts(tmp_path, model, lambda profile, log: v41.server(
         model, log, profile, ready_timeout_s=400, max_total_tokens=2048, max_running=3, chunk=256, swa_ratio=1.0))
-    assert lines and "N=8192 bound=768 " in lines[0] and "decoder_tail_from=2" in lines[0], lines
+    assert lines and "N=2048 bound=768 " in lines[0] and "decoder_tail_from=2" in lines[0], lines
 
 
 def test_a_strict_dsv4_boot_of_the_datacenter_profile_with_its_hicache_passes_receipts(tmp_path):
@@ -130,4 +130,4 @@ def test_a_strict_dsv4_boot_of_the_datacenter_profile_with_its_hicache_passes_re
     lines = _strict_boot_passes_receipts(tmp_path, model, lambda profile, log: launch.server(
         model, log, profile, ready_timeout_s=400, load_format="dummy", max_total_tokens=2048, max_running=3,
         chunk=256, swa_ratio=1.0, extra=hicache), DATACENTER)
-    assert lines and "N=8192" in lines[0], lines
+    assert lines and "N=2048" in lines[0], lines
