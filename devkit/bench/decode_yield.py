@@ -82,6 +82,13 @@ class PromptTimes:
         return self.cycle_chunk_fs + self.cycle_decode_fs + self.final_chunk_fs
 
 
+def modelled_ns(step: Any) -> int:
+    """A pass's modelled wall time in ns (cost_model defaults): the scripted clock of the harness."""
+    if step.kind == "prefill":
+        return cost_model.chunk_cost(zip(step.extend_lens, step.prefix_lens)) // 10**6
+    return cost_model.step_cost(step.decode_context_lens) // 10**6
+
+
 def prompt_times(steps: list[Any], rid: str) -> PromptTimes:
     chunk_steps = [i for i, s in enumerate(steps) if s.kind == "prefill" and rid in s.rids]
     if not chunk_steps:

@@ -43,30 +43,34 @@ import logging
 from typing import Any
 
 from adapter.core import api
-from adapter.switches.decode_yield import cost_model
+from adapter.switches.decode_yield import agreement, controller, cost_model
 
 SWITCH = api.handle(__name__)
 _ATTR = "_dsv41_decode_yield"  # per-Scheduler state, on the instance
+MODE_KEY, MEASURED, MODEL = "DSV41_DECODE_YIELD_MODE", "measured", "model"
 DLLM = "dLLM: diffusion decoding does not use the chunked-prefill deferral path"
 
 
 class _Window:
     """One open yield window: the chunked prompt it waits for and what it was armed with."""
 
-    __slots__ = ("chunk", "floor", "n", "prefix", "req", "rows")
+    __slots__ = ("chunk", "floor", "n", "plan", "prefix", "req", "rows")
 
-    def __init__(self, req: Any, n: int, floor: int, chunk: int, prefix: int, rows: int):
+    def __init__(self, req: Any, n: int, floor: int, chunk: int, prefix: int, rows: int,
+                 plan: controller.Plan | None):
         self.req, self.n, self.floor = req, n, floor
-        self.chunk, self.prefix, self.rows = chunk, prefix, rows
+        self.chunk, self.prefix, self.rows, self.plan = chunk, prefix, rows, plan
 
 
 class _State:
-    __slots__ = ("carry", "carry_req", "window")
+    __slots__ = ("carry", "carry_req", "ctl", "pass_t", "window")
 
-    def __init__(self) -> None:
+    def __init__(self, ctl: controller.Controller | None) -> None:
         self.window: _Window | None = None
-        self.carry = 0  # rounding surplus of the previous windows of carry_req (cost_model.yield_window)
+        self.carry = 0  # model mode: rounding surplus of the previous windows of carry_req (cost_model.yield_window)
         self.carry_req: Any = None
+        self.ctl = ctl  # measured mode: the closed loop (None in model mode)
+        self.pass_t = 0  # measured mode: when the current pass entered get_next_batch_to_run (controller.now)
 
 
 def unsupported_mode(server_args: Any) -> str | None:
@@ -96,12 +100,15 @@ def _published_server_args() -> Any:
 def install(ctx: api.SwitchContext) -> dict[str, Any]:
     SWITCH.bind(ctx)
     pct: int = ctx.value
+    mode: str = ctx.values.get(MODE_KEY) or MEASURED
+    measured = mode == MEASURED
     try:
         coef = cost_model.from_config(ctx.values)
     except ValueError as exc:  # a cross-key rule the per-key parsers cannot see (a ConfigError)
         raise api.Refusal(str(exc)) from None
     debug = ctx.debug
     topk = coef.topk
+    cap = cost_model.MAX_YIELD_STEPS
     published = _published_server_args()
     if published is not None and (reason := unsupported_mode(published)):
         raise api.Refusal(reason)
@@ -116,15 +123,26 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
             if reason is not None:  # a scheduler built in an unsupported mode after install: back to stock
                 ctx.refuse_late(reason, revert=True)
                 return None
-            state = scheduler.__dict__[_ATTR] = _State()
+            state = scheduler.__dict__[_ATTR] = _State(controller.Controller(pct, cap) if measured else None)
         return state
 
     def get_next_batch_to_run(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        ctl = None
+        if measured:  # every pass is a clock sample: the streams' step alone is measured before any prompt
+            state = instance.__dict__.get(_ATTR) or state_of(instance)
+            if state is None:
+                return wrapped(*args, **kwargs)
+            ctl = state.ctl
+            state.pass_t = t = controller.now()
+            # the overlap loop's pass waits on the batch before the one it launched: one more in a row
+            ctl.on_pass(t, 3 if getattr(instance, "enable_overlap", False) else 2)
         plan = wrapped(*args, **kwargs)
+        batch = plan.batch_to_run
+        if ctl is not None:  # not extend: a decode batch (DP attention's idle batches are refused)
+            ctl.ran(batch is not None and not batch.forward_mode.is_extend())
         chunked = instance.chunked_req
         if chunked is None:  # the common pass: nothing to arm
             return plan
-        batch = plan.batch_to_run
         if batch is None or not batch.forward_mode.is_extend():
             return plan
         state = state_of(instance)
@@ -151,11 +169,18 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
         chunk_fs = cost_model.window_cost(zip(batch.extend_lens, batch.prefix_lens), coef)
         step_fs = cost_model.decode_cost(rows, kv, kv_topk, coef)
         floor = instance._prefill_decode_interval_remaining  # what the engine's own arm wrote
-        carry = state.carry if state.carry_req is chunked else 0
-        n, state.carry = cost_model.yield_window(pct, chunk_fs, step_fs, floor, carry, rode_along=1 if decoding else 0)
-        state.carry_req = chunked
+        rode_along = 1 if decoding else 0
+        decided = None
+        if ctl is not None:
+            decided = ctl.plan(state.pass_t, chunked, sum(batch.extend_lens), rode_along, floor, (chunk_fs, step_fs))
+            # rank 0 decides for every TP rank (arming is decided on replicated state: every rank is here)
+            n = agreement.agree(instance, decided.n)
+        else:
+            carry = state.carry if state.carry_req is chunked else 0
+            n, state.carry = cost_model.yield_window(pct, chunk_fs, step_fs, floor, carry, cap, rode_along)
+            state.carry_req = chunked
         instance._prefill_decode_interval_remaining = n
-        state.window = _Window(chunked, n, floor, batch.extend_lens[index], batch.prefix_lens[index], rows)
+        state.window = _Window(chunked, n, floor, batch.extend_lens[index], batch.prefix_lens[index], rows, decided)
         return plan
 
     def _should_defer_prefill(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
@@ -185,20 +210,38 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
         if ended is not None:
             given = window.n - remaining
             state.window = None
-            if ended != "served":  # the window did not give what it planned: carry nothing over
+            cycle = None
+            if state.ctl is not None and ended == "served":  # the cycle ends at this pass: the next chunk runs in it
+                cycle = state.ctl.served(state.pass_t, given)
+            elif state.ctl is not None:  # not a cycle: the prompt's balance starts over
+                state.ctl.abandoned()
+            elif ended != "served":  # the window did not give what it planned: carry nothing over
                 state.carry, state.carry_req = 0, None
             if debug or api.metrics_on():  # skip formatting the line when nothing reads it
-                ctx.event(
-                    "window", level=logging.DEBUG, chunk=window.chunk, prefix=window.prefix,
-                    rows=window.rows, n=window.n, floor=window.floor, given=given, ended=ended,
-                )
+                ctx.event("window", level=logging.DEBUG, **_window_fields(mode, pct, window, given, ended, cycle))
         return defer
 
     ctx.wrap("Scheduler.get_next_batch_to_run", get_next_batch_to_run)
     ctx.wrap("Scheduler._should_defer_prefill", _should_defer_prefill)
-    return {
-        "share": pct,
-        "cap": cost_model.MAX_YIELD_STEPS,
-        "cost": coef.source,
-        "mode_check": "install" if published is not None else "first_pass",
-    }
+    return {"share": pct, "mode": mode, "cap": cap, "cost": coef.source,
+            "mode_check": "install" if published is not None else "first_pass"}
+
+
+def _window_fields(mode: str, pct: int, window: _Window, given: int, ended: str,
+                   cycle: controller.Cycle | None) -> dict[str, Any]:
+    """The ``window`` line: what was planned and given, and in measured mode what it was planned
+    from (``source``, the step and overhead estimates) and the share the streams got (``-``: not
+    a measured cycle)."""
+    fields: dict[str, Any] = {"mode": mode, "target": pct, "chunk": window.chunk, "prefix": window.prefix,
+                              "rows": window.rows, "n": window.n, "floor": window.floor, "given": given,
+                              "ended": ended}
+    plan = window.plan
+    if plan is not None:
+        fields.update(source=plan.source, step_us=_us(plan.step_ns), overhead_us=_us(plan.overhead_ns),
+                      share=cycle.share if cycle else "-", prompt_share=cycle.prompt_share if cycle else "-",
+                      cycle_us=_us(cycle.elapsed_ns) if cycle else "-")
+    return fields
+
+
+def _us(ns: int | None) -> Any:
+    return "-" if ns is None else round(ns / 1000, 1)
