@@ -179,8 +179,7 @@ SWITCHES: tuple[Switch, ...] = (
                 "measured: windows from this boot's measured iteration times, closed on the share the streams got; "
                 "model: the open-loop integer cost model alone (the keys below; the previous behaviour)",
                 default="measured"),
-        ) + tuple(
-            Key(f"DSV41_DECODE_YIELD_{name}", env.integer(0, 10**12, unit=unit),
+            *(Key(f"DSV41_DECODE_YIELD_{name}", env.integer(0, 10**12, unit=unit),
                 f"decode-yield cost model (model mode; the first windows of a boot in measured mode): {unit}")
             for name, unit in (  # defaults and their provenance: adapter/switches/decode_yield/cost_model.py DEFAULTS
                 ("CHUNK_US", "µs per prefill forward"),
@@ -198,7 +197,7 @@ SWITCHES: tuple[Switch, ...] = (
                 ("STEP_SCHED_US", "µs per decode iteration besides its forward"),
                 ("ROW_SCHED_NS", "ns per decode row besides the forward"),
                 ("SWITCH_US", "µs per window of alternating chunk and decode steps"),
-            )
+            )),
         ),
     ),
     Switch(
