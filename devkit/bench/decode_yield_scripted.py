@@ -66,9 +66,12 @@ def install(pct: int | None, env: dict[str, str] | None = None) -> None:
 
 
 def run(pct: int | None, script: Script, *, mode: str = "measured", interval: int = 0,
-        env: dict[str, str] | None = None, on_ready: Callable[[], None] | None = None) -> list[Cycle]:
+        env: dict[str, str] | None = None, on_ready: Callable[[], None] | None = None,
+        on_built: Callable[[Any], None] | None = None) -> list[Cycle]:
     """Streams decode, then the long prompt prefills in ``PROMPT_CHUNKS`` chunks of ``CHUNK``; its
-    cycles. ``pct`` None: stock (with ``interval``: ``--prefill-decode-interval``)."""
+    cycles. ``pct`` None: stock (with ``interval``: ``--prefill-decode-interval``). ``on_built(h)``
+    runs on the harness before any request (a rank's process group, say); ``on_ready()`` once the
+    streams decode, right before the long prompt arrives."""
     from adapter.switches.decode_yield import controller
     from devkit.testkit.scheduler import ScriptedClock, build_scheduler
 
@@ -78,6 +81,8 @@ def run(pct: int | None, script: Script, *, mode: str = "measured", interval: in
     clock = ScriptedClock(script)
     h.on_forward = clock.forward
     saved, controller.now = controller.now, clock.now
+    if on_built is not None:
+        on_built(h)
     try:
         for _ in range(STREAMS):
             h.add_request(1000, max_new_tokens=100_000)
