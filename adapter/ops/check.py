@@ -281,6 +281,8 @@ def predict(environ: Mapping[str, str], config: registry.Config, state: Any, mod
                 why = unsupported_mode(launch.namespace)
                 if why:
                     receipt = f"refused: {why}"
+            if switch.name == "decode_yield" and outcome.status == "installed":
+                params = {k: outcome.params[k] for k in ("share", "mode", "cost") if k in outcome.params}
         out.append(Prediction(switch.name, keys, "ok" if not drift else f"drift({len(drift)})", status, receipt,
                               switch.volatile, params))
     return out
@@ -295,9 +297,11 @@ def warnings_for(environ: Mapping[str, str], config: registry.Config, model: Mod
         if orphans and switch.name not in requested:
             found.append(f"{', '.join(orphans)} set without {switch.gate.name}: {switch.name} is off and "
                          f"{'they are' if len(orphans) > 1 else 'it is'} ignored")
-    if "decode_yield" in requested and not any(k.startswith("DSV41_DECODE_YIELD_") for k in environ):
-        found.append("decode_yield runs on its default cost coefficients (no DSV41_DECODE_YIELD_* key): fit them on "
-                     "this machine with `python -m adapter fit-cost-model` (docs/operating.md)")
+    coefficients = [k for k in environ if k.startswith("DSV41_DECODE_YIELD_") and k != "DSV41_DECODE_YIELD_MODE"]
+    if "decode_yield" in requested and config.values.get("DSV41_DECODE_YIELD_MODE") == "model" and not coefficients:
+        found.append("decode_yield runs open-loop (DSV41_DECODE_YIELD_MODE=model) on its default cost coefficients "
+                     "(no DSV41_DECODE_YIELD_* coefficient key): fit them on this machine with `python -m adapter "
+                     "fit-cost-model` (docs/operating.md), or unset the mode (measured: no coefficients needed)")
     if "swa_native_decode" in requested:
         dsv4 = model is not None and model.pool == "DeepSeekV4TokenToKVPool"
         rows = launch.max_running_requests
@@ -362,6 +366,11 @@ def evaluate(env_file: str | None, model_path: str | None = None) -> dict[str, A
             notes.append(f"{p.switch}: {outcome.reason} (a boot on this machine would refuse it)")
         elif outcome is not None and outcome.status not in ("installed", "armed"):
             problems.append(f"{p.switch} {outcome.status}: {outcome.reason or 'its modules did not import'}")
+        if p.switch == "decode_yield" and p.params.get("mode"):  # which mode a boot runs
+            notes.append(f"decode_yield: share {p.params['share']} % in {p.params['mode']} mode ("
+                         + ("windows from measured iteration times, closed on the measured share; rank 0 decides "
+                            "under TP" if p.params["mode"] == "measured" else
+                            f"open-loop integer cost model, coefficients {p.params['cost']}") + ")")
     return {
         "ok": not problems,
         "profile": env_file,

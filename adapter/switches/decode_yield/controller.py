@@ -86,6 +86,7 @@ class Cycle:
     """One cycle as measured when its window was served."""
 
     elapsed_ns: int
+    streams_ns: int  # the streams' tokens at their step alone
     overhead_ns: int
     share: float  # the streams' tokens at their rate alone over the cycle's wall time
     prompt_share: float  # the same over the prompt's served cycles so far
@@ -163,7 +164,7 @@ class Controller:
         self.balance = max(-bound, min(bound, self.balance))
         self._given_ns += got
         self._elapsed_ns += elapsed
-        return Cycle(elapsed, overhead, round(got / elapsed, 4), round(self._given_ns / self._elapsed_ns, 4))
+        return Cycle(elapsed, got, overhead, round(got / elapsed, 4), round(self._given_ns / self._elapsed_ns, 4))
 
     def abandoned(self) -> None:
         """The window did not give what it planned: no cycle, and the prompt's balance starts over."""

@@ -229,19 +229,20 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
 
 def _window_fields(mode: str, pct: int, window: _Window, given: int, ended: str,
                    cycle: controller.Cycle | None) -> dict[str, Any]:
-    """The ``window`` line: what was planned and given, and in measured mode what it was planned
-    from (``source``, the step and overhead estimates) and the share the streams got (``-``: not
-    a measured cycle)."""
+    """The ``window`` line: what was planned and given; in measured mode what it was planned from
+    (``source``, the step and overhead estimates) and, for a measured cycle, the share the streams
+    got in it and over the prompt so far, its wall time and the streams' part of it."""
     fields: dict[str, Any] = {"mode": mode, "target": pct, "chunk": window.chunk, "prefix": window.prefix,
                               "rows": window.rows, "n": window.n, "floor": window.floor, "given": given,
                               "ended": ended}
     plan = window.plan
     if plan is not None:
-        fields.update(source=plan.source, step_us=_us(plan.step_ns), overhead_us=_us(plan.overhead_ns),
-                      share=cycle.share if cycle else "-", prompt_share=cycle.prompt_share if cycle else "-",
-                      cycle_us=_us(cycle.elapsed_ns) if cycle else "-")
+        fields["source"] = plan.source
+        if plan.step_ns is not None:
+            fields["step_us"] = round(plan.step_ns / 1000, 1)
+        if plan.overhead_ns is not None:
+            fields["overhead_us"] = round(plan.overhead_ns / 1000, 1)
+    if cycle is not None:
+        fields.update(share=cycle.share, prompt_share=cycle.prompt_share, cycle_us=round(cycle.elapsed_ns / 1000, 1),
+                      streams_us=round(cycle.streams_ns / 1000, 1))
     return fields
-
-
-def _us(ns: int | None) -> Any:
-    return "-" if ns is None else round(ns / 1000, 1)
