@@ -1,40 +1,58 @@
-"""Decode yield (``DSV41_DECODE_YIELD=<pct>``): running streams keep ``pct`` % of the time while a
-long prompt prefills in chunks.
+"""Decode yield (``DSV41_DECODE_YIELD=<pct>``): running streams keep ``pct`` % of their decode rate
+while a long prompt prefills in chunks.
 
 What it changes: after each *non-final* chunk of a chunked prompt, while decode rows are running,
 the next prefill is deferred for ``N`` decode steps through the engine's own
-``Scheduler._should_defer_prefill`` counter (``_prefill_decode_interval_remaining``), where
-``N = ceil(pct*window_cost / ((100-pct)*step_cost))`` (the chunk's iteration and the alternation
-against one decode iteration, forward and scheduling both) from :mod:`adapter.switches.decode_yield.cost_model` (less the
-rounding surplus earlier windows of the same prompt gave, so the prompt's total tracks the share),
-never shorter than ``--prefill-decode-interval``, never longer than 128 steps. Only *when* the
-next chunk runs changes: chunk boundaries, batch contents and outputs stay the engine's own.
+``Scheduler._should_defer_prefill`` counter (``_prefill_decode_interval_remaining``), never shorter
+than ``--prefill-decode-interval``, never longer than 128 steps. Only *when* the next chunk runs
+changes: chunk boundaries, batch contents and outputs stay the engine's own.
+
+``N`` comes from one of two modes (``DSV41_DECODE_YIELD_MODE``):
+
+* ``measured`` (the default): a closed loop on this boot's measured iteration wall times
+  (:mod:`adapter.switches.decode_yield.controller`): the streams' step alone and each chunk cycle's
+  overhead, measured from the scheduler's own passes, and the share the streams got in the
+  prompt's earlier windows corrects the next one (rounding carried). The boot's first windows,
+  before anything is measured, use the cost model's ratio. Under tensor parallelism rank 0 decides
+  and broadcasts ``N`` on ``Scheduler.tp_cpu_group`` (:mod:`adapter.switches.decode_yield.agreement`):
+  ranks' clocks differ, and every rank must defer the same passes.
+* ``model``: the open-loop integer cost model alone (:mod:`adapter.switches.decode_yield.cost_model`,
+  ``N = ceil((pct*window_cost - carry) / ((100-pct)*step_cost))`` from the chunk's and the
+  streams' shapes and the ``DSV41_DECODE_YIELD_*`` coefficients; clock-free, so every rank decides
+  alike without a broadcast). It holds the share only where its coefficients were fitted and while
+  the machine holds still: the previous behaviour, kept as the rollback of the loop.
+
 Under ``--enable-mixed-chunk`` the running rows also decode one token inside the chunk
 (``Scheduler`` mixes them in and sets ``batch.decoding_reqs``); the share is on the streams' token
-rate, so the window credits that token (``cost_model.yield_window``'s ``rode_along``) and is empty
-when the chunk alone already gives the share.
+rate, so both modes credit that token (``rode_along``) and the window is empty when the chunk alone
+already gives the share.
 
 Why: in SGLang 0.5.23 a chunked prompt is rescheduled on every pass, so running streams get no
 decode step between chunks unless ``--prefill-decode-interval`` is set, and then a fixed number of
 steps whatever the chunk costs (sglang#32549: a 5 min decode hole behind a long prompt;
 streams fell to 8 % of their decode rate during a cold 500K-token prefill).
 
-Invariants (tests/upstream/test_decode_yield.py checks each):
+Invariants (tests/upstream/test_decode_yield.py checks each; the closed loop against scripted costs:
+tests/upstream/test_decode_yield_closed_loop.py; two ranks: tests/upstream/test_decode_yield_ranks.py):
 * Off, or with no running decode rows (a lone prompt), the scheduler trace is the stock one.
 * The final chunk arms nothing beyond the engine's own interval.
 * A window ends at once when the streams are gone (finished, retracted) or the chunked prompt is
   gone (finished, aborted, retracted by a pause): no idle pass, and never shorter than the
   configured interval. The engine's ``--prefill-decode-interval-min-bs`` rule still applies.
-* Every input of ``N`` is replicated scheduler state (no clock), so every TP rank decides the same.
+* Arming is decided on replicated scheduler state (a non-final chunk in the batch, running rows),
+  so every TP rank reaches the broadcast on the same pass; ``N`` itself is rank 0's.
 * DP attention, pipeline parallelism, PD disaggregation and dLLM are refused (stock path stays).
 
-Hooks: ``Scheduler.get_next_batch_to_run`` (after the call: arm the window when the batch about to
-run holds a non-final chunk) and ``Scheduler._should_defer_prefill`` (before the call: end the
-window early). ``_arm_prefill_decode_interval`` (whose counter is the floor) and
-``_reqs_finishing_inflight`` (rows the overlap loop's in-flight result finishes) are read or called,
-not wrapped; they are pinned beside the wrapped two (registry ``wraps``), so drift refuses the switch.
+Hooks: ``Scheduler.get_next_batch_to_run`` (before the call, measured mode: stamp the pass; after
+it: arm the window when the batch about to run holds a non-final chunk) and
+``Scheduler._should_defer_prefill`` (before the call: end the window early; after it: close the
+measured cycle). ``_arm_prefill_decode_interval`` (whose counter is the floor),
+``_reqs_finishing_inflight`` (rows the overlap loop's in-flight result finishes) and
+``init_model_worker`` (which sets ``tp_cpu_group``) are read or called, not wrapped; they are pinned
+beside the wrapped two (registry ``relies_on``), so drift refuses the switch.
 
-Rollback: unset ``DSV41_DECODE_YIELD`` (the ``DSV41_DECODE_YIELD_*`` cost keys then do nothing).
+Rollback: unset ``DSV41_DECODE_YIELD`` (the ``DSV41_DECODE_YIELD_*`` keys then do nothing); to
+the open-loop model only, ``DSV41_DECODE_YIELD_MODE=model``.
 """
 
 from __future__ import annotations
