@@ -454,3 +454,28 @@ def test_one_debug_line_per_window_with_chunk_n_and_why_it_ended(debug_lines):
     for w, gap in zip(windows, gaps):
         assert w.switch == NAME and w.params["chunk"] == str(CHUNK) and w.params["ended"] == "served"
         assert int(w.params["n"]) == int(w.params["given"]) == gap
+
+
+def test_the_window_line_names_the_mode_target_measured_share_and_n(debug_lines):
+    """Measured mode against scripted costs (chunk 10 ms, step 2 ms): the line's share is the cycle's."""
+    from devkit.bench.decode_yield_scripted import MS, Script
+    from devkit.bench.decode_yield_scripted import run as scripted_run
+
+    found = scripted_run(33, Script(lambda k: 10 * MS, lambda k: 2 * MS), on_ready=debug_lines.clear)
+    windows = [receipts.parse_line(line).params for line in debug_lines if " window " in line]
+    assert len(windows) == len(found)
+    assert all(w["mode"] == "measured" and w["target"] == "33" for w in windows)
+    assert [w["source"] for w in windows[:2]] == ["model_ratio", "measured"]
+    assert {w["source"] for w in windows[1:]} == {"measured"}
+    assert [int(w["n"]) for w in windows] == [c[1] for c in found]
+    for w, c in zip(windows, found):  # the share the line reports is the cycle's, from the same costs
+        assert float(w["share"]) == pytest.approx(c[3] / c[2], abs=0.001)
+        assert float(w["step_us"]) == 2000.0
+    assert abs(float(windows[-1]["prompt_share"]) - 0.33) <= 0.02
+
+
+def test_in_model_mode_the_window_line_ends_at_how_the_window_ended(debug_lines):
+    _install(33, DSV41_DECODE_YIELD_MODE="model")
+    _scenario(_harness(), ready=debug_lines.clear)
+    windows = [receipts.parse_line(line).params for line in debug_lines if " window " in line]
+    assert len(windows) == 7 and all(w["mode"] == "model" and "share" not in w and "source" not in w for w in windows)

@@ -8,11 +8,8 @@ alternation cost) over the cycle's wall time."""
 
 from __future__ import annotations
 
-import logging
-
 import pytest
 
-from adapter.core import receipts
 from adapter.switches.decode_yield import controller
 from devkit.bench.decode_yield_scripted import MODEL_10_2, MS, PROMPT_CHUNKS, Script, quarters
 from devkit.bench.decode_yield_scripted import run as _run
@@ -91,31 +88,3 @@ def test_a_chunk_that_grows_with_its_prefix_keeps_the_share_in_every_quarter():
     # stock with --prefill-decode-interval 4: 4 steps of 2 ms against a 10 .. 20 ms chunk, 0.44 .. 0.29
     k_quarters = quarters(_run(None, script(), interval=4)[1:])
     assert k_quarters[0] - k_quarters[3] > 0.08  # a fixed K does not follow the growing chunk
-
-
-def test_one_debug_line_per_window_names_mode_target_measured_share_and_n():
-    lines: list[str] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record):
-            lines.append(record.getMessage())
-
-    logger = receipts.logger()
-    handler, level = Collect(), logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG)
-    try:
-        found = _run(33, Script(lambda k: 10 * MS, lambda k: 2 * MS), on_ready=lines.clear)
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
-    windows = [receipts.parse_line(line).params for line in lines if " window " in line]
-    assert len(windows) == len(found)
-    assert all(w["mode"] == "measured" and w["target"] == "33" for w in windows)
-    assert [w["source"] for w in windows[:2]] == ["model_ratio", "measured"]
-    assert {w["source"] for w in windows[1:]} == {"measured"}
-    assert [int(w["n"]) for w in windows] == [c[1] for c in found]
-    for w, c in zip(windows, found):  # the share the line reports is the cycle's, from the same costs
-        assert float(w["share"]) == pytest.approx(c[3] / c[2], abs=0.001)
-        assert float(w["step_us"]) == 2000.0
-    assert abs(float(windows[-1]["prompt_share"]) - 0.33) <= 0.02
