@@ -24,15 +24,15 @@ def test_only_a_decode_pass_after_a_decode_pass_is_a_step_alone():
     ctl.on_pass(0, 2)
     ctl.ran(False)  # a chunk: 10 ms
     ctl.on_pass(10 * MS, 2)
-    ctl.ran(True)  # the first step after it: 5 ms (the alternation) - not a sample
+    ctl.ran(True)  # the first step after it: 5 ms (the alternation) - not a step alone
     ctl.on_pass(15 * MS, 2)
-    assert ctl.step.value() is None
+    assert ctl.alone.value() is None and ctl.step_ns() == 5 * MS  # nothing better yet
     ctl.ran(True)  # the second: 2 ms
     ctl.on_pass(17 * MS, 2)
-    assert ctl.step.value() == 2 * MS
+    assert ctl.step_ns() == 2 * MS
     ctl.ran(True)
     ctl.on_pass(19 * MS, 3)  # overlap loop: three in a row needed, and there are three
-    assert list(ctl.step.samples) == [2 * MS, 2 * MS]
+    assert list(ctl.alone.samples) == [2 * MS, 2 * MS]
 
 
 def test_the_step_is_the_median_of_the_last_five_so_one_descheduled_step_does_not_move_it():
@@ -40,7 +40,25 @@ def test_the_step_is_the_median_of_the_last_five_so_one_descheduled_step_does_no
     t = _stepped(ctl, 2 * MS, 4)
     ctl.ran(True)
     _stepped(ctl, 40 * MS, 1, t)  # one step the OS descheduled
-    assert ctl.step.value() == 2 * MS
+    assert ctl.step_ns() == 2 * MS
+
+
+def test_a_stale_step_alone_gives_way_to_the_recent_first_steps_after_chunks():
+    """Windows of one step give no step alone; the machine slowed 5x meanwhile: after two cycles
+    the recent decode steps (each the first after its chunk) are the reference."""
+    ctl = controller.Controller(20, 128)
+    t = _stepped(ctl, 2 * MS)
+    for cycle in range(4):
+        ctl.plan(t, PROMPT, 64, 0, 0, (10, 10))
+        ctl.ran(False)  # the chunk
+        t += 50 * MS
+        ctl.on_pass(t, 2)
+        ctl.ran(True)  # its one step, now 10 ms
+        t += 10 * MS
+        ctl.on_pass(t, 2)
+        ctl.ran(False)
+        assert ctl.step_ns() == (2 * MS if cycle < 2 else 10 * MS), cycle
+        ctl.served(t, 1)
 
 
 def test_with_nothing_measured_the_first_window_is_the_cost_models():

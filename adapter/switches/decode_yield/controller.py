@@ -8,9 +8,12 @@ The scheduler's own passes are the clock's samples. Every pass stamps the time i
   iterations that followed decode iterations (two in a row in the normal loop, three in the overlap
   loop, whose pass waits on the batch before): the step the streams' rate alone is made of. The
   first decode step after a chunk is left out on purpose: what it costs beyond this is the
-  alternation, which the prompt's side pays (below). Not per row: a step's fixed part (weights,
-  launch, the scheduler pass) dominates at serving batch sizes, and a finished row changes the
-  median within three steps.
+  alternation, which the prompt's side pays (below). But only while such a sample is fresh (taken
+  in the last :data:`FRESH_CYCLES` cycles): windows of 0 or 1 step give none, and a machine's speed
+  moves within seconds (on the shared 2-core CPU engine a step took 12 ms, then 50 ms, then 8 ms
+  within one minute), so then the median of the last decode iterations of any kind (the first after
+  a chunk included) stands in. Not per row: a step's fixed part (weights, launch, the scheduler
+  pass) dominates at serving batch sizes, and a finished row changes the median within three steps.
 * **A cycle** is one non-final chunk and its window: from the pass that runs the chunk to the pass
   that runs the next one. Its wall time ``E`` less the reference time of the tokens the streams got
   in it, ``(given + rode_along) * step_ns``, is its **overhead** ``O``: the chunk, the alternation,
@@ -51,6 +54,7 @@ now = time.perf_counter_ns  # the controller's clock (ns); tests script it
 
 STEP_SAMPLES = 5  # the median of this many back-to-back decode iterations is the streams' step alone
 CHUNK_SAMPLES = 3  # the median of this many cycles' overhead per chunk token is the next estimate
+FRESH_CYCLES = 2  # a step-alone sample older than this many cycles gives way to any recent decode step
 
 
 class Recent:
@@ -97,7 +101,10 @@ class Controller:
 
     def __init__(self, pct: int, cap: int):
         self.pct, self.cap = pct, cap
-        self.step = Recent(STEP_SAMPLES)
+        self.alone = Recent(STEP_SAMPLES)  # decode iterations after decode iterations
+        self.any_step = Recent(STEP_SAMPLES)  # every decode iteration, the first after a chunk included
+        self._cycles = 0  # windows planned so far, and the count when the last step-alone sample came
+        self._alone_at = -FRESH_CYCLES - 1
         self.overhead_per_token = Recent(CHUNK_SAMPLES)  # ps per chunk token
         self.balance = 0
         self.prompt: object | None = None  # the chunked prompt the balance is for
@@ -111,9 +118,18 @@ class Controller:
     def on_pass(self, t: int, need_run: int) -> None:
         """A pass entered at ``t``: the interval since the last one is a step alone when the passes
         before it ran ``need_run`` decode batches in a row (2 normal loop, 3 overlap loop)."""
-        if self._last_t is not None and self._decode_run >= need_run:
-            self.step.add(t - self._last_t)
+        if self._last_t is not None and self._decode_run >= max(need_run - 1, 1):
+            self.any_step.add(t - self._last_t)
+            if self._decode_run >= need_run:
+                self.alone.add(t - self._last_t)
+                self._alone_at = self._cycles
         self._last_t = t
+
+    def step_ns(self) -> int | None:
+        """The streams' step alone, or any recent decode step when no step alone is fresh."""
+        if self.alone.samples and self._cycles - self._alone_at <= FRESH_CYCLES:
+            return self.alone.value()
+        return self.any_step.value() or self.alone.value()
 
     def ran(self, decode: bool) -> None:
         """What the pass that just entered chose: a decode batch (True) or anything else."""
@@ -130,7 +146,8 @@ class Controller:
         if prompt is not self.prompt:
             self._reset(prompt)
         self._cycle = (t, tokens, rode_along)
-        step = self.step.value()
+        self._cycles += 1
+        step = self.step_ns()
         per_token = self.overhead_per_token.value()
         if step is None:
             chunk_fs, step_fs = model_ratio
@@ -153,7 +170,7 @@ class Controller:
         start, tokens, rode_along = self._cycle
         self._cycle = None
         elapsed = t - start
-        step = self.step.value()
+        step = self.step_ns()
         if step is None or elapsed <= 0:  # nothing to weigh the streams' tokens by
             return None
         got = (given + rode_along) * step
