@@ -118,7 +118,9 @@ class Controller:
     def on_pass(self, t: int, need_run: int) -> None:
         """A pass entered at ``t``: the interval since the last one is a step alone when the passes
         before it ran ``need_run`` decode batches in a row (2 normal loop, 3 overlap loop)."""
-        if self._last_t is not None and self._decode_run >= max(need_run - 1, 1):
+        # any decode pass: the interval right after it (in the overlap loop on a GPU that is the
+        # batch before it, possibly a chunk: only a stand-in while no step alone is fresh)
+        if self._last_t is not None and self._decode_run >= 1:
             self.any_step.add(t - self._last_t)
             if self._decode_run >= need_run:
                 self.alone.add(t - self._last_t)
