@@ -77,6 +77,7 @@ class Profile:
     server_args: Any  # SGLang's parsed ``ServerArgs`` namespace of the launch line; None without one
     model: ModelFacts | None  # None: no model folder to read
     status: str  # the switch's install outcome in check's process: installed | armed | refused | n/a
+    installed: Mapping[str, Any] = field(default_factory=dict)  # its install receipt's key=value fields
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ class Prediction:
     receipt: str | None = None  # installed | refused: <reason> | not decided (<why>)
     params: Mapping[str, Any] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()  # what an operator should know of the boot (e.g. which mode runs)
 
 
 class SwitchContext:

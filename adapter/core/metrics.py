@@ -48,6 +48,14 @@ def _num(key: str) -> Callable[[Mapping[str, object]], float]:
     return read
 
 
+def _us_to_s(key: str) -> Callable[[Mapping[str, object]], float]:
+    def read(params: Mapping[str, object]) -> float:
+        return float(params.get(key, 0) or 0) / 1e6
+
+    read.__doc__ = f"the event's ``{key}=`` (µs) in seconds"
+    return read
+
+
 def _one(params: Mapping[str, object]) -> float:
     """one per event"""
     return 1.0
@@ -81,6 +89,12 @@ METRICS: tuple[Metric, ...] = (
            "Decode steps the ended windows planned before the next prefill chunk (n).", amount=_num("n")),
     Metric("dsv41_decode_yield_steps_given_total", "decode_yield", "window",
            "Decode steps the ended windows gave before the next prefill chunk (given).", amount=_num("given")),
+    Metric("dsv41_decode_yield_cycle_seconds_total", "decode_yield", "window",
+           "Measured mode: wall time of the measured chunk-and-window cycles (cycle_us).",
+           amount=_us_to_s("cycle_us")),
+    Metric("dsv41_decode_yield_streams_seconds_total", "decode_yield", "window",
+           "Measured mode: the streams' part of those cycles, their tokens at their step alone (streams_us); "
+           "over the cycle seconds it is the share they got.", amount=_us_to_s("streams_us")),
     # SWA thin: the `demoted` line reports running totals
     Metric("dsv41_swa_thin_hooked_inserts_total", "swa_thin", "demoted",
            "Checkpoint inserts of a UnifiedTreeCore cache that SWA thin saw (hooked).", "cumulative", _num("hooked")),

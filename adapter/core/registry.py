@@ -158,8 +158,8 @@ SWITCHES: tuple[Switch, ...] = (
     Switch(
         name="decode_yield",
         on_key=Key("DSV41_DECODE_YIELD", env.percent(), "share (percent) of time running streams keep while a long prompt prefills in chunks"),
-        summary="after each non-final chunk, defer the next prefill for N decode steps (integer cost model, "
-        "floor --prefill-decode-interval, cap 128) so running streams keep their share",
+        summary="after each non-final chunk, defer the next prefill for N decode steps (from measured iteration "
+        "times, closed on the measured share; floor --prefill-decode-interval, cap 128) so running streams keep their share",
         modules=("sglang.srt.managers.scheduler",),
         wraps=(
             "sglang.srt.managers.scheduler:Scheduler.get_next_batch_to_run",
@@ -174,13 +174,20 @@ SWITCHES: tuple[Switch, ...] = (
             # The interval arming (its counter is the floor) and the overlap loop's in-flight finishers.
             "sglang.srt.managers.scheduler:Scheduler._arm_prefill_decode_interval",
             "sglang.srt.managers.scheduler:Scheduler._reqs_finishing_inflight",
+            # Sets tp_cpu_group, the gloo group rank 0's window is broadcast on (measured mode, TP > 1).
+            "sglang.srt.managers.scheduler:Scheduler.init_model_worker",
         ),
         install="adapter.switches.decode_yield.switch:install",
         predict="adapter.switches.decode_yield.predict:predict",
         volatile=True,
         gate_role=GateRole(acts="streams' decode share during a chunked prefill", profile=(("DSV41_DECODE_YIELD", "50"),)),
-        options=tuple(
-            Key(f"DSV41_DECODE_YIELD_{name}", env.integer(0, 10**12, unit=unit), f"decode-yield cost model: {unit}")
+        options=(
+            Key("DSV41_DECODE_YIELD_MODE", env.choice("measured", "model"),
+                "measured: windows from this boot's measured iteration times, closed on the share the streams got; "
+                "model: the open-loop integer cost model alone (the keys below; the previous behaviour)",
+                default="measured"),
+            *(Key(f"DSV41_DECODE_YIELD_{name}", env.integer(0, 10**12, unit=unit),
+                f"decode-yield cost model (model mode; the first windows of a boot in measured mode): {unit}")
             for name, unit in (  # defaults and their provenance: adapter/switches/decode_yield/cost_model.py DEFAULTS
                 ("CHUNK_US", "µs per prefill forward"),
                 ("TOKEN_NS", "ns per prefill token"),
@@ -197,7 +204,7 @@ SWITCHES: tuple[Switch, ...] = (
                 ("STEP_SCHED_US", "µs per decode iteration besides its forward"),
                 ("ROW_SCHED_NS", "ns per decode row besides the forward"),
                 ("SWITCH_US", "µs per window of alternating chunk and decode steps"),
-            )
+            )),
         ),
     ),
     Switch(

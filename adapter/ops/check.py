@@ -151,9 +151,9 @@ def _predictor(switch: registry.Switch) -> Callable[[api.Profile], api.Predictio
 
 
 def predict(environ: Mapping[str, str], config: registry.Config, state: Any, model: Model | None,
-            launch: Launch) -> tuple[list[Prediction], list[str]]:
-    """One row per registry switch, and the warnings of the requested switches' predictors."""
-    out, warnings = [], []
+            launch: Launch) -> tuple[list[Prediction], list[str], list[str]]:
+    """One row per registry switch, and the warnings and notes of the requested switches' predictors."""
+    out, warnings, notes = [], [], []
     requested = {s.name for s in config.requested}
     for switch in registry.SWITCHES:
         drift = [c for c in (pins.check(t) for t in switch.pinned) if not c.ok]
@@ -173,12 +173,14 @@ def predict(environ: Mapping[str, str], config: registry.Config, state: Any, mod
         if switch.name in requested:
             predictor = _predictor(switch)
             if predictor is not None:
-                said = predictor(api.Profile(environ, config.values, tuple(launch.argv), launch.namespace, model, status))
+                said = predictor(api.Profile(environ, config.values, tuple(launch.argv), launch.namespace, model, status,
+                                             dict(outcome.params) if outcome is not None else {}))
                 receipt, params = (said.receipt if outcome is not None and said.receipt else receipt), dict(said.params)
                 warnings += said.warnings
+                notes += said.notes
         out.append(Prediction(switch.name, keys, "ok" if not drift else f"drift({len(drift)})", status, receipt,
                               switch.volatile, params))
-    return out, warnings
+    return out, warnings, notes
 
 
 def orphan_options(environ: Mapping[str, str], config: registry.Config) -> list[str]:
@@ -233,7 +235,8 @@ def evaluate(env_file: str | None, model_path: str | None = None) -> dict[str, A
                 importlib.import_module(module)
             except boot.BootError as exc:  # DSV41_STRICT in the profile: the outcome is recorded
                 strict.append(str(exc))
-    predictions, predicted_warnings = predict(environ, config, state, model, launch)
+    predictions, predicted_warnings, predicted_notes = predict(environ, config, state, model, launch)
+    notes += predicted_notes
     for p in predictions:
         outcome = state.outcomes.get(p.switch) if state else None
         problems += [c.describe() for c in (pins.check(t) for t in registry.by_name(p.switch).pinned) if not c.ok]

@@ -5,6 +5,7 @@ BENCHMARKS = {
     "startup": "devkit.bench.startup:run",
     "kv-park": "devkit.bench.kv_park:run",
     "decode-yield": "devkit.bench.decode_yield:run",
+    "decode-yield-ranks": "devkit.bench.decode_yield_ranks:run",
     "decode-yield-engine": "devkit.bench.decode_yield_engine:run",
     "decode-yield-engine-dsv4": "devkit.bench.decode_yield_engine:run_dsv4",
     "native-decode": "devkit.bench.native_decode:run",

@@ -13,6 +13,12 @@ Overhead: the wrappers' cost per scheduler pass, measured A/B interleaved in one
 trace (``--prefill-decode-interval 1`` and pct 1, so the switch arms every window and the
 decisions equal stock's) with the wrappers swapped in on even passes and out on odd ones; the
 figure is median(wrapped) - median(unwrapped) of ``get_next_batch_to_run`` per pass.
+
+The harness's forwards take the cost model's time (a ``ScriptedClock``), which the switch's closed
+loop measures (its default mode), so the modelled share is the measured one. Then the controller
+against scripted costs (:mod:`devkit.bench.decode_yield_scripted`): a step change in the decode
+cost mid-prompt, a slow chunk, an alternation cost, a chunk that doubles over the prompt; the share
+per quarter of the prompt, closed loop beside the open-loop model fitted to the scenario's start.
 """
 
 from __future__ import annotations
@@ -82,6 +88,13 @@ class PromptTimes:
         return self.cycle_chunk_fs + self.cycle_decode_fs + self.final_chunk_fs
 
 
+def modelled_ns(step: Any) -> int:
+    """A pass's modelled wall time in ns (cost_model defaults): the scripted clock of the harness."""
+    if step.kind == "prefill":
+        return cost_model.chunk_cost(zip(step.extend_lens, step.prefix_lens)) // 10**6
+    return cost_model.step_cost(step.decode_context_lens) // 10**6
+
+
 def prompt_times(steps: list[Any], rid: str) -> PromptTimes:
     chunk_steps = [i for i, s in enumerate(steps) if s.kind == "prefill" and rid in s.rids]
     if not chunk_steps:
@@ -110,6 +123,7 @@ def run_case(prompt: int, streams: int, pct: int) -> dict[str, Any]:
     pool = _pool_tokens(prompt, streams, pct)
     h = build_scheduler(page_size=PAGE, pool_tokens=pool, chunked_prefill_size=CHUNK, max_context_len=prompt + CHUNK,
                         max_reqs=streams + 8)
+    _modelled_clock(h)
     rows = [h.add_request(STREAM_PROMPT, max_new_tokens=pool) for _ in range(streams)]
     h.drain()
     h.run(2)
@@ -125,6 +139,16 @@ def run_case(prompt: int, streams: int, pct: int) -> dict[str, Any]:
         "prompt": prompt, "streams": streams, "pct": pct, "times": times, "wall_s": wall, "retracted": retracted,
         "capped": bool(times.gaps) and max(times.gaps) >= cost_model.MAX_YIELD_STEPS,
     }
+
+
+def _modelled_clock(h: Any) -> None:
+    """The harness's forwards take the cost model's time, and the closed loop reads that clock."""
+    from adapter.switches.decode_yield import controller
+    from devkit.testkit.scheduler import ScriptedClock
+
+    clock = ScriptedClock(modelled_ns)
+    h.on_forward = clock.forward
+    controller.now = clock.now
 
 
 def _ab(a: Any, b: Any, reset: Any, reps: int) -> tuple[float, float]:
@@ -158,6 +182,7 @@ def measure_overhead(reps: int, streams: int = 16) -> dict[str, float]:
     try:
         h = build_scheduler(page_size=PAGE, pool_tokens=1 << 20, chunked_prefill_size=CHUNK, max_context_len=1 << 19,
                             max_reqs=streams + 8)
+        _modelled_clock(h)
         for _ in range(streams):
             h.add_request(STREAM_PROMPT, max_new_tokens=1 << 16)
         h.drain()
@@ -269,6 +294,20 @@ def run(quick: bool) -> dict[str, Any]:
         print(f"wrapper overhead per scheduler pass, {rows} streams (median wrapped - bare, A/B interleaved on real "
               f"state): arming pass {o['arm_pass_us']} µs, deferred pass {o['deferred_pass_us']} µs, "
               f"plain pass {o['plain_pass_us']} µs")
+    from devkit.bench import decode_yield_scripted
+
+    scripted = decode_yield_scripted.table_rows()
+    print(f"\nthe controller against scripted costs ({decode_yield_scripted.PROMPT_CHUNKS} chunks, "
+          f"{decode_yield_scripted.STREAMS} streams; share over the prompt after its first 3 cycles, per quarter; "
+          "model: the open-loop cost model fitted to chunk 10 ms, step 2 ms; the step change's transition windows, "
+          "one over and one repaying it, left out of the quarters)")
+    print(_table([[r["scenario"], r["what"], str(r["pct"]), r["mode"], f"{r['share']:.3f}",
+                   " / ".join(f"{q:.3f}" for q in r["quarters"]),
+                   "ok" if all(abs(q - r["pct"] / 100) <= 0.03 for q in r["quarters"]) else "MISS"] for r in scripted],
+                 ["scenario", "costs", "pct", "mode", "share", "per quarter", "±0.03"]))
+    for r in scripted:
+        if r["mode"] == "measured" and any(abs(q - r["pct"] / 100) > 0.03 for q in r["quarters"]):
+            misses.append(f"scripted {r['scenario']}")
     key = (262144, 16)
     figures: dict[str, Any] = {
         "share_33": round(results[(*key, 33)]["share"], 4),
@@ -279,6 +318,7 @@ def run(quick: bool) -> dict[str, Any]:
         "stock_gap_mean": round(statistics.mean(results[(*key, 0)]["times"].gaps), 2),
         **overhead,
         "overhead_us_64_streams": wide["overhead_us"],
+        "scripted": [{k: r[k] for k in ("scenario", "pct", "mode", "share", "quarters")} for r in scripted],
         "targets_missed": misses,
     }
     return figures

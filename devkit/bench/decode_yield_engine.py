@@ -50,14 +50,17 @@ from typing import Any, Protocol
 
 REPO = Path(__file__).resolve().parents[2]
 OUT = REPO / "build" / "bench-decode-yield-engine"
-FULL = {"pcts": (20, 33, 50, 70), "rounds": 2, "boots": 3, "long": 6000,
+FULL = {"pcts": (20, 33, 50, 70), "rounds": 2, "boots": 1, "long": 6000,
         "alternatives": (("interval 1", ["--prefill-decode-interval", "1"]),
                          ("interval 2", ["--prefill-decode-interval", "2"]),
                          ("interval 4", ["--prefill-decode-interval", "4"]),
                          ("mixed chunk", ["--enable-mixed-chunk"]),
                          ("chunk 32", "chunk=32")),
         # decode yield on top of --enable-mixed-chunk: the window credits the token each stream got in the chunk
-        "on_mixed_chunk": (50, 70)}
+        "on_mixed_chunk": (50, 70),
+        # a CPU-bound process competing for a core during the boot: the closed loop and the open-loop model
+        # (fitted on the stock boot) side by side
+        "under_load": (50,)}
 QUICK = {"pcts": (50,), "rounds": 1, "boots": 1, "long": 2048, "alternatives": (("interval 1", ["--prefill-decode-interval", "1"]),)}
 # The DSV4 kit: one boot per pct (a DSV4 boot costs minutes here), the alternatives SGLang runs with it.
 DSV4_FULL = {"pcts": (20, 33, 50, 70), "rounds": 2, "boots": 1, "long": 16 * 256,
@@ -72,6 +75,8 @@ DSV4_QUICK = {"pcts": (50,), "rounds": 1, "boots": 1, "long": 8 * 256,
 CHUNK = 64
 MAX_TOTAL_TOKENS = 32768  # 4 streams x (32 + 4000) + the long prompt, never short of KV
 SHARE_TOL, TTFT_SLACK, SAME_SHARE = 0.03, 0.10, 0.05
+LOAD_SHARE_TOL = 0.05  # under a competing process
+UNDER_LOAD, OPEN_LOOP = "under load", "open loop"  # label words of the load rows
 ON_MIXED = "+ mixed chunk"  # the label's tail of a decode-yield boot with --enable-mixed-chunk
 
 
@@ -262,11 +267,20 @@ def lone_ttft(base_url: str, w: Any, tag: str, clock: SchedulerClock | None = No
     return t_first - t_send, cpu
 
 
+def competing_process() -> Any:
+    """A CPU-bound process (a Python busy loop) competing for a core; ``.kill()`` it when done."""
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
+
+
 def boot_rounds(label: str, model: Path, w: Any, rounds: int, *, profile: dict[str, str] | None = None,
                 extra: list[str] | None = None, chunk: int = CHUNK, calibrate: bool = False,
-                say: Any = print, repeat: int = 0, engine: Engine = MELLUM) -> dict[str, Any]:
+                say: Any = print, repeat: int = 0, engine: Engine = MELLUM, load: bool = False) -> dict[str, Any]:
     """One boot: ``rounds`` yield rounds (and the calibration requests first when ``calibrate``);
-    ``repeat`` numbers the boots of one label (logs ``<label>.log``, ``<label>-2.log``, ...)."""
+    ``repeat`` numbers the boots of one label (logs ``<label>.log``, ``<label>-2.log``, ...);
+    ``load``: a competing CPU-bound process runs from the first round to the last."""
     from devkit.engine_kit import fpm, launcher
 
     safe = label.replace(" ", "-") + (f"-{repeat + 1}" if repeat else "")
@@ -287,11 +301,16 @@ def boot_rounds(label: str, model: Path, w: Any, rounds: int, *, profile: dict[s
             return result
         pid = SchedulerClock.find(server.proc.pid)
         clock = SchedulerClock(pid).start() if pid is not None else None
+        burner = competing_process() if load else None
         try:
             _serve_rounds(server, w, rounds, result, clock, safe, calibrate, say, label, repeat)
         except (RuntimeError, TimeoutError, OSError) as exc:  # a boot that fails under load: said, not fatal
             result["error"] = f"failed while serving: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
             say(f"  {label}: {result['error']}")
+        finally:
+            if burner is not None:
+                burner.kill()
+                burner.wait(10)
     finally:
         if clock is not None:
             clock.stop()
@@ -313,6 +332,9 @@ def _serve_rounds(server: Any, w: Any, rounds: int, result: dict[str, Any], cloc
         phase["ttft_in_boot"] = round(ttft / result["alone_s"], 3)
         # the share against the rates before and after the prefill (the workload's bracket)
         phase["share"] = phase.get("decode_share_bracketed", phase["decode_share"])
+        during = phase["decode_rate_during"]
+        if during and phase["share"] is not None:  # each quarter's rate against the same reference
+            phase["share_quarters"] = [round(q * phase["share"] / during, 4) for q in phase["decode_rate_quarters"]]
         if clock is not None and clock.samples:
             time.sleep(0.05)
             try:
@@ -331,19 +353,18 @@ def _serve_rounds(server: Any, w: Any, rounds: int, result: dict[str, Any], cloc
             f"before {phase['decode_rate_before']} tok/s, throughput {phase['throughput']} tok/s")
 
 
-def cost_ratio(fpm_log: Path, streams: int, chunk: int = CHUNK) -> float | None:
-    """The boot's decode-to-prefill cost ratio: the median forward of a decode-only batch of the
-    ``streams`` rows over the mean forward of the chunks of its longest run of back-to-back chunks of
-    one prompt (prefill-only batches of ``chunk`` tokens at prefixes 0, chunk, 2 chunk, ... with no
-    other batch between them: the lone prompt, the same in every boot, and never a chunk right after a
-    decode step, which costs more on this engine)."""
+def _forwards(fpm_log: Path, streams: int, chunk: int) -> tuple[list[float], list[float]]:
+    """From a forward-pass-metrics log: the forwards of the decode-only batches of the ``streams``
+    rows, and those of the longest run of back-to-back chunks of one prompt (prefill-only batches of
+    ``chunk`` tokens at prefixes 0, chunk, 2 chunk, ... with no other batch between them: the lone
+    prompt, the same in every boot, and never a chunk right after a decode step)."""
     import json
 
-    if not fpm_log.is_file():
-        return None
     steps: list[float] = []
     best: list[float] = []
     run: list[float] = []
+    if not fpm_log.is_file():
+        return steps, best
     for line in fpm_log.read_text().splitlines():
         try:
             record = json.loads(line)
@@ -360,9 +381,27 @@ def cost_ratio(fpm_log: Path, streams: int, chunk: int = CHUNK) -> float | None:
             run = [forward] if is_chunk and prefix == 0 else []
         if len(run) > len(best):
             best = list(run)
+    return steps, best
+
+
+def cost_ratio(fpm_log: Path, streams: int, chunk: int = CHUNK) -> float | None:
+    """The boot's decode-to-prefill cost ratio: the median forward of a decode-only batch of the
+    ``streams`` rows over the mean forward of the lone prompt's chunks (:func:`_forwards`; a chunk
+    right after a decode step costs more on this engine)."""
+    steps, best = _forwards(fpm_log, streams, chunk)
     if not steps or not best:
         return None
     return round(statistics.median(steps) / statistics.fmean(best), 4)
+
+
+def chunk_growth(fpm_log: Path, streams: int, chunk: int = CHUNK) -> float | None:
+    """How much more the lone prompt's last chunks cost than its first: the mean forward of its last
+    eighth of chunks over that of its first eighth (the context each chunk attends to grows)."""
+    _, best = _forwards(fpm_log, streams, chunk)
+    k = len(best) // 8
+    if k < 1:
+        return None
+    return round(statistics.fmean(best[-k:]) / statistics.fmean(best[:k]), 3)
 
 
 def expected_share(pct: int, ratio: float | None, calibration_ratio: float | None) -> float | None:
@@ -443,17 +482,21 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
             say(f"  | {line}")
         ratio = cost_ratio(stock["fpm_log"], w.streams, engine.chunk)
         calibrations.append({"keys": keys, "cost_ratio": ratio})
-        for pct in grid["pcts"]:
-            boot(f"yield {pct}", profile={"DSV41_DECODE_YIELD": str(pct), **keys})["calibration_ratio"] = ratio
+        for pct in grid["pcts"]:  # the closed loop: no coefficients, nothing calibrated
+            boot(f"yield {pct}", profile={"DSV41_DECODE_YIELD": str(pct)})
     for label, how in grid["alternatives"]:
         if isinstance(how, dict):  # boot keywords as they are
             boot(label, **how)
         else:
             boot(label, **({"chunk": int(how.split("=")[1])} if isinstance(how, str) else {"extra": list(how)}))
     for pct in grid.get("on_mixed_chunk", ()):
+        boot(f"yield {pct} {ON_MIXED}", profile={"DSV41_DECODE_YIELD": str(pct)}, extra=["--enable-mixed-chunk"])
+    for pct in grid.get("under_load", ()):  # side by side: the closed loop, and the open loop fitted minutes before
         last = calibrations[-1]
-        boot(f"yield {pct} {ON_MIXED}", profile={"DSV41_DECODE_YIELD": str(pct), **last["keys"]},
-             extra=["--enable-mixed-chunk"])["calibration_ratio"] = last["cost_ratio"]
+        boot(f"yield {pct} {UNDER_LOAD}", profile={"DSV41_DECODE_YIELD": str(pct)}, load=True)
+        boot(f"yield {pct} {OPEN_LOOP} {UNDER_LOAD}", load=True,
+             profile={"DSV41_DECODE_YIELD": str(pct), "DSV41_DECODE_YIELD_MODE": "model", **last["keys"]},
+             )["calibration_ratio"] = last["cost_ratio"]
     first_ratio = calibrations[0]["cost_ratio"]
 
     stock_rounds = [r for b in runs["stock"] for r in b["rounds"]]
@@ -483,13 +526,16 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
             "rate_before": _median(rounds, "decode_rate_before"),
             "boots": len(ran),
             "boot_shares": [_median(b["rounds"], "share") for b in ran],
+            "share_quarters": [statistics.median(r["share_quarters"][i] for r in rounds if r.get("share_quarters"))
+                               for i in range(4)] if any(r.get("share_quarters") for r in rounds) else None,
+            "chunk_growth": [chunk_growth(b["fpm_log"], w.streams, engine.chunk) for b in ran],
             "cost_ratio": ratios,
             # each boot's ratio over its calibration boot's (the first one's for stock and the alternatives)
             "ratio_vs_calibration": [round(r / b.get("calibration_ratio", first_ratio), 3)
                                      if r and b.get("calibration_ratio", first_ratio) else None
                                      for r, b in zip(ratios, ran)],
         }
-        if label.startswith("yield") and not label.endswith(ON_MIXED):  # the model's share is for plain chunks
+        if OPEN_LOOP in label:  # the model's share is for plain chunks, at its calibration boot's ratio
             pct = int(label.split()[1])
             expected = [expected_share(pct, r, b.get("calibration_ratio")) for r, b in zip(ratios, ran)]
             summary[label]["expected_shares"] = expected
@@ -499,20 +545,21 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
     rows, rows_on_mixed, table, misses = [], [], [], []
     for label, s in summary.items():
         if "error" in s:
-            table.append([label, *["-"] * 14, f"did not run: {s['error'][:80]}"])
+            table.append([label, *["-"] * 16, f"did not run: {s['error'][:80]}"])
             continue
         verdict = ""
         if label.startswith("yield"):
             pct = int(label.split()[1])
             share, factor = s["share"], s["ttft_factor"]
-            share_ok = share is not None and abs(share - pct / 100) <= SHARE_TOL
+            loaded = UNDER_LOAD in label  # the alternatives ran without the competing process: no rival
+            share_ok = share is not None and abs(share - pct / 100) <= (LOAD_SHARE_TOL if loaded else SHARE_TOL)
             # the bound on the factor over stock's TTFT, and over the same boot's lone prompt (the load
             # on a shared machine drifts between boots; the in-boot factor does not see that drift)
             bound = 100 / (100 - pct) + TTFT_SLACK
             ttft_ok = factor is not None and factor <= bound
             ttft_in_boot_ok = s["ttft_factor_in_boot"] is not None and s["ttft_factor_in_boot"] <= bound
             rival = min(alternatives.items(), key=lambda kv: abs((kv[1]["share"] or 0) - (share or 0)))
-            near = abs((rival[1]["share"] or 0) - (share or 0)) <= SAME_SHARE
+            near = not loaded and abs((rival[1]["share"] or 0) - (share or 0)) <= SAME_SHARE
             rival_ok = not near or s["ttft_factor_in_boot"] <= rival[1]["ttft_factor_in_boot"] * 1.05
             failed = [name for name, ok in (("share", share_ok), ("ttft", ttft_ok), ("ttft_in_boot", ttft_in_boot_ok),
                                             ("vs " + rival[0], rival_ok)) if not ok]
@@ -526,7 +573,8 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
                          "share_before_only": s["share_before_only"], "reference_drift": s["reference_drift"],
                          "ttft_factor_in_boot": s["ttft_factor_in_boot"], "share_cpu": s["share_cpu"],
                          "ttft_cpu_factor": s["ttft_cpu_factor"], "cpu_targets_met": cpu_ok,
-                         "boot_shares": s["boot_shares"], "expected_share": s.get("expected_share")})
+                         "boot_shares": s["boot_shares"], "expected_share": s.get("expected_share"),
+                         "share_quarters": s["share_quarters"], "label": label})
         def f(v: Any, fmt: str) -> str:
             return "-" if v is None else format(v, fmt)
 
@@ -537,9 +585,11 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
                       f(s["alone_s"], ".2f"), f(s["ttft_factor"], ".2f"), f(s["ttft_factor_in_boot"], ".2f"),
                       f(s["ttft_cpu_factor"], ".2f"),
                       "/".join(f(r, ".2f") for r in s["ratio_vs_calibration"]),
-                      f(s["rate_before"], ".1f"), f(s["throughput"], ".0f"), verdict])
+                      f(s["rate_before"], ".1f"), f(s["throughput"], ".0f"),
+                      "/".join(f(q, ".2f") for q in s["share_quarters"] or []) or "-",
+                      "/".join(f(g, ".2f") for g in s["chunk_growth"]), verdict])
     header = ["boot", "drift", "share", "before_only", "per boot", "expected", "share_cpu", "ttft_s", "alone_s", "ttft_x", "ttft_x_in_boot",
-              "ttft_cpu_x", "ratio/cal", "rate_before", "tok/s", "target"]
+              "ttft_cpu_x", "ratio/cal", "rate_before", "tok/s", "quarters", "chunk_growth", "target"]
     say(_table(table, header))
     load = os.getloadavg()
     return {

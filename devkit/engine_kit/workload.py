@@ -28,6 +28,7 @@ Prompts are token ids from a seeded generator (no tokenizer round trip), all gre
 
 from __future__ import annotations
 
+import itertools
 import random
 import time
 from dataclasses import asdict, dataclass
@@ -189,6 +190,11 @@ def run_yield_phase(base_url: str, w: Workload, tag: str) -> dict[str, Any]:
     if w.after_s > 0 and all(s.tokens_at(t_after_end) < w.stream_max_tokens for s in streams):
         after = sum(s.tokens_at(t_after_end) - s.tokens_at(t_after) for s in streams) / max(t_after_end - t_after, 1e-9)
     bracket = bracketed_share(before, during, after)
+    # the rate in each quarter of the prefill's wall time (a fixed interval gives the late, slower
+    # chunks' quarters less than the early ones'; decode yield should give each the same)
+    edges = [t_send + (t_end - t_send) * i / 4 for i in range(5)]
+    quarters = [sum(s.tokens_at(b) - s.tokens_at(a) for s in streams) / max(b - a, 1e-9)
+                for a, b in itertools.pairwise(edges)]
     # Streams are aborted at different lengths on each boot: the gate compares their common prefix.
     outputs = {f"stream{i}": s.output_ids for i, s in enumerate(streams)}
     shortest = min(len(s.output_ids) for s in streams)
@@ -203,5 +209,6 @@ def run_yield_phase(base_url: str, w: Workload, tag: str) -> dict[str, Any]:
         # the phase's instants (time.monotonic()), for readers that account time another way
         "times": {"before": t_before, "send": t_send, "first": t_first, "end": t_end},
         "stream_tokens_compared": shortest,
+        "decode_rate_quarters": [round(q, 2) for q in quarters],
         **bracket,
     }

@@ -19,6 +19,7 @@ API (stable; add to it, never change it)::
     while not long.finished():
         step = h.step()                       # one scheduler pass, normal or overlap order
         step.kind, step.extend_lens, step.decode_rows
+    h.on_forward = ScriptedClock(cost).forward  # scripted wall time per batch (clock.now: its ns)
     h.abort_chunked()                         # the real abort path of the chunked prompt
     h.retract_all()                           # the real pause_generation(mode="retract"), then resume
     h.run(8); h.run_until(predicate); h.trace  # every Step so far
@@ -105,6 +106,8 @@ class SchedulerHarness:
     trace: list[Step] = field(default_factory=list)
     streamed: list[int] = field(default_factory=list)  # batch sizes handed to the output streamer
     _next_rid: int = 0
+    # called with each batch as it is run (before its result is processed): a ScriptedClock's forward
+    on_forward: Callable[[Any], None] | None = None
 
     # -- requests ---------------------------------------------------------------------------
     def make_request(
@@ -148,6 +151,8 @@ class SchedulerHarness:
         s.running_batch = plan.running_batch
         batch = plan.batch_to_run
         record = Step(index=len(self.trace), **_record_fields(batch))
+        if batch and self.on_forward is not None:
+            self.on_forward(batch)
         if not self.overlap:
             if batch:
                 s.process_batch_result(batch, simulated_forward(batch))
@@ -247,6 +252,8 @@ class SchedulerHarness:
                 log.append(f"P{sum(batch.extend_lens)}")
             else:
                 log.append(f"d{batch.batch_size()}")
+            if self.on_forward is not None:
+                self.on_forward(batch)
             return simulated_forward(batch)
 
         s.gracefully_exit = False
@@ -257,6 +264,23 @@ class SchedulerHarness:
         if iteration[0] > max_iterations:
             raise RuntimeError(f"run_event_loop: not done after {max_iterations} iterations")
         return log
+
+
+class ScriptedClock:
+    """A clock in ns that only the simulated forwards move: each batch the harness runs advances it
+    by ``cost(step)`` (``step``: the batch's :class:`Step` fields), so code that times the scheduler's
+    passes (decode yield's closed loop) sees scripted costs, the same on every run. Attach it with
+    ``h.on_forward = clock.forward`` and hand ``clock.now`` to the code under test."""
+
+    def __init__(self, cost: Callable[[Step], int]):
+        self.cost, self.t, self.forwards = cost, 0, 0
+
+    def now(self) -> int:
+        return self.t
+
+    def forward(self, batch: Any) -> None:
+        self.t += int(self.cost(Step(index=self.forwards, **_record_fields(batch))))
+        self.forwards += 1
 
 
 def simulated_forward(batch: Any) -> Any:

@@ -6,6 +6,8 @@ import os
 import statistics
 import time
 
+import pytest
+
 from devkit.bench import BENCHMARKS
 from devkit.bench import decode_yield_engine as bench
 
@@ -78,50 +80,59 @@ def test_the_expected_share_is_pct_at_the_calibrated_ratio_and_moves_with_the_ra
     assert bench.expected_share(50, None, 0.5) is None and bench.expected_share(50, 0.5, None) is None
 
 
-def test_the_full_bench_calibrates_each_of_its_three_repetitions_on_its_own_stock_boot_and_takes_medians_over_all_rounds(
+def test_the_full_bench_runs_the_closed_loop_uncalibrated_and_the_open_loop_on_the_stock_boots_fit_under_load(
         monkeypatch, tmp_path):
-    """And yield on top of mixed chunk runs on the last calibration, with the flag, in rows of its own."""
+    """Yield boots carry no coefficient (measured mode); yield on mixed chunk runs with the flag, in rows
+    of its own; the under-load pair runs with a competing process, the open loop on the fit of the
+    stock boot; medians over all rounds, per quarter too."""
     from devkit.engine_kit import model as mk
 
-    order, flags, shares = [], {}, {"stock": [0.01, 0.02, 0.01], "yield 50": [0.44, 0.52, 0.50]}
-    # the machine moves between repetitions: each stock boot's ratio is its yield boot's calibration
-    ratios = {"stock-0": 0.5, "stock-1": 0.4, "stock-2": 0.5, "yield 50-0": 0.4, "yield 50-1": 0.4}
+    order, flags, shares = [], {}, {"stock": [0.01, 0.02], "yield 50": [0.44, 0.52]}
+    ratios = {"stock-0": 0.5, "stock-1": 0.4, "yield 50 open loop under load-0": 0.4}
 
-    def fake_boot(label, model, w, rounds, *, repeat=0, profile=None, calibrate=False, **kwargs):
-        order.append((label, repeat, calibrate, (profile or {}).get("DSV41_DECODE_YIELD_STEP_US")))
+    def fake_boot(label, model, w, rounds, *, repeat=0, profile=None, calibrate=False, load=False, **kwargs):
+        profile = profile or {}
+        order.append((label, repeat, calibrate, profile.get("DSV41_DECODE_YIELD_STEP_US"),
+                      profile.get("DSV41_DECODE_YIELD_MODE"), load))
         flags[label] = kwargs.get("extra")
         log = tmp_path / f"{label}-{repeat}.jsonl"
         log.write_text(f"{label}-{repeat}")
-        share = shares.get(label, [0.3])[repeat]
+        share = shares.get(label, [0.3, 0.3])[repeat]
         return {"label": label, "fpm_log": log, "alone_s": 4.0, "leftover": [], "rounds": [
             {"share": share + d, "decode_share": share + 2 * d, "reference_drift": 0.05, "prefill_s": 5.0 + repeat,
-             "ttft_in_boot": 1.2, "throughput": 900.0, "decode_rate_before": 150.0} for d in (-0.01, 0.01)][:rounds]}
+             "ttft_in_boot": 1.2, "throughput": 900.0, "decode_rate_before": 150.0,
+             "share_quarters": [share + 0.1, share, share, share - 0.1]} for d in (-0.01, 0.01)][:rounds]}
 
-    fits = iter(["1", "2", "3"])
+    fits = iter(["1", "2"])
     monkeypatch.setattr(bench, "boot_rounds", fake_boot)
     monkeypatch.setattr(bench, "_fit", lambda log: ({"DSV41_DECODE_YIELD_STEP_US": next(fits)}, "profile line:\nX"))
     monkeypatch.setattr(bench, "cost_ratio", lambda log, streams, chunk: ratios.get(log.read_text(), 0.5))
+    monkeypatch.setattr(bench, "chunk_growth", lambda log, streams, chunk: 2.0)
     monkeypatch.setattr(mk, "make_model", lambda out, spec: tmp_path)
     monkeypatch.setattr(bench, "OUT", tmp_path)
     monkeypatch.setitem(bench.FULL, "pcts", (50,))
+    monkeypatch.setitem(bench.FULL, "boots", 2)
     monkeypatch.setitem(bench.FULL, "alternatives", (("interval 1", ["--prefill-decode-interval", "1"]),))
     monkeypatch.setitem(bench.FULL, "on_mixed_chunk", (70,))
+    monkeypatch.setitem(bench.FULL, "under_load", (50,))
     result = bench.run(quick=False, say=lambda *a: None)
-    assert order == [("stock", 0, True, None), ("yield 50", 0, False, "1"), ("stock", 1, True, None),
-                     ("yield 50", 1, False, "2"), ("stock", 2, True, None), ("yield 50", 2, False, "3"),
-                     ("interval 1", 0, False, None), ("yield 70 + mixed chunk", 0, False, "3")]
+    assert order == [("stock", 0, True, None, None, False), ("yield 50", 0, False, None, None, False),
+                     ("stock", 1, True, None, None, False), ("yield 50", 1, False, None, None, False),
+                     ("interval 1", 0, False, None, None, False), ("yield 70 + mixed chunk", 0, False, None, None, False),
+                     ("yield 50 under load", 0, False, None, None, True),
+                     ("yield 50 open loop under load", 0, False, "2", "model", True)]
     assert flags["yield 70 + mixed chunk"] == ["--enable-mixed-chunk"]
-    assert [r["pct"] for r in result["rows"]] == [50] and [r["pct"] for r in result["rows_on_mixed_chunk"]] == [70]
-    assert result["rows_on_mixed_chunk"][0]["expected_share"] is None  # the model's share is for plain chunks
+    assert [r["label"] for r in result["rows"]] == ["yield 50", "yield 50 under load", "yield 50 open loop under load"]
+    assert [r["pct"] for r in result["rows_on_mixed_chunk"]] == [70]
     row = result["rows"][0]
-    assert row["pct"] == 50 and row["boot_shares"] == [0.44, 0.52, 0.50]
-    assert row["share"] == statistics.median([0.43, 0.45, 0.51, 0.53, 0.49, 0.51])  # all 6 rounds
-    assert row["share_before_only"] == statistics.median([0.42, 0.46, 0.50, 0.54, 0.48, 0.52])
-    # boot 1 ran at 0.4 against its calibration's 0.5 (0.8 of the odds); boot 2 at 0.4 against 0.4
-    assert result["boots"]["yield 50"]["ratio_vs_calibration"] == [0.8, 1.0, 1.0]
-    assert row["expected_share"] == statistics.median([bench.expected_share(50, 0.4, 0.5), 0.5, 0.5])
-    assert result["boots"]["stock"]["ttft_s"] == 6.0 and row["ttft_factor"] == 1.0
-    assert [c["cost_ratio"] for c in result["calibrations"]] == [0.5, 0.4, 0.5]
+    assert row["boot_shares"] == [0.44, 0.52] and row["expected_share"] is None  # the closed loop has no model share
+    assert row["share"] == statistics.median([0.43, 0.45, 0.51, 0.53])  # all 4 rounds
+    assert row["share_quarters"] == pytest.approx([0.58, 0.48, 0.48, 0.38])  # per quarter, the median over rounds
+    open_loop = result["rows"][2]  # at 0.4 against its calibration boot's 0.4
+    assert open_loop["expected_share"] == 0.5 and result["boots"]["yield 50 open loop under load"]["ratio_vs_calibration"] == [1.0]
+    assert result["boots"]["yield 50"]["chunk_growth"] == [2.0, 2.0]
+    assert result["boots"]["stock"]["ttft_s"] == 5.5 and row["ttft_factor"] == 1.0
+    assert [c["cost_ratio"] for c in result["calibrations"]] == [0.5, 0.4]
 
 
 def test_the_bracketed_share_divides_the_rate_during_by_the_mean_of_the_rates_before_and_after():

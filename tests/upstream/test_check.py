@@ -42,7 +42,7 @@ def dsv41(tmp_path_factory):
 
 def _warnings(environ: dict[str, str], argv: list[str], found: check.Model | None = None) -> list[str]:
     config = registry.resolve(environ)
-    _, predicted = check.predict(environ, config, None, found, check.parse_launch(argv))
+    _, predicted, _notes = check.predict(environ, config, None, found, check.parse_launch(argv))
     return [*check.orphan_options(environ, config), *predicted]
 
 
@@ -119,11 +119,13 @@ def test_an_option_key_without_its_switch_key_is_warned_about():
     assert _warnings({"DSV41_SWA_CONE_TOKENS": "8192", "DSV41_SWA_CONE_REPLAY": "1"}, []) == []
 
 
-def test_decode_yield_on_default_coefficients_is_warned_about_until_a_coefficient_is_set():
-    assert any("default cost coefficients" in w for w in _warnings({"DSV41_DECODE_YIELD": "33"}, []))
-    coefficient = next(k for k in registry.all_keys() if k.startswith("DSV41_DECODE_YIELD_"))
-    fitted = {"DSV41_DECODE_YIELD": "33", coefficient: "1000"}
-    assert not any("default cost coefficients" in w for w in _warnings(fitted, []))
+def test_decode_yield_open_loop_on_default_coefficients_is_warned_about_until_a_coefficient_is_set():
+    model = {"DSV41_DECODE_YIELD": "33", "DSV41_DECODE_YIELD_MODE": "model"}
+    assert any("default cost coefficients" in w for w in _warnings(model, []))
+    coefficient = next(k for k in registry.all_keys() if k.startswith("DSV41_DECODE_YIELD_") and not k.endswith("_MODE"))
+    assert not any("default cost coefficients" in w for w in _warnings({**model, coefficient: "1000"}, []))
+    # measured mode (the default) needs no coefficients: nothing to warn about
+    assert not any("decode_yield" in w for w in _warnings({"DSV41_DECODE_YIELD": "33"}, []))
 
 
 def test_native_decode_beside_more_than_64_decode_rows_per_call_is_warned_about(dsv4):
@@ -207,3 +209,16 @@ def test_check_without_hicache_predicts_kv_park_installed(tmp_path, mellum):
     profile.write_text(f'LAUNCH_ARGS="--model-path {mellum.path} --page-size 1"\nDSV41_KV_PARK=ram\n')
     report = check.evaluate(str(profile))
     assert report["launch"]["hicache"] is None and report["receipts"]["kv_park"] == "installed"
+
+
+def test_check_says_which_mode_decode_yield_runs_in(tmp_path):
+    profile = tmp_path / "p.env"
+    profile.write_text("DSV41_DECODE_YIELD=33\n")
+    [note] = [n for n in check.evaluate(str(profile))["notes"] if n.startswith("decode_yield")]
+    assert note.startswith("decode_yield: share 33 % in measured mode (windows from measured iteration times")
+    profile.write_text("DSV41_DECODE_YIELD=50\nDSV41_DECODE_YIELD_MODE=model\nDSV41_DECODE_YIELD_STEP_US=9000\n")
+    report = check.evaluate(str(profile))
+    [note] = [n for n in report["notes"] if n.startswith("decode_yield")]
+    assert note == "decode_yield: share 50 % in model mode (open-loop integer cost model, coefficients env:step_us)"
+    [row] = [s for s in report["switches"] if s["switch"] == "decode_yield"]
+    assert row["params"] == {"share": 50, "mode": "model", "cost": "env:step_us"}

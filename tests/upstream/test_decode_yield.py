@@ -1,6 +1,8 @@
 """Decode yield on the real SGLang scheduler (devkit.testkit.scheduler): real ``Scheduler`` methods,
 pools, ``UnifiedRadixCache``, ``PrefillAdder``, ``Req``, ``ScheduleBatch`` and result processor;
-only the model forward is simulated."""
+only the model forward is simulated. Its wall time is scripted (``ScriptedClock``): by default each
+batch costs what the integer cost model's defaults say, so the closed loop (measured mode, the
+default) sees the modelled costs and the modelled share is the one it measures."""
 
 from __future__ import annotations
 
@@ -11,9 +13,9 @@ import re
 import pytest
 
 from adapter.core import boot, receipts
-from adapter.switches.decode_yield import cost_model
-from devkit.bench.decode_yield import prompt_times
-from devkit.testkit.scheduler import build_scheduler
+from adapter.switches.decode_yield import controller, cost_model
+from devkit.bench.decode_yield import modelled_ns, prompt_times
+from devkit.testkit.scheduler import ScriptedClock, build_scheduler
 
 SCHED = "sglang.srt.managers.scheduler"
 NAME = "decode_yield"
@@ -32,9 +34,21 @@ def _install(pct: int | None, **extra: str) -> boot.State:
     return boot.install(environ)
 
 
-def _harness(**kwargs):
+@pytest.fixture(autouse=True)
+def _clock_restored(monkeypatch):
+    """Every test leaves the controller's clock as it found it (harnesses replace it)."""
+    monkeypatch.setattr(controller, "now", controller.now)
+
+
+def _harness(clock: ScriptedClock | None = None, **kwargs):
+    """A harness whose forwards move ``clock`` (default: a new one at the cost model's costs), the
+    clock the controller reads."""
     kwargs = {"page_size": 64, "pool_tokens": 1 << 19, "chunked_prefill_size": CHUNK, "max_reqs": 40, **kwargs}
-    return build_scheduler(**kwargs)
+    h = build_scheduler(**kwargs)
+    clock = clock or ScriptedClock(modelled_ns)
+    h.on_forward = clock.forward
+    controller.now = clock.now
+    return h
 
 
 def _scenario(h, *, streams=16, prompt=65536, stream_tokens=100_000, warm=2, ready=None):
@@ -163,9 +177,10 @@ def test_with_the_switch_on_chunks_and_outputs_are_the_engines_own(monkeypatch):
     assert len({tuple(r.output_ids[:8]) for r in [*rows, long]}) == 17  # every request its own tokens
 
 
+@pytest.mark.parametrize("mode", ["measured", "model"])
 @pytest.mark.parametrize("pct", [33, 50])
-def test_running_streams_keep_their_share_of_modelled_time(pct):
-    _install(pct)
+def test_running_streams_keep_their_share_of_modelled_time(pct, mode):
+    _install(pct, DSV41_DECODE_YIELD_MODE=mode)
     _, long, steps = _scenario(_harness(pool_tokens=3 << 18), prompt=1 << 17)
     gaps = _gaps(steps, long.rid)
     assert len(gaps) == 15 and max(gaps) < cost_model.MAX_YIELD_STEPS
@@ -362,7 +377,8 @@ def test_windows_are_capped_at_128_steps():
 def test_two_independent_schedulers_make_every_decision_equal():
     """The rank-invariance check: same trace, separately built schedulers, equal decisions."""
     _install(33)
-    a, b = _harness(), _harness()
+    clock = ScriptedClock(modelled_ns)  # one clock: each pass sees the same intervals on both
+    a, b = _harness(clock), _harness(clock)
     for h in (a, b):
         for n in range(12):
             h.add_request(3000 + 100 * n, max_new_tokens=40 + 7 * n)
@@ -438,3 +454,27 @@ def test_one_debug_line_per_window_with_chunk_n_and_why_it_ended(debug_lines):
     for w, gap in zip(windows, gaps):
         assert w.switch == NAME and w.params["chunk"] == str(CHUNK) and w.params["ended"] == "served"
         assert int(w.params["n"]) == int(w.params["given"]) == gap
+
+
+def test_the_window_line_names_the_mode_target_measured_share_and_n(debug_lines):
+    """Measured mode against scripted costs (chunk 10 ms, step 2 ms): the line's share is the cycle's."""
+    from devkit.bench.decode_yield_scripted import MS, Script
+    from devkit.bench.decode_yield_scripted import run as scripted_run
+
+    found = scripted_run(33, Script(lambda k: 10 * MS, lambda k: 2 * MS), on_ready=debug_lines.clear)
+    windows = [receipts.parse_line(line).params for line in debug_lines if " window " in line]
+    assert len(windows) == len(found)
+    assert all(w["mode"] == "measured" and w["target"] == "33" for w in windows)
+    assert {w["source"] for w in windows[1:]} == {"measured"}
+    assert [int(w["n"]) for w in windows] == [c[1] for c in found]
+    for w, c in zip(windows, found):  # the share the line reports is the cycle's, from the same costs
+        assert float(w["share"]) == pytest.approx(c[3] / c[2], abs=0.001)
+        assert float(w["step_us"]) == 2000.0
+    assert abs(float(windows[-1]["prompt_share"]) - 0.33) <= 0.02
+
+
+def test_in_model_mode_the_window_line_ends_at_how_the_window_ended(debug_lines):
+    _install(33, DSV41_DECODE_YIELD_MODE="model")
+    _scenario(_harness(), ready=debug_lines.clear)
+    windows = [receipts.parse_line(line).params for line in debug_lines if " window " in line]
+    assert len(windows) == 7 and all(w["mode"] == "model" and "share" not in w and "source" not in w for w in windows)

@@ -249,6 +249,10 @@ PINS: dict[str, str] = {
     "sglang.srt.managers.schedule_batch:ScheduleBatch.batch_size": (
         "6c1a4da7e1599462dc937a51cf49070e3eb130179d1308a45322ba00f66f4f5f"
     ),
+    # decode_yield (relied on: sets Scheduler.tp_cpu_group, the group the window is broadcast on)
+    "sglang.srt.managers.scheduler:Scheduler.init_model_worker": (
+        "450aebf5b90767f5fe3ccef5dac16f2f56fc66a40f73a4c97d4191df013cbe28"
+    ),
     # fast_tree_core (relied on: called with a fixed signature)
     "sglang.srt.mem_cache.unified_cache.components.swa:SWAComponent.recover_after_unevict": (
         "e7f4f68e006db530c55e2f84ca31d069cc9a1d7ed716191bf176ad4933f974b5"

@@ -1,5 +1,10 @@
 """The decode-yield cost model: one integer formula, its coefficients in one place, no clock.
 
+What it serves: ``DSV41_DECODE_YIELD_MODE=model`` (the open loop, the switch's previous behaviour and
+its rollback), the first windows of a boot in the default measured mode (before the closed loop of
+:mod:`adapter.switches.decode_yield.controller` has measured a step and a cycle), and the modelled
+durations of ``bench decode-yield``.
+
 Every input is replicated scheduler state (chunk tokens, prefix lengths, decode rows and their
 context lengths), and every term is a Python ``int``, so every TP rank computes the same cost and
 the same yield window. This module reads no clock and no environment: coefficients come from the

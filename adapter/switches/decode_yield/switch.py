@@ -1,40 +1,58 @@
-"""Decode yield (``DSV41_DECODE_YIELD=<pct>``): running streams keep ``pct`` % of the time while a
-long prompt prefills in chunks.
+"""Decode yield (``DSV41_DECODE_YIELD=<pct>``): running streams keep ``pct`` % of their decode rate
+while a long prompt prefills in chunks.
 
 What it changes: after each *non-final* chunk of a chunked prompt, while decode rows are running,
 the next prefill is deferred for ``N`` decode steps through the engine's own
-``Scheduler._should_defer_prefill`` counter (``_prefill_decode_interval_remaining``), where
-``N = ceil(pct*window_cost / ((100-pct)*step_cost))`` (the chunk's iteration and the alternation
-against one decode iteration, forward and scheduling both) from :mod:`adapter.switches.decode_yield.cost_model` (less the
-rounding surplus earlier windows of the same prompt gave, so the prompt's total tracks the share),
-never shorter than ``--prefill-decode-interval``, never longer than 128 steps. Only *when* the
-next chunk runs changes: chunk boundaries, batch contents and outputs stay the engine's own.
+``Scheduler._should_defer_prefill`` counter (``_prefill_decode_interval_remaining``), never shorter
+than ``--prefill-decode-interval``, never longer than 128 steps. Only *when* the next chunk runs
+changes: chunk boundaries, batch contents and outputs stay the engine's own.
+
+``N`` comes from one of two modes (``DSV41_DECODE_YIELD_MODE``):
+
+* ``measured`` (the default): a closed loop on this boot's measured iteration wall times
+  (:mod:`adapter.switches.decode_yield.controller`): the streams' step alone and each chunk cycle's
+  overhead, measured from the scheduler's own passes, and the share the streams got in the
+  prompt's earlier windows corrects the next one (rounding carried). The boot's first windows,
+  before anything is measured, use the cost model's ratio. Under tensor parallelism rank 0 decides
+  and broadcasts ``N`` on ``Scheduler.tp_cpu_group`` (:mod:`adapter.switches.decode_yield.agreement`):
+  ranks' clocks differ, and every rank must defer the same passes.
+* ``model``: the open-loop integer cost model alone (:mod:`adapter.switches.decode_yield.cost_model`,
+  ``N = ceil((pct*window_cost - carry) / ((100-pct)*step_cost))`` from the chunk's and the
+  streams' shapes and the ``DSV41_DECODE_YIELD_*`` coefficients; clock-free, so every rank decides
+  alike without a broadcast). It holds the share only where its coefficients were fitted and while
+  the machine holds still: the previous behaviour, kept as the rollback of the loop.
+
 Under ``--enable-mixed-chunk`` the running rows also decode one token inside the chunk
 (``Scheduler`` mixes them in and sets ``batch.decoding_reqs``); the share is on the streams' token
-rate, so the window credits that token (``cost_model.yield_window``'s ``rode_along``) and is empty
-when the chunk alone already gives the share.
+rate, so both modes credit that token (``rode_along``) and the window is empty when the chunk alone
+already gives the share.
 
 Why: in SGLang 0.5.23 a chunked prompt is rescheduled on every pass, so running streams get no
 decode step between chunks unless ``--prefill-decode-interval`` is set, and then a fixed number of
 steps whatever the chunk costs (sglang#32549: a 5 min decode hole behind a long prompt;
 streams fell to 8 % of their decode rate during a cold 500K-token prefill).
 
-Invariants (tests/upstream/test_decode_yield.py checks each):
+Invariants (tests/upstream/test_decode_yield.py checks each; the closed loop against scripted costs:
+tests/upstream/test_decode_yield_closed_loop.py; two ranks: tests/upstream/test_decode_yield_ranks.py):
 * Off, or with no running decode rows (a lone prompt), the scheduler trace is the stock one.
 * The final chunk arms nothing beyond the engine's own interval.
 * A window ends at once when the streams are gone (finished, retracted) or the chunked prompt is
   gone (finished, aborted, retracted by a pause): no idle pass, and never shorter than the
   configured interval. The engine's ``--prefill-decode-interval-min-bs`` rule still applies.
-* Every input of ``N`` is replicated scheduler state (no clock), so every TP rank decides the same.
+* Arming is decided on replicated scheduler state (a non-final chunk in the batch, running rows),
+  so every TP rank reaches the broadcast on the same pass; ``N`` itself is rank 0's.
 * DP attention, pipeline parallelism, PD disaggregation and dLLM are refused (stock path stays).
 
-Hooks: ``Scheduler.get_next_batch_to_run`` (after the call: arm the window when the batch about to
-run holds a non-final chunk) and ``Scheduler._should_defer_prefill`` (before the call: end the
-window early). ``_arm_prefill_decode_interval`` (whose counter is the floor) and
-``_reqs_finishing_inflight`` (rows the overlap loop's in-flight result finishes) are read or called,
-not wrapped; they are pinned beside the wrapped two (registry ``wraps``), so drift refuses the switch.
+Hooks: ``Scheduler.get_next_batch_to_run`` (before the call, measured mode: stamp the pass; after
+it: arm the window when the batch about to run holds a non-final chunk) and
+``Scheduler._should_defer_prefill`` (before the call: end the window early; after it: close the
+measured cycle). ``_arm_prefill_decode_interval`` (whose counter is the floor),
+``_reqs_finishing_inflight`` (rows the overlap loop's in-flight result finishes) and
+``init_model_worker`` (which sets ``tp_cpu_group``) are read or called, not wrapped; they are pinned
+beside the wrapped two (registry ``relies_on``), so drift refuses the switch.
 
-Rollback: unset ``DSV41_DECODE_YIELD`` (the ``DSV41_DECODE_YIELD_*`` cost keys then do nothing).
+Rollback: unset ``DSV41_DECODE_YIELD`` (the ``DSV41_DECODE_YIELD_*`` keys then do nothing); to
+the open-loop model only, ``DSV41_DECODE_YIELD_MODE=model``.
 """
 
 from __future__ import annotations
@@ -43,30 +61,34 @@ import logging
 from typing import Any
 
 from adapter.core import api
-from adapter.switches.decode_yield import cost_model
+from adapter.switches.decode_yield import agreement, controller, cost_model
 
 SWITCH = api.handle(__name__)
 _ATTR = "_dsv41_decode_yield"  # per-Scheduler state, on the instance
+MODE_KEY, MEASURED, MODEL = "DSV41_DECODE_YIELD_MODE", "measured", "model"
 DLLM = "dLLM: diffusion decoding does not use the chunked-prefill deferral path"
 
 
 class _Window:
     """One open yield window: the chunked prompt it waits for and what it was armed with."""
 
-    __slots__ = ("chunk", "floor", "n", "prefix", "req", "rows")
+    __slots__ = ("chunk", "floor", "n", "plan", "prefix", "req", "rows")
 
-    def __init__(self, req: Any, n: int, floor: int, chunk: int, prefix: int, rows: int):
+    def __init__(self, req: Any, n: int, floor: int, chunk: int, prefix: int, rows: int,
+                 plan: controller.Plan | None):
         self.req, self.n, self.floor = req, n, floor
-        self.chunk, self.prefix, self.rows = chunk, prefix, rows
+        self.chunk, self.prefix, self.rows, self.plan = chunk, prefix, rows, plan
 
 
 class _State:
-    __slots__ = ("carry", "carry_req", "window")
+    __slots__ = ("carry", "carry_req", "ctl", "pass_t", "window")
 
-    def __init__(self) -> None:
+    def __init__(self, ctl: controller.Controller | None) -> None:
         self.window: _Window | None = None
-        self.carry = 0  # rounding surplus of the previous windows of carry_req (cost_model.yield_window)
+        self.carry = 0  # model mode: rounding surplus of the previous windows of carry_req (cost_model.yield_window)
         self.carry_req: Any = None
+        self.ctl = ctl  # measured mode: the closed loop (None in model mode)
+        self.pass_t = 0  # measured mode: when the current pass entered get_next_batch_to_run (controller.now)
 
 
 def unsupported_mode(server_args: Any) -> str | None:
@@ -96,12 +118,15 @@ def _published_server_args() -> Any:
 def install(ctx: api.SwitchContext) -> dict[str, Any]:
     SWITCH.bind(ctx)
     pct: int = ctx.value
+    mode: str = ctx.values.get(MODE_KEY) or MEASURED
+    measured = mode == MEASURED
     try:
         coef = cost_model.from_config(ctx.values)
     except ValueError as exc:  # a cross-key rule the per-key parsers cannot see (a ConfigError)
         raise api.Refusal(str(exc)) from None
     debug = ctx.debug
     topk = coef.topk
+    cap = cost_model.MAX_YIELD_STEPS
     published = _published_server_args()
     if published is not None and (reason := unsupported_mode(published)):
         raise api.Refusal(reason)
@@ -116,15 +141,26 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
             if reason is not None:  # a scheduler built in an unsupported mode after install: back to stock
                 ctx.refuse_late(reason, revert=True)
                 return None
-            state = scheduler.__dict__[_ATTR] = _State()
+            state = scheduler.__dict__[_ATTR] = _State(controller.Controller(pct, cap) if measured else None)
         return state
 
     def get_next_batch_to_run(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        ctl = None
+        if measured:  # every pass is a clock sample: the streams' step alone is measured before any prompt
+            state = instance.__dict__.get(_ATTR) or state_of(instance)
+            if state is None:
+                return wrapped(*args, **kwargs)
+            ctl = state.ctl
+            state.pass_t = t = controller.now()
+            # the overlap loop's pass waits on the batch before the one it launched: one more in a row
+            ctl.on_pass(t, 3 if getattr(instance, "enable_overlap", False) else 2)
         plan = wrapped(*args, **kwargs)
+        batch = plan.batch_to_run
+        if ctl is not None:  # not extend: a decode batch (DP attention's idle batches are refused)
+            ctl.ran(batch is not None and not batch.forward_mode.is_extend())
         chunked = instance.chunked_req
         if chunked is None:  # the common pass: nothing to arm
             return plan
-        batch = plan.batch_to_run
         if batch is None or not batch.forward_mode.is_extend():
             return plan
         state = state_of(instance)
@@ -151,11 +187,18 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
         chunk_fs = cost_model.window_cost(zip(batch.extend_lens, batch.prefix_lens), coef)
         step_fs = cost_model.decode_cost(rows, kv, kv_topk, coef)
         floor = instance._prefill_decode_interval_remaining  # what the engine's own arm wrote
-        carry = state.carry if state.carry_req is chunked else 0
-        n, state.carry = cost_model.yield_window(pct, chunk_fs, step_fs, floor, carry, rode_along=1 if decoding else 0)
-        state.carry_req = chunked
+        rode_along = 1 if decoding else 0
+        decided = None
+        if ctl is not None:
+            decided = ctl.plan(state.pass_t, chunked, sum(batch.extend_lens), rode_along, floor, (chunk_fs, step_fs))
+            # rank 0 decides for every TP rank (arming is decided on replicated state: every rank is here)
+            n = agreement.agree(instance, decided.n)
+        else:
+            carry = state.carry if state.carry_req is chunked else 0
+            n, state.carry = cost_model.yield_window(pct, chunk_fs, step_fs, floor, carry, cap, rode_along)
+            state.carry_req = chunked
         instance._prefill_decode_interval_remaining = n
-        state.window = _Window(chunked, n, floor, batch.extend_lens[index], batch.prefix_lens[index], rows)
+        state.window = _Window(chunked, n, floor, batch.extend_lens[index], batch.prefix_lens[index], rows, decided)
         return plan
 
     def _should_defer_prefill(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
@@ -185,20 +228,39 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
         if ended is not None:
             given = window.n - remaining
             state.window = None
-            if ended != "served":  # the window did not give what it planned: carry nothing over
+            cycle = None
+            if state.ctl is not None and ended == "served":  # the cycle ends at this pass: the next chunk runs in it
+                cycle = state.ctl.served(state.pass_t, given)
+            elif state.ctl is not None:  # not a cycle: the prompt's balance starts over
+                state.ctl.abandoned()
+            elif ended != "served":  # the window did not give what it planned: carry nothing over
                 state.carry, state.carry_req = 0, None
             if debug or api.metrics_on():  # skip formatting the line when nothing reads it
-                ctx.event(
-                    "window", level=logging.DEBUG, chunk=window.chunk, prefix=window.prefix,
-                    rows=window.rows, n=window.n, floor=window.floor, given=given, ended=ended,
-                )
+                ctx.event("window", level=logging.DEBUG, **_window_fields(mode, pct, window, given, ended, cycle))
         return defer
 
     ctx.wrap("Scheduler.get_next_batch_to_run", get_next_batch_to_run)
     ctx.wrap("Scheduler._should_defer_prefill", _should_defer_prefill)
-    return {
-        "share": pct,
-        "cap": cost_model.MAX_YIELD_STEPS,
-        "cost": coef.source,
-        "mode_check": "install" if published is not None else "first_pass",
-    }
+    return {"share": pct, "mode": mode, "cap": cap, "cost": coef.source,
+            "mode_check": "install" if published is not None else "first_pass"}
+
+
+def _window_fields(mode: str, pct: int, window: _Window, given: int, ended: str,
+                   cycle: controller.Cycle | None) -> dict[str, Any]:
+    """The ``window`` line: what was planned and given; in measured mode what it was planned from
+    (``source``, the step and overhead estimates) and, for a measured cycle, the share the streams
+    got in it and over the prompt so far, its wall time and the streams' part of it."""
+    fields: dict[str, Any] = {"mode": mode, "target": pct, "chunk": window.chunk, "prefix": window.prefix,
+                              "rows": window.rows, "n": window.n, "floor": window.floor, "given": given,
+                              "ended": ended}
+    plan = window.plan
+    if plan is not None:
+        fields["source"] = plan.source
+        if plan.step_ns is not None:
+            fields["step_us"] = round(plan.step_ns / 1000, 1)
+        if plan.overhead_ns is not None:
+            fields["overhead_us"] = round(plan.overhead_ns / 1000, 1)
+    if cycle is not None:
+        fields.update(share=cycle.share, prompt_share=cycle.prompt_share, cycle_us=round(cycle.elapsed_ns / 1000, 1),
+                      streams_us=round(cycle.streams_ns / 1000, 1))
+    return fields

@@ -1,0 +1,194 @@
+"""Decode yield's closed loop: each window's length from this boot's measured iteration wall times.
+
+The scheduler's own passes are the clock's samples. Every pass stamps the time it enters
+``get_next_batch_to_run`` (:func:`now`); the time between two entries is one iteration of the loop
+(the forward of the batch the earlier pass chose, its result processing, the next receive).
+
+* **The streams' step alone** (``step_ns``): the median of the last :data:`STEP_SAMPLES` decode
+  iterations that followed decode iterations (two in a row in the normal loop, three in the overlap
+  loop, whose pass waits on the batch before): the step the streams' rate alone is made of. The
+  first decode step after a chunk is left out on purpose: what it costs beyond this is the
+  alternation, which the prompt's side pays (below). But only while such a sample is fresh (taken
+  in the last :data:`FRESH_CYCLES` cycles): windows of 0 or 1 step give none, and a machine's speed
+  moves within seconds (on the shared 2-core CPU engine a step took 12 ms, then 50 ms, then 8 ms
+  within one minute), so then the median of the last decode iterations of any kind (the first after
+  a chunk included) stands in. Not per row: a step's fixed part (weights, launch, the scheduler
+  pass) dominates at serving batch sizes, and a finished row changes the median within three steps.
+* **A cycle** is one non-final chunk and its window: from the pass that runs the chunk to the pass
+  that runs the next one. Its wall time ``E`` less the reference time of the tokens the streams got
+  in it, ``(given + rode_along) * step_ns``, is its **overhead** ``O``: the chunk, the alternation,
+  and whatever else the cycle paid (a competing process, a slow chunk). The overhead per chunk token
+  (the median of the last :data:`CHUNK_SAMPLES` cycles; per token, so a short first or mixed chunk
+  compares, and a chunk whose cost grows with its prefix is followed within a cycle or two)
+  times the next chunk's tokens is the next cycle's estimate ``O_est``.
+* **The share** of a cycle is what the bench and an operator measure: the streams' tokens at their
+  rate alone over the wall time, ``(given + rode_along) * step_ns / E``.
+* **The closed loop**: ``balance`` holds what the streams got beyond their share over the prompt's
+  served cycles, ``sum((100-pct)*(given+rode_along)*step_ns - pct*O)`` (ns, scaled by 100). The
+  next window is the smallest ``N`` that brings it back to zero after the next cycle::
+
+      N = ceil((pct*O_est - balance - (100-pct)*rode_along*step_ns) / ((100-pct)*step_ns))
+
+  so rounding is carried (the balance keeps the fraction of a step the last window gave beyond
+  its share), a mismeasured or slow cycle is repaid by the next window, and a step change in either
+  cost is followed in the estimate and corrected in the share. ``N`` is bounded by the configured
+  interval (floor) and the cap; the balance is clamped to one cycle's overhead either way, so a
+  floor, a cap or a spike never runs up a debt or a credit that later windows would pay back
+  for minutes. A window that did not give what it planned (streams or prompt gone, ``min_bs``)
+  is not a cycle and resets the balance; the estimates live for the boot.
+
+The first windows of a boot have no measurement: with no decode step measured yet the integer cost
+model decides the window (:func:`adapter.switches.decode_yield.cost_model.yield_window`); with a step
+but no cycle yet, the model's chunk-to-step ratio at that window times the measured step is the
+overhead's estimate. The controller reads a clock, so ranks measure differently: under tensor
+parallelism rank 0 decides and the others receive its ``N`` (:mod:`adapter.switches.decode_yield.agreement`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+
+now = time.perf_counter_ns  # the controller's clock (ns); tests script it
+
+STEP_SAMPLES = 5  # the median of this many back-to-back decode iterations is the streams' step alone
+CHUNK_SAMPLES = 3  # the median of this many cycles' overhead per chunk token is the next estimate
+FRESH_CYCLES = 2  # a step-alone sample older than this many cycles gives way to any recent decode step
+
+
+class Recent:
+    """The median of the last ``size`` samples (integers): robust to one descheduled iteration."""
+
+    __slots__ = ("samples",)
+
+    def __init__(self, size: int):
+        self.samples: deque[int] = deque(maxlen=size)
+
+    def add(self, value: int) -> None:
+        self.samples.append(value)
+
+    def value(self) -> int | None:
+        if not self.samples:
+            return None
+        ordered = sorted(self.samples)
+        return ordered[len(ordered) // 2]
+
+
+@dataclass
+class Plan:
+    """One window's decision and what it was made from (the ``window`` line's fields)."""
+
+    n: int
+    source: str  # "measured", "model" (nothing measured), "model_ratio" (a step, no cycle yet)
+    step_ns: int | None
+    overhead_ns: int | None  # the next cycle's overhead estimate
+
+
+@dataclass
+class Cycle:
+    """One cycle as measured when its window was served."""
+
+    elapsed_ns: int
+    streams_ns: int  # the streams' tokens at their step alone
+    overhead_ns: int
+    share: float  # the streams' tokens at their rate alone over the cycle's wall time
+    prompt_share: float  # the same over the prompt's served cycles so far
+
+
+class Controller:
+    """The closed loop of one scheduler (one rank): samples, estimates, and the prompt's balance."""
+
+    def __init__(self, pct: int, cap: int):
+        self.pct, self.cap = pct, cap
+        self.alone = Recent(STEP_SAMPLES)  # decode iterations after decode iterations
+        self.any_step = Recent(STEP_SAMPLES)  # every decode iteration, the first after a chunk included
+        self._cycles = 0  # windows planned so far, and the count when the last step-alone sample came
+        self._alone_at = -FRESH_CYCLES - 1
+        self.overhead_per_token = Recent(CHUNK_SAMPLES)  # ps per chunk token
+        self.balance = 0
+        self.prompt: object | None = None  # the chunked prompt the balance is for
+        self._given_ns = 0  # this prompt's served cycles: streams' reference time and wall time
+        self._elapsed_ns = 0
+        self._last_t: int | None = None
+        self._decode_run = 0  # passes in a row that ran a decode batch (ending with the last one)
+        self._cycle: tuple[int, int, int] | None = None  # (t at the chunk's pass, chunk tokens, rode_along)
+
+    # -- every pass ------------------------------------------------------------------------------
+    def on_pass(self, t: int, need_run: int) -> None:
+        """A pass entered at ``t``: the interval since the last one is a step alone when the passes
+        before it ran ``need_run`` decode batches in a row (2 normal loop, 3 overlap loop)."""
+        # any decode pass: the interval right after it (in the overlap loop on a GPU that is the
+        # batch before it, possibly a chunk: only a stand-in while no step alone is fresh)
+        if self._last_t is not None and self._decode_run >= 1:
+            self.any_step.add(t - self._last_t)
+            if self._decode_run >= need_run:
+                self.alone.add(t - self._last_t)
+                self._alone_at = self._cycles
+        self._last_t = t
+
+    def step_ns(self) -> int | None:
+        """The streams' step alone, or any recent decode step when no step alone is fresh."""
+        if self.alone.samples and self._cycles - self._alone_at <= FRESH_CYCLES:
+            return self.alone.value()
+        return self.any_step.value() or self.alone.value()
+
+    def ran(self, decode: bool) -> None:
+        """What the pass that just entered chose: a decode batch (True) or anything else."""
+        self._decode_run = self._decode_run + 1 if decode else 0
+
+    # -- windows ---------------------------------------------------------------------------------
+    def plan(self, t: int, prompt: object, tokens: int, rode_along: int, floor: int,
+             model_ratio: tuple[int, int]) -> Plan:
+        """``N`` for the window after the chunk of ``tokens`` tokens this pass runs (at ``t``).
+        ``model_ratio``: the integer model's (chunk+switch, step) costs at this window, for the
+        first windows of a boot."""
+        from adapter.switches.decode_yield import cost_model
+
+        if prompt is not self.prompt:
+            self._reset(prompt)
+        self._cycle = (t, tokens, rode_along)
+        self._cycles += 1
+        step = self.step_ns()
+        per_token = self.overhead_per_token.value()
+        if step is None:
+            chunk_fs, step_fs = model_ratio
+            n, _ = cost_model.yield_window(self.pct, chunk_fs, step_fs, floor, 0, self.cap, rode_along)
+            return Plan(n, "model", None, None)
+        if per_token is None:
+            chunk_fs, step_fs = model_ratio
+            overhead, source = step * chunk_fs // max(step_fs, 1), "model_ratio"
+        else:
+            overhead, source = per_token * tokens // 1000, "measured"
+        rest = 100 - self.pct
+        owed = self.pct * overhead - self.balance - rest * rode_along * step
+        need = max(0, -(-owed // (rest * step)))
+        return Plan(max(floor, min(self.cap, need)), source, step, overhead)
+
+    def served(self, t: int, given: int) -> Cycle | None:
+        """The window of the last plan gave ``given`` steps and the next chunk runs at ``t``."""
+        if self._cycle is None:
+            return None
+        start, tokens, rode_along = self._cycle
+        self._cycle = None
+        elapsed = t - start
+        step = self.step_ns()
+        if step is None or elapsed <= 0:  # nothing to weigh the streams' tokens by
+            return None
+        got = (given + rode_along) * step
+        overhead = max(0, elapsed - got)
+        self.overhead_per_token.add(overhead * 1000 // max(tokens, 1))
+        self.balance += (100 - self.pct) * got - self.pct * overhead
+        bound = self.pct * max(overhead, self.overhead_per_token.value() * tokens // 1000)
+        self.balance = max(-bound, min(bound, self.balance))
+        self._given_ns += got
+        self._elapsed_ns += elapsed
+        return Cycle(elapsed, got, overhead, round(got / elapsed, 4), round(self._given_ns / self._elapsed_ns, 4))
+
+    def abandoned(self) -> None:
+        """The window did not give what it planned: no cycle, and the prompt's balance starts over."""
+        self._reset(None)
+
+    def _reset(self, prompt: object | None) -> None:
+        self.prompt, self.balance, self._cycle = prompt, 0, None
+        self._given_ns = self._elapsed_ns = 0

@@ -1,0 +1,124 @@
+"""Decode yield's closed loop (adapter.switches.decode_yield.controller) on its own: samples,
+estimates, the first windows of a boot, the balance and its bounds."""
+
+from __future__ import annotations
+
+from adapter.switches.decode_yield import controller, cost_model
+
+MS = 1_000_000
+PROMPT = object()
+
+
+def _stepped(ctl: controller.Controller, step_ns: int, steps: int = 6, t: int = 0) -> int:
+    """``steps`` decode passes of ``step_ns`` each in the normal loop; returns the time after them."""
+    for _ in range(steps):
+        ctl.on_pass(t, 2)
+        ctl.ran(True)
+        t += step_ns
+    ctl.on_pass(t, 2)
+    return t
+
+
+def test_only_a_decode_pass_after_a_decode_pass_is_a_step_alone():
+    ctl = controller.Controller(50, 128)
+    ctl.on_pass(0, 2)
+    ctl.ran(False)  # a chunk: 10 ms
+    ctl.on_pass(10 * MS, 2)
+    ctl.ran(True)  # the first step after it: 5 ms (the alternation) - not a step alone
+    ctl.on_pass(15 * MS, 2)
+    assert ctl.alone.value() is None and ctl.step_ns() == 5 * MS  # nothing better yet
+    ctl.ran(True)  # the second: 2 ms
+    ctl.on_pass(17 * MS, 2)
+    assert ctl.step_ns() == 2 * MS
+    ctl.ran(True)
+    ctl.on_pass(19 * MS, 3)  # overlap loop: three in a row needed, and there are three
+    assert list(ctl.alone.samples) == [2 * MS, 2 * MS]
+
+
+def test_the_step_is_the_median_of_the_last_five_so_one_descheduled_step_does_not_move_it():
+    ctl = controller.Controller(50, 128)
+    t = _stepped(ctl, 2 * MS, 4)
+    ctl.ran(True)
+    _stepped(ctl, 40 * MS, 1, t)  # one step the OS descheduled
+    assert ctl.step_ns() == 2 * MS
+
+
+def test_a_stale_step_alone_gives_way_to_the_recent_first_steps_after_chunks():
+    """Windows of one step give no step alone; the machine slowed 5x meanwhile: after two cycles
+    the recent decode steps (each the first after its chunk) are the reference."""
+    ctl = controller.Controller(20, 128)
+    t = _stepped(ctl, 2 * MS)
+    for cycle in range(4):
+        ctl.plan(t, PROMPT, 64, 0, 0, (10, 10))
+        ctl.ran(False)  # the chunk
+        t += 50 * MS
+        ctl.on_pass(t, 2)
+        ctl.ran(True)  # its one step, now 10 ms
+        t += 10 * MS
+        ctl.on_pass(t, 2)
+        ctl.ran(False)
+        assert ctl.step_ns() == (2 * MS if cycle < 2 else 10 * MS), cycle
+        ctl.served(t, 1)
+
+
+def test_with_nothing_measured_the_first_window_is_the_cost_models():
+    ctl = controller.Controller(33, 128)
+    chunk, step = 30 * 10**9, 4 * 10**9
+    plan = ctl.plan(0, PROMPT, 512, 0, 0, (chunk, step))
+    assert plan.source == "model" and plan.n == cost_model.yield_steps(33, chunk, step)
+
+
+def test_with_a_step_measured_and_no_cycle_the_models_ratio_scales_the_measured_step():
+    ctl = controller.Controller(50, 128)
+    t = _stepped(ctl, 2 * MS)
+    plan = ctl.plan(t, PROMPT, 512, 0, 0, (30, 10))  # the model says a chunk is 3 steps: 6 ms
+    assert plan.source == "model_ratio" and plan.overhead_ns == 6 * MS and plan.n == 3
+
+
+def test_a_measured_cycle_gives_the_share_and_the_next_window_closes_the_balance():
+    ctl = controller.Controller(50, 128)
+    t = _stepped(ctl, 2 * MS)
+    assert ctl.plan(t, PROMPT, 512, 0, 0, (10, 10)).n == 1  # model ratio 1: 2 ms
+    # the chunk took 10 ms and its one step 2 ms: the streams got 2 of 12 ms
+    cycle = ctl.served(t + 12 * MS, 1)
+    assert cycle is not None and cycle.share == round(2 / 12, 4) and cycle.overhead_ns == 10 * MS
+    # owed: 0.5 * 10 ms of the next chunk, plus the 0.5 * 10 - 0.5 * 2 ms the first cycle fell short
+    plan = ctl.plan(t + 12 * MS, PROMPT, 512, 0, 0, (10, 10))
+    assert plan.source == "measured" and plan.overhead_ns == 10 * MS and plan.n == 5 + 4
+
+
+def test_the_balance_is_bounded_by_one_cycles_overhead_so_a_cap_runs_up_no_debt():
+    ctl = controller.Controller(90, 4)  # pct 90 with a cap of 4 steps: every window short
+    t = _stepped(ctl, 1 * MS)
+    for _ in range(10):
+        n = ctl.plan(t, PROMPT, 512, 0, 0, (10, 1)).n
+        assert n == 4
+        t += 10 * MS + n * MS
+        ctl.served(t, n)
+    assert -ctl.balance <= 90 * 10 * MS
+
+
+def test_a_window_that_was_not_served_resets_the_prompts_balance():
+    ctl = controller.Controller(50, 128)
+    t = _stepped(ctl, 2 * MS)
+    ctl.plan(t, PROMPT, 512, 0, 0, (10, 10))
+    ctl.served(t + 30 * MS, 1)
+    assert ctl.balance < 0
+    ctl.abandoned()
+    assert ctl.balance == 0 and ctl.served(t + 40 * MS, 1) is None  # no cycle open
+
+
+def test_a_new_prompt_starts_its_own_balance_and_keeps_the_boots_estimates():
+    ctl = controller.Controller(50, 128)
+    t = _stepped(ctl, 2 * MS)
+    ctl.plan(t, PROMPT, 512, 0, 0, (10, 10))
+    ctl.served(t + 30 * MS, 1)
+    plan = ctl.plan(t + 30 * MS, object(), 512, 0, 0, (10, 10))
+    assert ctl.balance == 0 and plan.source == "measured" and plan.n == 14  # 0.5 * 28 ms / (0.5 * 2 ms)
+
+
+def test_the_floor_and_the_cap_bound_the_window():
+    ctl = controller.Controller(50, 6)
+    t = _stepped(ctl, 2 * MS)
+    assert ctl.plan(t, PROMPT, 512, 0, 9, (1, 10)).n == 9  # the configured interval is a floor
+    assert ctl.plan(t, PROMPT, 512, 0, 0, (100, 1)).n == 6  # the cap

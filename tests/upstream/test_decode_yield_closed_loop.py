@@ -1,0 +1,90 @@
+"""Decode yield's closed loop on the real SGLang scheduler (devkit.testkit.scheduler) against scripted
+wall times (``ScriptedClock``): what the loop measures is what the script says each batch cost, so
+the share the streams got is known exactly and compared with the asked one.
+
+The share of a cycle (a non-final chunk of the long prompt and the decode steps before the next
+one) is what an operator measures: the streams' tokens at their rate alone (the scripted step, no
+alternation cost) over the cycle's wall time."""
+
+from __future__ import annotations
+
+import pytest
+
+from adapter.switches.decode_yield import controller
+from devkit.bench.decode_yield_scripted import MODEL_10_2, MS, PROMPT_CHUNKS, Script, quarters
+from devkit.bench.decode_yield_scripted import run as _run
+from devkit.bench.decode_yield_scripted import share as _share
+
+
+@pytest.fixture(autouse=True)
+def _clock_restored(monkeypatch):
+    monkeypatch.setattr(controller, "now", controller.now)
+
+
+def test_a_step_change_in_decode_cost_mid_prompt_is_followed():
+    """Decode steps cost 2 ms, then 5 ms from chunk 20 on (a chunk 10 ms): the loop re-estimates the
+    step and holds pct 50 on both sides; the open-loop model, right for the first half, is not."""
+    def script() -> Script:
+        return Script(lambda k: 10 * MS, lambda k: 2 * MS if k < 20 else 5 * MS)
+
+    found = _run(50, script())
+    before, after = found[:20], found[22:]
+    assert abs(_share(before) - 0.50) <= 0.03 and abs(_share(after) - 0.50) <= 0.03
+    assert {c[1] for c in before[3:]} == {5} and {c[1] for c in after} == {2}
+    assert found[21][1] == 0  # the 5 ms steps of the window before gave more than the share: repaid
+    # the open-loop model with the first half's costs (chunk 10 ms, step 2 ms): 0.71 once the step is 5 ms
+    model = _run(50, script(), mode="model", env=MODEL_10_2)
+    assert abs(_share(model[2:20]) - 0.50) <= 0.03 and _share(model[22:]) > 0.65
+
+
+def test_a_slow_chunk_is_repaid_by_the_next_window_and_no_more():
+    """Chunk 10 costs 4x the others: the next window gives the streams what that cycle owed them,
+    the prompt's share stays at pct, and the windows after it are back to the steady length."""
+    found = _run(33, Script(lambda k: 40 * MS if k == 10 else 10 * MS, lambda k: 2 * MS))
+    steady = [c[1] for c in found[3:10]]
+    assert set(steady) == {2, 3}  # 0.33 * 10 / (0.67 * 2) = 2.46 steps a window
+    assert found[10][3] / found[10][2] < 0.15  # the slow cycle: the streams fell behind ...
+    assert found[11][1] >= 3 + 6  # ... and the next window repaid it at once
+    assert set(c[1] for c in found[12:]) == {2, 3}  # then the steady windows again: no debt left over
+    assert abs(_share(found[3:]) - 0.33) <= 0.01
+
+
+def test_rounding_is_carried_so_the_share_does_not_drift():
+    """Chunk 10 ms, step 4 ms, pct 50: 2.5 steps a window. Windows alternate 2 and 3, and after every
+    window the streams are within one step of their share (rounding each window up would give 3
+    every time: 0.545)."""
+    found = _run(50, Script(lambda k: 10 * MS, lambda k: 4 * MS))
+    measured = found[3:]  # the first window runs on the model's ratio; the next two repay its error
+    assert {c[1] for c in measured} == {2, 3}
+    assert sum(c[1] for c in measured) / len(measured) == pytest.approx(2.5, abs=0.05)
+    got = owed = 0
+    for c in measured:
+        got, owed = got + c[3], owed + 0.5 * c[2]
+        assert abs(got - owed) <= 4 * MS
+    assert abs(_share(measured) - 0.50) <= 0.01
+
+
+def test_the_alternation_cost_is_charged_to_the_prompt_not_to_the_streams():
+    """The first step after a chunk costs 3 ms more than a step alone: the loop counts the streams'
+    tokens at the step alone, so the share at their rate holds; the model with the forward costs
+    only falls short."""
+    def script() -> Script:
+        return Script(lambda k: 10 * MS, lambda k: 2 * MS, switch=3 * MS)
+
+    assert abs(_share(_run(50, script())[2:]) - 0.50) <= 0.03
+    model = _run(50, script(), mode="model", env=MODEL_10_2)
+    assert _share(model[2:]) < 0.45  # 5 steps of 2 ms against 10 ms + 3 ms: 0.43
+
+
+def test_a_chunk_that_grows_with_its_prefix_keeps_the_share_in_every_quarter():
+    """The prompt's last chunks cost twice its first (a growing context): the share holds in every
+    quarter of the prompt, where a fixed interval matching the overall share gives the early
+    quarters more and the late ones less."""
+    def script() -> Script:
+        return Script(lambda k: int(10 * MS * (1 + k / (PROMPT_CHUNKS - 1))), lambda k: 2 * MS)
+
+    by_quarter = quarters(_run(33, script())[1:])
+    assert all(abs(q - 0.33) <= 0.03 for q in by_quarter), by_quarter
+    # stock with --prefill-decode-interval 4: 4 steps of 2 ms against a 10 .. 20 ms chunk, 0.44 .. 0.29
+    k_quarters = quarters(_run(None, script(), interval=4)[1:])
+    assert k_quarters[0] - k_quarters[3] > 0.08  # a fixed K does not follow the growing chunk
