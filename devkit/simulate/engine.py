@@ -45,6 +45,7 @@ class Turn:
     cone: bool  # a cone plan was admitted
     full_lost: bool = False  # at admission, the Full KV of [0, resume_at) was no longer all resident
     window_lost: bool = False  # ... it was, but the SWA window before resume_at had holes (what a cone can replay)
+    loaded: int = 0  # HiCache: prefix tokens the admission loaded back from host (part of ``prefix``)
     ready_fs: int = 0
     first_token_fs: int = 0
     prefill_fs: int = 0  # modelled cost of this request's own rows (each pass priced alone)
@@ -101,6 +102,9 @@ class Replay:
             decoding.append([r, ct, max(0, r.output_length - 1), r.prompt_len])
 
         while ready or waiting or chunked or decoding:
+            # HiCache: the copies the last pass queued have landed (the scheduler's
+            # check_hicache_events each pass); a node stays locked while its backup is in flight.
+            kit.sync_hicache()
             while ready and ready[0][0] <= t:
                 at, i = heapq.heappop(ready)
                 waiting.append((at, self.by_index[i]))
@@ -128,6 +132,7 @@ class Replay:
                 at, r = waiting[0]
                 tokens = materialize(r.prompt)
                 probe = self._probe(r, tokens)
+                loaded_before = kit.loaded_from_host
                 ct = cone.start_turn(kit, tokens, r.output_length, self.chunk, budget=budget, rid=f"t{r.index}")
                 if ct is None:
                     if decoding or pending_done or rows:
@@ -139,6 +144,7 @@ class Replay:
                 waiting.popleft()
                 turn = turns[r.index] = self._turn(r, ct, at)
                 turn.full_lost, turn.window_lost = probe
+                turn.loaded = kit.loaded_from_host - loaded_before
                 first = ct.pos - ct.prefix_len
                 rows.append((first, ct.prefix_len))
                 turn.prefill_fs += cost_model.chunk_cost([(first, ct.prefix_len)], self.coef)

@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from adapter.core import env
 from adapter.ops import cli
 from devkit import simulate
 from devkit.simulate import fleet, trace
@@ -17,10 +18,10 @@ PAGE, WINDOW, CHUNK, N = 16, 8, 128, 64
 POLICIES = ("stock", "thin", "thin+cone")
 
 
-def _fleet(swa_pool: int = 768) -> fleet.Fleet:
+def _fleet(swa_pool: int = 768, full_tokens: int = 1 << 16, hicache_ratio: float = 2.0) -> fleet.Fleet:
     return fleet.Fleet(page=PAGE, window=WINDOW, chunk=CHUNK, max_running=8, tails=0, swa_pool=swa_pool,
-                       full_tokens=1 << 16, full_source="test", cone_tokens=N, cone_bound=32, model="test",
-                       profile="test")
+                       full_tokens=full_tokens, full_source="test", cone_tokens=N, cone_bound=32, model="test",
+                       profile="test", hicache_ratio=hicache_ratio, hicache_write_policy="write_through")
 
 
 def _trace(tmp_path, rows) -> list[trace.Request]:
@@ -30,8 +31,8 @@ def _trace(tmp_path, rows) -> list[trace.Request]:
     return trace.load(str(path), PAGE)
 
 
-def _replay(policy, requests, swa_pool=768):
-    turns, row = simulate.run_policy(policy, _fleet(swa_pool), requests, progress=False)
+def _replay(policy, requests, swa_pool=768, **fleet_args):
+    turns, row = simulate.run_policy(policy, _fleet(swa_pool, **fleet_args), requests, progress=False)
     assert row["leak"] == 0, f"{policy}: slots leaked"
     return turns, row
 
@@ -82,6 +83,43 @@ def test_a_lost_window_whose_full_kv_stays_costs_n_plus_a_page_under_the_cone(tm
     # F is A's resume point or a page below it (the SWA-evicted last leaf takes its Full page along)
     assert N <= last.history_recomputed <= N + PAGE and last.prefix % PAGE == 0
     assert row["cone_plans"] == 1 and row["cone_fallbacks"] == {}
+
+
+def _full_kv_pushed_off_the_device():
+    # A (512 tokens) goes idle; three strangers of 1,024 tokens, one after another, each need half
+    # the Full pool (2,048 tokens), so A's Full KV (the least recent) leaves the device; A's next
+    # turn adds 512 tokens.
+    rows = [(0, 512, 16, [1])] + [(5_000 * (i + 1), 1024, 16, [100 + 2 * i, 101 + 2 * i]) for i in range(3)]
+    return [*rows, (100_000, 1024, 16, [1, 2])]
+
+
+@pytest.mark.parametrize("policy", ["stock+hicache", "thin+cone+hicache"])
+def test_a_session_whose_full_kv_left_the_device_reloads_its_history_from_host_under_hicache(tmp_path, policy):
+    """HiCache (write-through, host 4x the device pool) kept A's history on host: the admission
+    loads its 512 tokens back and only the 512 new tokens are recomputed; stock, without a host
+    tier, re-prefills the whole prompt. The leak check is clean under both."""
+    requests = _trace(tmp_path, _full_kv_pushed_off_the_device())
+    stock, stock_row = _replay("stock", requests, full_tokens=2048)
+    turns, row = _replay(policy, requests, full_tokens=2048, hicache_ratio=4.0)
+    for last in (stock[-1], turns[-1]):
+        assert last.continuation and last.history == last.resume_at == 512 and last.full_lost
+    assert stock[-1].prefix == 0 and stock[-1].recomputed == 1024 and stock_row["host_loaded_tokens"] is None
+    last = turns[-1]
+    assert last.loaded == 512 and last.prefix == 512 and last.recomputed == 1024 - 512 and not last.cone
+    assert last.stock_prefix < last.resume_at  # not on device: the host tier gave it back
+    assert row["host_loaded_tokens"] == 512 and row["host_load_backs"] == 1 and row["resume_hit_rate"] == 1.0
+    assert row["recomputed_tokens"] == stock_row["recomputed_tokens"] - 512
+
+
+def test_the_hicache_policies_run_by_default_only_when_the_launch_line_enables_hicache():
+    on = fleet.resolve(str(fleet.REPO / ".env.h200-hicache.example"))
+    assert on.hicache_on and on.hicache_ratio == 2.0 and on.hicache_write_policy == "write_through"
+    assert on.default_policies() == fleet.POLICIES
+    off = fleet.resolve(str(fleet.REPO / ".env.tp4.example"), hicache_ratio=3)
+    assert not off.hicache_on and off.hicache_ratio == 3.0
+    assert off.default_policies() == ("stock", "thin", "thin+cone")
+    with pytest.raises(env.ConfigError, match="--hicache-ratio"):
+        fleet.resolve(str(fleet.REPO / ".env.tp4.example"), hicache_ratio=0)
 
 
 def test_the_cli_names_the_line_field_and_value_of_a_malformed_trace(tmp_path, capsys):
