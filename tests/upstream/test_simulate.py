@@ -144,23 +144,25 @@ def test_plot_without_matplotlib_says_how_to_install_it(tmp_path, capsys, monkey
 def test_the_cli_replays_a_trace_at_the_profiles_geometry_and_ends_with_one_json_line(tmp_path, capsys):
     """The production profile's geometry (page 256, window 128, chunk 8192, the SWA pool of SGLang's
     configurator for --swa-prefix-tails 384): a session of two turns and a stranger; every policy
-    matches the continuation's whole history, and nothing leaks."""
+    (``--hicache``: the host-tier ones too, on a profile without HiCache) matches the continuation's
+    whole history, nothing is loaded from host, and nothing leaks."""
     path = tmp_path / "t.jsonl"
     rows = [(0, 20000, 300, list(range(40))), (50, 3000, 10, list(range(100, 106))),
             (9000, 26000, 20, list(range(39)) + list(range(200, 212)))]
     path.write_text("".join(json.dumps({"timestamp": ts, "input_length": n_in, "output_length": n_out,
                                         "hash_ids": ids}) + "\n" for ts, n_in, n_out, ids in rows))
-    assert cli.main(["simulate", str(path), "--json"]) == 0
+    assert cli.main(["simulate", str(path), "--json", "--hicache"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     result = json.loads(out[-1])
     assert result["geometry"]["page"] == 256 and result["geometry"]["tails"] == 384
     assert result["geometry"]["swa_pool"] > 384 * (128 + 256)  # the request cap plus the tails' headroom
     assert result["cost_model"]["source"] == "default"
     history = (20224 + 300 - 1) // 256 * 256  # the prompt page-rounded (20,224), then whole pages of its KV
-    for policy in POLICIES:
-        row = result["policies"][policy]
+    assert tuple(result["policies"]) == fleet.POLICIES
+    for policy, row in result["policies"].items():
         assert row["leak"] == 0 and row["continuation_turns"] == 1 and row["resume_hit_rate"] == 1.0, policy
         assert row["recomputed_tokens_continuation"] == 26112 - history, policy
+        assert row["host_loaded_tokens"] == (0 if policy.endswith("+hicache") else None), policy
 
 
 def test_the_sweep_picks_the_smallest_setting_within_one_percent_of_the_best(tmp_path, capsys):
