@@ -150,8 +150,8 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
     print(f"geometry: {geo.describe()}")
     print("prompts rounded up to whole pages, a finished turn keeps whole pages of prompt + output - 1; "
           "prefill / TTFT modelled with the decode-yield cost model "
-          f"({_describe(coef)}); prefill first, no decode yield, no mixed chunk; +hicache: host->device load-back time not modelled (a host hit "
-          "costs no prefill), no L3 storage")
+          f"({_describe(coef)}); prefill first, no decode yield, no mixed chunk; +hicache: the host->device "
+          "load-back time is not modelled (a host hit costs no prefill), no L3 storage")
     rows: dict[str, dict[str, Any]] = {}
     all_turns: dict[str, list[Any]] = {}
     for policy in policies:

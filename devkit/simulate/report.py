@@ -15,9 +15,11 @@ FS_PER_S = 10**15
 def summarize(turns: list[Turn], wall_s: float, fallbacks: dict[str, int] | None = None,
               hicache: bool = False) -> dict[str, Any]:
     """One policy's figures. "Resume hit": a continuation's match (before any cone; with HiCache,
-    device plus what the admission loaded back from host) reached its parent's resume point. "Whole re-prefill": a continuation ran from below half its parent's
-    history. "Full lost" / "window lost": at admission, the resume point's Full KV was gone / only
-    its SWA window was (the case cone replay acts on)."""
+    device plus what the admission loaded back from host) reached its parent's resume point.
+    "Whole re-prefill": a continuation ran from below half its parent's history. "Full lost" /
+    "window lost": at admission, the resume point's Full KV was off the device / only its SWA
+    window was (the case cone replay acts on); with HiCache it may still be on host. ``hicache``:
+    the cache has a host tier (``host_loaded_tokens`` and ``host_load_backs`` are None without)."""
     ran = [t for t in turns if not t.skipped]
     cont = [t for t in ran if t.continuation]
     hits = sum(t.stock_prefix + t.loaded >= t.resume_at for t in cont)
