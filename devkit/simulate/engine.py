@@ -3,8 +3,9 @@
 What is SGLang's own: the ``UnifiedRadixCache`` (FULL + SWA), its allocators and pools, the match
 (``match_kv_cache``), admission (a real ``PrefillAdder`` with the chunk tokens left in the batch;
 with cone replay installed, its wrapped ``_select_prefill_admission``), every chunk checkpoint and
-the finished-turn release, and eviction when a pool runs short (``devkit.testkit.cone``'s turn
-steps over ``devkit.testkit.radix_cache``). What is the simulation's: the clock and the batches.
+the finished-turn release, eviction when a pool runs short, and with HiCache attached its backups
+and the admission's load-back of host hits (``devkit.testkit.cone``'s turn steps over
+``devkit.testkit.radix_cache``). What is the simulation's: the clock and the batches.
 
 The clock (a model, no forward runs): one iteration at a time, prefill first, as SGLang's scheduler
 without mixed chunks or decode yield: a prefill batch continues the one chunked request, then
