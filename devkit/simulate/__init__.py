@@ -2,10 +2,11 @@
 
 Replays a Mooncake-format trace (:mod:`.trace`) on SGLang's real ``UnifiedRadixCache``, allocators
 and pools at the fleet's geometry (:mod:`.fleet`), requests overlapping on a modelled clock
-(:mod:`.engine`), once per policy (stock, SWA thin, SWA thin + cone replay), and prints per policy:
-prompt tokens recomputed (all turns, continuation turns), continuation turns that re-prefilled
-their history, the resume-point hit rate, cone plans and fallbacks, the infinite-cache ideal, and
-the modelled prefill time (:mod:`.report`). ``--sweep`` reruns stock and thin over
+(:mod:`.engine`), once per policy (stock, SWA thin, SWA thin + cone replay, and stock and thin + cone
+with HiCache's host tier), and prints per policy: prompt tokens recomputed (all turns, continuation
+turns), continuation turns that re-prefilled their history, the resume-point hit rate, cone plans
+and fallbacks, tokens loaded back from host, the infinite-cache ideal, and the modelled prefill
+time (:mod:`.report`). ``--sweep`` reruns stock and thin over
 ``--swa-prefix-tails`` and thin + cone over N and prints, per policy, the smallest setting within
 1 % of its best.
 
@@ -41,8 +42,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(one instance's share of a cluster's trace), e.g. 0.25 or 1/16")
     parser.add_argument("--seed", type=int, default=0, help="the --share sample's seed")
     parser.add_argument("--time-scale", type=float, default=1.0, help="multiply the trace's timestamps")
-    parser.add_argument("--policies", default=",".join(_policies()), help="comma-separated subset of "
-                        + ", ".join(_policies()))
+    parser.add_argument("--policies", help="comma-separated subset of " + ", ".join(_policies()) + " (default: "
+                        "those without +hicache, and those with it too when the profile's launch line has "
+                        "--enable-hierarchical-cache)")
+    parser.add_argument("--hicache", action="store_true", help="also run the +hicache policies (HiCache's host "
+                        "tier) on a profile that does not enable it")
+    parser.add_argument("--hicache-ratio", type=float, help="host pool tokens per device pool token for the "
+                        "+hicache policies (default: the launch line's --hicache-ratio, else 2)")
     parser.add_argument("--sweep", action="store_true", help="also sweep --swa-prefix-tails (stock, thin) and N "
                         "(thin+cone)")
     parser.add_argument("--sweep-tails", type=_counts, default=SWEEP_TAILS,
@@ -99,7 +105,8 @@ def run_policy(policy: str, fleet: Any, requests: list[Any], time_scale: float =
         turns, wall = engine.timed(replay.run)
         leak = kit.leak_check()
         kit.cache.sanity_check()
-        row = report.summarize(turns, wall, dict(cone_replay.FALLBACKS) if policy == "thin+cone" else None)
+        row = report.summarize(turns, wall, dict(cone_replay.FALLBACKS) if "cone" in policy else None,
+                               hicache=kit.cache.cache_controller is not None)
         row["leak"] = leak["full"] + leak["swa"]
     finally:
         if bar is not None:
@@ -116,17 +123,21 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
     from adapter.core import env
     from devkit.simulate import engine, fleet, report, trace
 
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    for p in policies:
-        if p not in fleet.POLICIES:
-            raise env.ConfigError("--policies", p, "one of " + ", ".join(fleet.POLICIES))
+    if args.policies is not None:
+        policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+        for p in policies:
+            if p not in fleet.POLICIES:
+                raise env.ConfigError("--policies", p, "one of " + ", ".join(fleet.POLICIES))
     if args.time_scale <= 0:
         raise env.ConfigError("--time-scale", str(args.time_scale), "a positive factor")
     # One thread: the replay is sequential, and torch's small index writes on two threads of a
     # shared machine cost 100x more than on one (measured: 11 ms vs 0.05 ms for 8192 slots).
     torch.set_num_threads(1)
     parsed = trace.read(args.trace)  # a malformed line fails before SGLang is imported
-    geo = fleet.resolve(args.env_file, args.model, args.kv_tokens, args.swa_prefix_tails, args.cone_tokens)
+    geo = fleet.resolve(args.env_file, args.model, args.kv_tokens, args.swa_prefix_tails, args.cone_tokens,
+                        args.hicache_ratio)
+    if args.policies is None:
+        policies = list(fleet.POLICIES if args.hicache else geo.default_policies())
     share = args.share
     requests = trace.prepare(parsed, geo.page, share, args.seed)
     if args.quick:
@@ -139,7 +150,8 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
     print(f"geometry: {geo.describe()}")
     print("prompts rounded up to whole pages, a finished turn keeps whole pages of prompt + output - 1; "
           "prefill / TTFT modelled with the decode-yield cost model "
-          f"({_describe(coef)}); prefill first, no decode yield, no mixed chunk; HiCache host tier not simulated")
+          f"({_describe(coef)}); prefill first, no decode yield, no mixed chunk; +hicache: the host->device "
+          "load-back time is not modelled (a host hit costs no prefill), no L3 storage")
     rows: dict[str, dict[str, Any]] = {}
     all_turns: dict[str, list[Any]] = {}
     for policy in policies:

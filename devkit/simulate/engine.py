@@ -3,8 +3,9 @@
 What is SGLang's own: the ``UnifiedRadixCache`` (FULL + SWA), its allocators and pools, the match
 (``match_kv_cache``), admission (a real ``PrefillAdder`` with the chunk tokens left in the batch;
 with cone replay installed, its wrapped ``_select_prefill_admission``), every chunk checkpoint and
-the finished-turn release, and eviction when a pool runs short (``devkit.testkit.cone``'s turn
-steps over ``devkit.testkit.radix_cache``). What is the simulation's: the clock and the batches.
+the finished-turn release, eviction when a pool runs short, and with HiCache attached its backups
+and the admission's load-back of host hits (``devkit.testkit.cone``'s turn steps over
+``devkit.testkit.radix_cache``). What is the simulation's: the clock and the batches.
 
 The clock (a model, no forward runs): one iteration at a time, prefill first, as SGLang's scheduler
 without mixed chunks or decode yield: a prefill batch continues the one chunked request, then
@@ -45,6 +46,7 @@ class Turn:
     cone: bool  # a cone plan was admitted
     full_lost: bool = False  # at admission, the Full KV of [0, resume_at) was no longer all resident
     window_lost: bool = False  # ... it was, but the SWA window before resume_at had holes (what a cone can replay)
+    loaded: int = 0  # HiCache: prefix tokens the admission loaded back from host (part of ``prefix``)
     ready_fs: int = 0
     first_token_fs: int = 0
     prefill_fs: int = 0  # modelled cost of this request's own rows (each pass priced alone)
@@ -101,6 +103,9 @@ class Replay:
             decoding.append([r, ct, max(0, r.output_length - 1), r.prompt_len])
 
         while ready or waiting or chunked or decoding:
+            # HiCache: the copies the last pass queued have landed (the scheduler's
+            # check_hicache_events each pass); a node stays locked while its backup is in flight.
+            kit.sync_hicache()
             while ready and ready[0][0] <= t:
                 at, i = heapq.heappop(ready)
                 waiting.append((at, self.by_index[i]))
@@ -128,6 +133,7 @@ class Replay:
                 at, r = waiting[0]
                 tokens = materialize(r.prompt)
                 probe = self._probe(r, tokens)
+                loaded_before = kit.loaded_from_host
                 ct = cone.start_turn(kit, tokens, r.output_length, self.chunk, budget=budget, rid=f"t{r.index}")
                 if ct is None:
                     if decoding or pending_done or rows:
@@ -139,6 +145,7 @@ class Replay:
                 waiting.popleft()
                 turn = turns[r.index] = self._turn(r, ct, at)
                 turn.full_lost, turn.window_lost = probe
+                turn.loaded = kit.loaded_from_host - loaded_before
                 first = ct.pos - ct.prefix_len
                 rows.append((first, ct.prefix_len))
                 turn.prefill_fs += cost_model.chunk_cost([(first, ct.prefix_len)], self.coef)

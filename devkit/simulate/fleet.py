@@ -17,8 +17,11 @@ Policies (the switches installed through the registry's boot, as a serving proce
 * ``stock``: SGLang's defaults (the Rust tree core, stock LRU order); nothing installed.
 * ``thin``: ``DSV41_SWA_THIN=1`` (which turns on the Python core and ``fast_tree_core``).
 * ``thin+cone``: ``DSV41_SWA_THIN=1 DSV41_SWA_CONE_REPLAY=1 DSV41_SWA_CONE_TOKENS=N``.
-
-HiCache's host tier is not a policy here yet (it does not run in-process on CPU at this commit).
+* ``stock+hicache``, ``thin+cone+hicache``: the same with HiCache's host tier attached
+  (``init_hicache`` as ``--enable-hierarchical-cache`` does; :class:`devkit.testkit.radix_cache.HiCache`):
+  host pools of ``--hicache-ratio`` x each device pool, ``--hicache-write-policy`` from the launch
+  line (SGLang's defaults: ratio 2, write_through), and the admission's load-back of host hits.
+  Run by default only when the profile's launch line enables HiCache (:func:`default_policies`).
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ from typing import Any
 
 from adapter.core import env
 
-POLICIES = ("stock", "thin", "thin+cone")
+POLICIES = ("stock", "thin", "thin+cone", "stock+hicache", "thin+cone+hicache")
+HICACHE_SUFFIX = "+hicache"
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_PROFILE = REPO / ".env.tp4.example"
 DEFAULT_FULL_TOKENS = 4 * 1024 * 1024  # devkit.testkit.radix_cache.DSV4's Full pool: an assumption
@@ -59,12 +63,22 @@ class Fleet:
     cone_bound: int
     model: str  # the model folder, or the assumed DeepSeek-V4.1
     profile: str
+    hicache_ratio: float = 2.0  # host pool tokens per device pool token (the +hicache policies)
+    hicache_write_policy: str = "write_through"
+    hicache_on: bool = False  # the launch line has --enable-hierarchical-cache
 
     def describe(self) -> str:
         return (f"page {self.page}, window {self.window}, chunk {self.chunk}, max running {self.max_running}, "
                 f"--swa-prefix-tails {self.tails} -> SWA pool {self.swa_pool:,} slots (SGLang's configurator), "
                 f"Full pool {self.full_tokens:,} tokens ({self.full_source}), cone N {self.cone_tokens} "
-                f"(bound {self.cone_bound}); model: {self.model}; profile: {self.profile}")
+                f"(bound {self.cone_bound}); HiCache (+hicache policies): ratio {self.hicache_ratio:g}, "
+                f"{self.hicache_write_policy} ({'on' if self.hicache_on else 'off'} in the launch line); "
+                f"model: {self.model}; profile: {self.profile}")
+
+    def default_policies(self) -> tuple[str, ...]:
+        """Without ``--policies``: the +hicache policies only when the launch line enables HiCache
+        (the operator's own setup first; ``--hicache`` adds them to any profile)."""
+        return POLICIES if self.hicache_on else tuple(p for p in POLICIES if not p.endswith(HICACHE_SUFFIX))
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -81,7 +95,7 @@ def _model(path: str | None) -> tuple[Any, str]:
 
 
 def resolve(env_file: str | None = None, model_path: str | None = None, kv_tokens: int | None = None,
-            tails: int | None = None, cone_tokens: int | None = None) -> Fleet:
+            tails: int | None = None, cone_tokens: int | None = None, hicache_ratio: float | None = None) -> Fleet:
     """The geometry of one run; bad values are a ``ConfigError`` naming the flag or key."""
     from adapter.core import api
     from adapter.ops import check
@@ -123,7 +137,13 @@ def resolve(env_file: str | None = None, model_path: str | None = None, kv_token
     if full < chunk or full % page:
         raise env.ConfigError("--kv-tokens", str(full), f"a multiple of the page {page}, at least one chunk ({chunk})")
     swa = swa_pool_for_tails(tails, max_running=max_running, page=page, window=window, chunk=chunk)["swa_pool"]
-    return Fleet(page, window, chunk, max_running, tails, swa, full, source, n, bound, model_name, profile)
+    hicache = check.hicache_flags(ns)
+    ratio = float(hicache_ratio if hicache_ratio is not None else (hicache or {}).get("ratio") or 2.0)
+    if not ratio > 0:
+        raise env.ConfigError("--hicache-ratio", str(ratio), "a positive factor (host pool tokens per device token)")
+    policy = str((hicache or {}).get("write_policy") or "write_through")
+    return Fleet(page, window, chunk, max_running, tails, swa, full, source, n, bound, model_name, profile,
+                 ratio, policy, hicache is not None)
 
 
 def build_kit(policy: str, fleet: Fleet, max_ctx: int) -> Any:
@@ -136,12 +156,16 @@ def build_kit(policy: str, fleet: Fleet, max_ctx: int) -> Any:
 
     if policy not in POLICIES:
         raise env.ConfigError("--policies", policy, "one of " + ", ".join(POLICIES))
+    hicache = None
+    if policy.endswith(HICACHE_SUFFIX):
+        policy = policy.removesuffix(HICACHE_SUFFIX)
+        hicache = rc.HiCache(ratio=fleet.hicache_ratio, write_policy=fleet.hicache_write_policy)
     boot.uninstall()
     os.environ.pop(BACKEND_ENV, None)  # stock: SGLang's default core; thin sets the Python core itself
     geometry = rc.Geometry(fleet.page, fleet.window, fleet.chunk, full_tokens=fleet.full_tokens,
                            swa_tokens=fleet.swa_pool, max_reqs=fleet.max_running + 2, max_ctx=max_ctx)
     if policy == "stock":
-        return rc.build(geometry, backend=None)
+        return rc.build(geometry, backend=None, hicache=hicache)
     if policy == "thin":
         state = boot.install({"DSV41_SWA_THIN": "1"})
         importlib.import_module("sglang.srt.mem_cache.unified_radix_cache")
@@ -150,7 +174,7 @@ def build_kit(policy: str, fleet: Fleet, max_ctx: int) -> Any:
     for name in ("swa_thin", "fast_tree_core"):
         if state.outcomes[name].status != "installed":
             raise RuntimeError(f"simulate: {name} did not install: {state.outcomes[name].reason}")
-    kit = rc.build(geometry, backend=None)
+    kit = rc.build(geometry, backend=None, hicache=hicache)
     if policy == "thin+cone":
         cfg = cone_replay.cache_config(kit.cache)
         if cfg is None or not cfg.enabled:

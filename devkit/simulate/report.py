@@ -12,13 +12,17 @@ from devkit.simulate.engine import Turn
 FS_PER_S = 10**15
 
 
-def summarize(turns: list[Turn], wall_s: float, fallbacks: dict[str, int] | None = None) -> dict[str, Any]:
-    """One policy's figures. "Resume hit": a continuation's match (before any cone) reached its
-    parent's resume point. "Whole re-prefill": a continuation ran from below half its parent's
-    history. "Full lost" / "window lost": at admission, the resume point's Full KV was gone / only
-    its SWA window was (the case cone replay acts on)."""
+def summarize(turns: list[Turn], wall_s: float, fallbacks: dict[str, int] | None = None,
+              hicache: bool = False) -> dict[str, Any]:
+    """One policy's figures. "Resume hit": a continuation's match (before any cone; with HiCache,
+    device plus what the admission loaded back from host) reached its parent's resume point.
+    "Whole re-prefill": a continuation ran from below half its parent's history. "Full lost" /
+    "window lost": at admission, the resume point's Full KV was off the device / only its SWA
+    window was (the case cone replay acts on); with HiCache it may still be on host. ``hicache``:
+    the cache has a host tier (``host_loaded_tokens`` and ``host_load_backs`` are None without)."""
     ran = [t for t in turns if not t.skipped]
     cont = [t for t in ran if t.continuation]
+    hits = sum(t.stock_prefix + t.loaded >= t.resume_at for t in cont)
     ttft = sorted((t.first_token_fs - t.ready_fs) / FS_PER_S for t in ran)
     return {
         "requests": len(turns),
@@ -29,13 +33,14 @@ def summarize(turns: list[Turn], wall_s: float, fallbacks: dict[str, int] | None
         "recomputed_tokens_continuation": sum(t.recomputed for t in cont),
         "history_recomputed_tokens": sum(t.history_recomputed for t in cont),
         "whole_reprefills": sum(t.prefix < t.history // 2 for t in cont),
-        "resume_hits": sum(t.stock_prefix >= t.resume_at for t in cont),
-        "resume_hit_rate": round(sum(t.stock_prefix >= t.resume_at for t in cont) / len(cont), 4) if cont else None,
+        "resume_hits": hits,
+        "resume_hit_rate": round(hits / len(cont), 4) if cont else None,
         "resume_full_lost": sum(t.full_lost for t in cont),
         "resume_window_only_lost": sum(t.window_lost for t in cont),
         "cone_plans": sum(t.cone for t in ran),
         "cone_fallbacks": dict(fallbacks or {}),
-        "host_loaded_tokens": None,  # HiCache's host tier: not simulated
+        "host_loaded_tokens": sum(t.loaded for t in ran) if hicache else None,  # None: no host tier
+        "host_load_backs": sum(t.loaded > 0 for t in ran) if hicache else None,
         "prefill_s_modelled": round(sum(t.prefill_fs for t in ran) / FS_PER_S, 1),
         "ttft_s_modelled_mean": round(sum(ttft) / len(ttft), 2) if ttft else None,
         "ttft_s_modelled_p90": round(ttft[int(0.9 * (len(ttft) - 1))], 2) if ttft else None,
@@ -137,7 +142,7 @@ def plot(path: str, turns: dict[str, list[Turn]], title: str) -> None:
         bins: list[list[int]] = [[0, 0] for _ in range(20)]
         for t in cont:
             b = bins[min(19, int(20 * t.ready_fs / (end + 1)))]
-            b[0] += t.stock_prefix >= t.resume_at
+            b[0] += t.stock_prefix + t.loaded >= t.resume_at
             b[1] += 1
         centers = [(i + 0.5) * end / 20 / 10**15 for i in range(20)]
         ax2.plot([c for c, b in zip(centers, bins) if b[1]], [b[0] / b[1] for b in bins if b[1]], marker="o",

@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from adapter.core import env
 from adapter.ops import cli
 from devkit import simulate
 from devkit.simulate import fleet, trace
@@ -17,10 +18,10 @@ PAGE, WINDOW, CHUNK, N = 16, 8, 128, 64
 POLICIES = ("stock", "thin", "thin+cone")
 
 
-def _fleet(swa_pool: int = 768) -> fleet.Fleet:
+def _fleet(swa_pool: int = 768, full_tokens: int = 1 << 16, hicache_ratio: float = 2.0) -> fleet.Fleet:
     return fleet.Fleet(page=PAGE, window=WINDOW, chunk=CHUNK, max_running=8, tails=0, swa_pool=swa_pool,
-                       full_tokens=1 << 16, full_source="test", cone_tokens=N, cone_bound=32, model="test",
-                       profile="test")
+                       full_tokens=full_tokens, full_source="test", cone_tokens=N, cone_bound=32, model="test",
+                       profile="test", hicache_ratio=hicache_ratio, hicache_write_policy="write_through")
 
 
 def _trace(tmp_path, rows) -> list[trace.Request]:
@@ -30,8 +31,8 @@ def _trace(tmp_path, rows) -> list[trace.Request]:
     return trace.load(str(path), PAGE)
 
 
-def _replay(policy, requests, swa_pool=768):
-    turns, row = simulate.run_policy(policy, _fleet(swa_pool), requests, progress=False)
+def _replay(policy, requests, swa_pool=768, **fleet_args):
+    turns, row = simulate.run_policy(policy, _fleet(swa_pool, **fleet_args), requests, progress=False)
     assert row["leak"] == 0, f"{policy}: slots leaked"
     return turns, row
 
@@ -84,6 +85,43 @@ def test_a_lost_window_whose_full_kv_stays_costs_n_plus_a_page_under_the_cone(tm
     assert row["cone_plans"] == 1 and row["cone_fallbacks"] == {}
 
 
+def _full_kv_pushed_off_the_device():
+    # A (512 tokens) goes idle; three strangers of 1,024 tokens, one after another, each need half
+    # the Full pool (2,048 tokens), so A's Full KV (the least recent) leaves the device; A's next
+    # turn adds 512 tokens.
+    rows = [(0, 512, 16, [1])] + [(5_000 * (i + 1), 1024, 16, [100 + 2 * i, 101 + 2 * i]) for i in range(3)]
+    return [*rows, (100_000, 1024, 16, [1, 2])]
+
+
+@pytest.mark.parametrize("policy", ["stock+hicache", "thin+cone+hicache"])
+def test_a_session_whose_full_kv_left_the_device_reloads_its_history_from_host_under_hicache(tmp_path, policy):
+    """HiCache (write-through, host 4x the device pool) kept A's history on host: the admission
+    loads its 512 tokens back and only the 512 new tokens are recomputed; stock, without a host
+    tier, re-prefills the whole prompt. The leak check is clean under both."""
+    requests = _trace(tmp_path, _full_kv_pushed_off_the_device())
+    stock, stock_row = _replay("stock", requests, full_tokens=2048)
+    turns, row = _replay(policy, requests, full_tokens=2048, hicache_ratio=4.0)
+    for last in (stock[-1], turns[-1]):
+        assert last.continuation and last.history == last.resume_at == 512 and last.full_lost
+    assert stock[-1].prefix == 0 and stock[-1].recomputed == 1024 and stock_row["host_loaded_tokens"] is None
+    last = turns[-1]
+    assert last.loaded == 512 and last.prefix == 512 and last.recomputed == 1024 - 512 and not last.cone
+    assert last.stock_prefix < last.resume_at  # not on device: the host tier gave it back
+    assert row["host_loaded_tokens"] == 512 and row["host_load_backs"] == 1 and row["resume_hit_rate"] == 1.0
+    assert row["recomputed_tokens"] == stock_row["recomputed_tokens"] - 512
+
+
+def test_the_hicache_policies_run_by_default_only_when_the_launch_line_enables_hicache():
+    on = fleet.resolve(str(fleet.REPO / ".env.h200-hicache.example"))
+    assert on.hicache_on and on.hicache_ratio == 2.0 and on.hicache_write_policy == "write_through"
+    assert on.default_policies() == fleet.POLICIES
+    off = fleet.resolve(str(fleet.REPO / ".env.tp4.example"), hicache_ratio=3)
+    assert not off.hicache_on and off.hicache_ratio == 3.0
+    assert off.default_policies() == ("stock", "thin", "thin+cone")
+    with pytest.raises(env.ConfigError, match="--hicache-ratio"):
+        fleet.resolve(str(fleet.REPO / ".env.tp4.example"), hicache_ratio=0)
+
+
 def test_the_cli_names_the_line_field_and_value_of_a_malformed_trace(tmp_path, capsys):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"timestamp": 0, "input_length": 512, "output_length": 4, "hash_ids": [1]}\n'
@@ -106,23 +144,25 @@ def test_plot_without_matplotlib_says_how_to_install_it(tmp_path, capsys, monkey
 def test_the_cli_replays_a_trace_at_the_profiles_geometry_and_ends_with_one_json_line(tmp_path, capsys):
     """The production profile's geometry (page 256, window 128, chunk 8192, the SWA pool of SGLang's
     configurator for --swa-prefix-tails 384): a session of two turns and a stranger; every policy
-    matches the continuation's whole history, and nothing leaks."""
+    (``--hicache``: the host-tier ones too, on a profile without HiCache) matches the continuation's
+    whole history, nothing is loaded from host, and nothing leaks."""
     path = tmp_path / "t.jsonl"
     rows = [(0, 20000, 300, list(range(40))), (50, 3000, 10, list(range(100, 106))),
             (9000, 26000, 20, list(range(39)) + list(range(200, 212)))]
     path.write_text("".join(json.dumps({"timestamp": ts, "input_length": n_in, "output_length": n_out,
                                         "hash_ids": ids}) + "\n" for ts, n_in, n_out, ids in rows))
-    assert cli.main(["simulate", str(path), "--json"]) == 0
+    assert cli.main(["simulate", str(path), "--json", "--hicache"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     result = json.loads(out[-1])
     assert result["geometry"]["page"] == 256 and result["geometry"]["tails"] == 384
     assert result["geometry"]["swa_pool"] > 384 * (128 + 256)  # the request cap plus the tails' headroom
     assert result["cost_model"]["source"] == "default"
     history = (20224 + 300 - 1) // 256 * 256  # the prompt page-rounded (20,224), then whole pages of its KV
-    for policy in POLICIES:
-        row = result["policies"][policy]
+    assert tuple(result["policies"]) == fleet.POLICIES
+    for policy, row in result["policies"].items():
         assert row["leak"] == 0 and row["continuation_turns"] == 1 and row["resume_hit_rate"] == 1.0, policy
         assert row["recomputed_tokens_continuation"] == 26112 - history, policy
+        assert row["host_loaded_tokens"] == (0 if policy.endswith("+hicache") else None), policy
 
 
 def test_the_sweep_picks_the_smallest_setting_within_one_percent_of_the_best(tmp_path, capsys):
