@@ -26,6 +26,9 @@ def test_a_switch_waits_while_one_of_its_target_modules_is_still_executing(tmp_p
                              gate_role=registry.GateRole(not_applicable="a probe"))
     state = boot.State(registry.Config(requested=[switch]))
     state.outcomes[switch.name] = boot.Outcome(switch.name)
+    # This probe's own state, not the boot's: were SGLang's scheduler module imported by an earlier
+    # test, the finder would wrap the rank hook into it, out of reach of boot.uninstall.
+    state.rank_hook = "off: not this probe's concern"
     finder = boot.SwitchFinder(state, set(switch.modules))
     sys.meta_path.insert(0, finder)
     INSTALLED.clear()
