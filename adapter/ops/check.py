@@ -150,6 +150,17 @@ def _predictor(switch: registry.Switch) -> Callable[[api.Profile], api.Predictio
     return getattr(importlib.import_module(module), function)
 
 
+def _install_receipt(outcome: Any) -> str:
+    """What a boot logs for an install outcome taken in this process."""
+    if outcome.status == "installed":
+        return "installed"
+    if outcome.status in ("refused", "n/a"):
+        return f"refused: {outcome.reason}"
+    if outcome.status == "armed":
+        return "not decided (armed: decided when the engine builds its cache)"
+    return f"not decided ({outcome.status})"
+
+
 def predict(environ: Mapping[str, str], config: registry.Config, state: Any, model: Model | None,
             launch: Launch) -> tuple[list[Prediction], list[str], list[str]]:
     """One row per registry switch, and the warnings and notes of the requested switches' predictors."""
@@ -161,21 +172,16 @@ def predict(environ: Mapping[str, str], config: registry.Config, state: Any, mod
         status = "off" if outcome is None else outcome.status
         keys = " ".join(f"{k.name}={environ[k.name]}" for k in switch.keys if k.name in environ) or "-"
         receipt, params = "off", {}
-        if switch.name in requested and outcome is not None:
-            if outcome.status == "installed":
-                receipt = "installed"
-            elif outcome.status in ("refused", "n/a"):
-                receipt = f"refused: {outcome.reason}"
-            elif outcome.status == "armed":
-                receipt = "not decided (armed: decided when the engine builds its cache)"
-            else:
-                receipt = f"not decided ({outcome.status})"
         if switch.name in requested:
+            if outcome is not None:
+                receipt = _install_receipt(outcome)
             predictor = _predictor(switch)
             if predictor is not None:
                 said = predictor(api.Profile(environ, config.values, tuple(launch.argv), launch.namespace, model, status,
                                              dict(outcome.params) if outcome is not None else {}))
-                receipt, params = (said.receipt if outcome is not None and said.receipt else receipt), dict(said.params)
+                if outcome is not None and said.receipt:
+                    receipt = said.receipt
+                params = dict(said.params)
                 warnings += said.warnings
                 notes += said.notes
         out.append(Prediction(switch.name, keys, "ok" if not drift else f"drift({len(drift)})", status, receipt,
