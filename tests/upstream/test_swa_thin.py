@@ -16,16 +16,6 @@ from devkit.testkit import radix_cache as rc
 P = rc.SMALL.page
 
 
-@pytest.fixture
-def thin(monkeypatch):
-    monkeypatch.delenv(swa_thin.BACKEND_ENV, raising=False)  # restored (unset) after the test
-    state = boot.install({"DSV41_SWA_THIN": "1"})
-    importlib.import_module(swa_thin.SWITCH.module_of("checkpoint_into_tree"))  # installs now, or already did if it was imported
-    assert state.outcomes["swa_thin"].status == "installed", state.outcomes["swa_thin"].reason
-    assert state.outcomes["fast_tree_core"].status == "installed"
-    return state
-
-
 def pair(geometry: rc.Geometry = rc.SMALL, session: bool = False) -> tuple[rc.CacheKit, rc.CacheKit]:
     """(stock, thin): two real caches built identically; the first is kept in stock LRU order."""
     stock = rc.build(geometry, backend=None, session=session)

@@ -11,11 +11,6 @@ thin counts there: the counts and the demotions equal those without HiCache, op 
 
 from __future__ import annotations
 
-import importlib
-
-import pytest
-
-from adapter.core import boot
 from adapter.switches import swa_thin
 from devkit.testkit import radix_cache as rc
 
@@ -26,15 +21,6 @@ TRACE = [rc.Op("turn", new_pages=6, chunked=True), rc.Op("turn", session=0, new_
          rc.Op("turn", session=0, new_pages=1), rc.Op("turn", session=1, new_pages=1),
          rc.Op("turn", session=0, trim_pages=1, new_pages=1), rc.Op("turn", session=2, new_pages=9, chunked=True),
          rc.Op("turn", session=0, new_pages=2, chunked=True), rc.Op("turn", session=0, trim_pages=3, new_pages=2)]
-
-
-@pytest.fixture
-def thin(monkeypatch):
-    monkeypatch.delenv(swa_thin.BACKEND_ENV, raising=False)
-    state = boot.install({"DSV41_SWA_THIN": "1"})
-    importlib.import_module(swa_thin.SWITCH.module_of("checkpoint_into_tree"))
-    assert state.outcomes["swa_thin"].status == "installed", state.outcomes["swa_thin"].reason
-    return state
 
 
 def _run(policy: str | None, stock: bool = False) -> tuple[rc.CacheKit, list[tuple], list[int]]:

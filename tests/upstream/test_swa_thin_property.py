@@ -5,13 +5,9 @@ operation, and no difference from stock except the SWA LRU order until the first
 
 from __future__ import annotations
 
-import importlib
-
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from adapter.core import boot
 from adapter.switches import swa_thin
 from devkit.testkit import radix_cache as rc
 from devkit.testkit.hypothesis_budget import examples
@@ -21,15 +17,6 @@ from devkit.testkit.hypothesis_budget import examples
 # and a session longer than MAX_HISTORY tokens starts over (a prompt must fit the Full pool).
 GEOMETRY = rc.SMALL.with_pools(full_tokens=2048, swa_tokens=384)
 MAX_ONE_PASS, MAX_HISTORY = 128, 1024
-
-
-@pytest.fixture
-def thin(monkeypatch):
-    monkeypatch.delenv(swa_thin.BACKEND_ENV, raising=False)
-    state = boot.install({"DSV41_SWA_THIN": "1"})
-    importlib.import_module(swa_thin.SWITCH.module_of("checkpoint_into_tree"))
-    assert state.outcomes["swa_thin"].status == "installed", state.outcomes["swa_thin"].reason
-    return state
 
 
 TURNS = st.builds(rc.Op, kind=st.just("turn"), session=st.integers(-1, 4), new_pages=st.integers(1, 8),
