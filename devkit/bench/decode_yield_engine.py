@@ -330,10 +330,13 @@ def _serve_rounds(server: Any, w: Any, rounds: int, result: dict[str, Any], cloc
         phase = wl.run_yield_phase(server.base_url, w, f"{safe}-r{r}")
         ttft = phase["prefill_s"]
         phase["ttft_in_boot"] = round(ttft / result["alone_s"], 3)
-        # the share against the rates before and after the prefill (the workload's bracket)
-        phase["share"] = phase.get("decode_share_bracketed", phase["decode_share"])
+        # the share against the streams' own step at the context they had (interpolated between the
+        # rates before and after the prefill: workload.context_share), else the bracket's mean rate
+        phase["share"] = phase.get("decode_share_context", phase.get("decode_share_bracketed", phase["decode_share"]))
         during = phase["decode_rate_during"]
-        if during and phase["share"] is not None:  # each quarter's rate against the same reference
+        if phase.get("share_quarters_context"):
+            phase["share_quarters"] = phase["share_quarters_context"]
+        elif during and phase["share"] is not None:  # each quarter's rate against the same reference
             phase["share_quarters"] = [round(q * phase["share"] / during, 4) for q in phase["decode_rate_quarters"]]
         if clock is not None and clock.samples:
             time.sleep(0.05)

@@ -44,11 +44,12 @@ def test_the_step_is_the_median_of_the_last_five_so_one_descheduled_step_does_no
 
 
 def test_a_stale_step_alone_gives_way_to_the_recent_first_steps_after_chunks():
-    """Windows of one step give no step alone; the machine slowed 5x meanwhile: after two cycles
-    the recent decode steps (each the first after its chunk) are the reference."""
+    """Windows of one step give no step alone; the machine slowed 5x meanwhile: once the step alone
+    is older than FRESH_CYCLES cycles, the recent decode steps (each the first after its chunk) are
+    the reference."""
     ctl = controller.Controller(20, 128)
     t = _stepped(ctl, 2 * MS)
-    for cycle in range(4):
+    for cycle in range(controller.FRESH_CYCLES + 2):
         ctl.plan(t, PROMPT, 64, 0, 0, (10, 10))
         ctl.ran(False)  # the chunk
         t += 50 * MS
@@ -57,8 +58,31 @@ def test_a_stale_step_alone_gives_way_to_the_recent_first_steps_after_chunks():
         t += 10 * MS
         ctl.on_pass(t, 2)
         ctl.ran(False)
-        assert ctl.step_ns() == (2 * MS if cycle < 2 else 10 * MS), cycle
+        assert ctl.step_ns() == (2 * MS if cycle < controller.FRESH_CYCLES else 10 * MS), cycle
         ctl.served(t, 1)
+
+
+def test_a_one_step_window_with_no_fresh_step_alone_becomes_a_two_step_probe():
+    """Windows of one step (pct 20, a chunk of 2.5 steps) give no step alone, and the streams' step
+    went from 8 ms before the prompt to 10 ms (the first after a chunk 13 ms): once the step alone is
+    stale the loop plans two steps instead of one, and the second is the new reference at once."""
+    ctl = controller.Controller(20, 128)
+    t = _stepped(ctl, 8 * MS)
+    planned = []
+    for _ in range(2 * controller.FRESH_CYCLES):
+        n = ctl.plan(t, PROMPT, 64, 0, 0, (25, 10)).n
+        planned.append(n)
+        ctl.ran(False)
+        t += 25 * MS  # the chunk
+        for i in range(n):
+            ctl.on_pass(t, 2)
+            ctl.ran(True)
+            t += (13 if i == 0 else 10) * MS  # the first step after the chunk pays the alternation
+        ctl.on_pass(t, 2)
+        ctl.ran(False)
+        ctl.served(t, n)
+    assert set(planned[:controller.FRESH_CYCLES]) == {1} and 2 in planned[controller.FRESH_CYCLES:]
+    assert ctl.step_ns() == 10 * MS  # not 8 (before the prompt), not 13 (the first step after a chunk)
 
 
 def test_with_nothing_measured_the_first_window_is_the_cost_models():
@@ -87,7 +111,7 @@ def test_a_measured_cycle_gives_the_share_and_the_next_window_closes_the_balance
     assert plan.source == "measured" and plan.overhead_ns == 10 * MS and plan.n == 5 + 4
 
 
-def test_the_balance_is_bounded_by_one_cycles_overhead_so_a_cap_runs_up_no_debt():
+def test_the_balance_is_bounded_by_one_cycles_overhead_and_a_step_so_a_cap_runs_up_no_debt():
     ctl = controller.Controller(90, 4)  # pct 90 with a cap of 4 steps: every window short
     t = _stepped(ctl, 1 * MS)
     for _ in range(10):
@@ -95,7 +119,7 @@ def test_the_balance_is_bounded_by_one_cycles_overhead_so_a_cap_runs_up_no_debt(
         assert n == 4
         t += 10 * MS + n * MS
         ctl.served(t, n)
-    assert -ctl.balance <= 90 * 10 * MS
+    assert -ctl.balance <= 90 * 10 * MS + 10 * 1 * MS  # one cycle's overhead and one step
 
 
 def test_a_window_that_was_not_served_resets_the_prompts_balance():

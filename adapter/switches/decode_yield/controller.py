@@ -9,11 +9,15 @@ The scheduler's own passes are the clock's samples. Every pass stamps the time i
   loop, whose pass waits on the batch before): the step the streams' rate alone is made of. The
   first decode step after a chunk is left out on purpose: what it costs beyond this is the
   alternation, which the prompt's side pays (below). But only while such a sample is fresh (taken
-  in the last :data:`FRESH_CYCLES` cycles): windows of 0 or 1 step give none, and a machine's speed
-  moves within seconds (on the shared 2-core CPU engine a step took 12 ms, then 50 ms, then 8 ms
-  within one minute), so then the median of the last decode iterations of any kind (the first after
-  a chunk included) stands in. Not per row: a step's fixed part (weights, launch, the scheduler
-  pass) dominates at serving batch sizes, and a finished row changes the median within three steps.
+  in the last :data:`FRESH_CYCLES` cycles): a machine's speed moves within seconds (on the shared
+  2-core CPU engine a step took 12 ms, then 50 ms, then 8 ms within one minute) and a stream's step
+  grows with its context (the Mellum kit: 5.5 ms at 33 tokens a row, 15 ms at 900). Windows of 0 or
+  1 step (a low pct, a cheap chunk) give none, so a window the loop plans at one step while the
+  step alone is stale becomes a *probe* of two (three in the overlap loop): its last step is a
+  fresh step alone, which replaces the stale samples, and the balance repays the extra step. Until
+  then the median of the last decode iterations of any kind (the first after a chunk included)
+  stands in. Not per row: a step's fixed part (weights, launch, the scheduler pass) dominates at
+  serving batch sizes, and a finished row changes the median within three steps.
 * **A cycle** is one non-final chunk and its window: from the pass that runs the chunk to the pass
   that runs the next one. Its wall time ``E`` less the reference time of the tokens the streams got
   in it, ``(given + rode_along) * step_ns``, is its **overhead** ``O``: the chunk, the alternation,
@@ -32,9 +36,10 @@ The scheduler's own passes are the clock's samples. Every pass stamps the time i
   so rounding is carried (the balance keeps the fraction of a step the last window gave beyond
   its share), a mismeasured or slow cycle is repaid by the next window, and a step change in either
   cost is followed in the estimate and corrected in the share. ``N`` is bounded by the configured
-  interval (floor) and the cap; the balance is clamped to one cycle's overhead either way, so a
-  floor, a cap or a spike never runs up a debt or a credit that later windows would pay back
-  for minutes. A window that did not give what it planned (streams or prompt gone, ``min_bs``)
+  interval (floor) and the cap; the balance is clamped to one cycle's overhead plus one step
+  either way, so a floor, a cap or a spike never runs up a debt or a credit that later windows
+  would pay back for minutes, while the fraction of a step a window rounds up is carried in full
+  (at pct 20 with a chunk of two steps a one-step window gives the share of four cycles). A window that did not give what it planned (streams or prompt gone, ``min_bs``)
   is not a cycle and resets the balance; the estimates live for the boot.
 
 The first windows of a boot have no measurement: with no decode step measured yet the integer cost
@@ -54,7 +59,7 @@ now = time.perf_counter_ns  # the controller's clock (ns); tests script it
 
 STEP_SAMPLES = 5  # the median of this many back-to-back decode iterations is the streams' step alone
 CHUNK_SAMPLES = 3  # the median of this many cycles' overhead per chunk token is the next estimate
-FRESH_CYCLES = 2  # a step-alone sample older than this many cycles gives way to any recent decode step
+FRESH_CYCLES = 8  # a step-alone sample older than this many cycles gives way to any recent decode step
 
 
 class Recent:
@@ -113,6 +118,7 @@ class Controller:
         self._last_t: int | None = None
         self._decode_run = 0  # passes in a row that ran a decode batch (ending with the last one)
         self._cycle: tuple[int, int, int] | None = None  # (t at the chunk's pass, chunk tokens, rode_along)
+        self._need_run = 2  # decode passes in a row before an interval is a step alone (on_pass)
 
     # -- every pass ------------------------------------------------------------------------------
     def on_pass(self, t: int, need_run: int) -> None:
@@ -120,16 +126,23 @@ class Controller:
         before it ran ``need_run`` decode batches in a row (2 normal loop, 3 overlap loop)."""
         # any decode pass: the interval right after it (in the overlap loop on a GPU that is the
         # batch before it, possibly a chunk: only a stand-in while no step alone is fresh)
+        self._need_run = need_run
         if self._last_t is not None and self._decode_run >= 1:
             self.any_step.add(t - self._last_t)
             if self._decode_run >= need_run:
+                if not self.fresh():  # the samples before a stale gap are another speed's (a probe's sample replaces them)
+                    self.alone.samples.clear()
                 self.alone.add(t - self._last_t)
                 self._alone_at = self._cycles
         self._last_t = t
 
+    def fresh(self) -> bool:
+        """A step alone was sampled in the last :data:`FRESH_CYCLES` cycles."""
+        return bool(self.alone.samples) and self._cycles - self._alone_at <= FRESH_CYCLES
+
     def step_ns(self) -> int | None:
         """The streams' step alone, or any recent decode step when no step alone is fresh."""
-        if self.alone.samples and self._cycles - self._alone_at <= FRESH_CYCLES:
+        if self.fresh():
             return self.alone.value()
         return self.any_step.value() or self.alone.value()
 
@@ -163,6 +176,11 @@ class Controller:
         rest = 100 - self.pct
         owed = self.pct * overhead - self.balance - rest * rode_along * step
         need = max(0, -(-owed // (rest * step)))
+        if 0 < need < self._need_run and not self.fresh():
+            # a probe: windows of one step give no step alone, and the first step after a chunk
+            # costs more (the alternation); a window long enough to hold one keeps the reference
+            # fresh, and the balance repays the extra step over the next windows
+            need = self._need_run
         return Plan(max(floor, min(self.cap, need)), source, step, overhead)
 
     def served(self, t: int, given: int) -> Cycle | None:
@@ -179,7 +197,9 @@ class Controller:
         overhead = max(0, elapsed - got)
         self.overhead_per_token.add(overhead * 1000 // max(tokens, 1))
         self.balance += (100 - self.pct) * got - self.pct * overhead
-        bound = self.pct * max(overhead, self.overhead_per_token.value() * tokens // 1000)
+        # one cycle's overhead, plus one step: a window rounds up by less than a step, and that
+        # fraction is carried in full (at a low pct a one-step window gives several cycles' share)
+        bound = self.pct * max(overhead, self.overhead_per_token.value() * tokens // 1000) + (100 - self.pct) * step
         self.balance = max(-bound, min(bound, self.balance))
         self._given_ns += got
         self._elapsed_ns += elapsed
