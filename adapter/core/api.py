@@ -115,7 +115,7 @@ class SwitchContext:
 
     @property
     def options(self) -> Mapping[str, Any]:
-        """The parsed values of the switch's keys (gate and options; defaults filled in)."""
+        """The parsed values of the switch's keys (the switch key and options; defaults filled in)."""
         return {k.name: self._config.values[k.name] for k in self._switch.keys if k.name in self._config.values}
 
     def option(self, key: str) -> Any:

@@ -18,7 +18,7 @@ Ranks: switches installed at import log ``rank=pid<PID>`` (a scheduler imports t
 publishes its rank). The finder also waits on the scheduler module (``registry.RANK_MODULE``) and
 wraps ``configure_scheduler_process`` (``registry.RANK_HOOK``, pinned; SGLang calls it right after
 ``publish``): when it returns, :func:`announce_rank` logs each switch's decision so far once more
-under the scheduler's ``tp<N>`` rank, which is what ``receipts --ranks N`` and the gate count.
+under the scheduler's ``tp<N>`` rank, which is what ``receipts --ranks N`` and the release gate count.
 Drift of its pins leaves the hook off with one warning (``receipts`` then fails: no ``tp`` lines);
 under ``DSV41_STRICT=1`` it is a boot failure.
 """

@@ -174,7 +174,7 @@ def audit(lines: list[str], config: Any, ranks: int) -> list[str]:
     """The gaps between a profile (a resolved ``registry.Config``) and a boot's receipt lines, one
     sentence each, the switch's name first (empty: each of ``ranks`` scheduler ranks logged every
     requested switch as installed under its ``tp`` rank, and none refused). ``pid`` receipts never
-    count as ranks (see the module docstring). ``receipts`` prints them; the gate reads them."""
+    count as ranks (see the module docstring). ``receipts`` prints them; the release gate reads them."""
     installed: dict[str, set[str]] = {s.name: set() for s in config.requested}
     by_pid: dict[str, set[str]] = {s.name: set() for s in config.requested}
     armed: dict[str, set[str]] = {s.name: set() for s in config.requested}

@@ -6,7 +6,7 @@ wraps (``wraps``) and those it calls or reproduces without wrapping (``relies_on
 function, whether its keys are volatile for the autotune fingerprint, what it requires, and its
 role in the release gate. Nothing else in the overlay hard-codes a module name for a switch: the
 import hook, the switch's own context (:class:`adapter.core.api.SwitchContext`), ``check``,
-``receipts``, the gate and the docs all read this table.
+``receipts``, the release gate and the docs all read this table.
 
 Every switch is off unless its switch key is set. Rollback is config only: unset the switch key.
 """
@@ -33,9 +33,9 @@ class Key:
 class GateRole:
     """How the release gate shows a switch acting on the CPU engine, or why it cannot.
 
-    Exactly one of the three is set. ``acts``: what the gate's row measures, with the keys the
-    gate's profile boot sets (``profile``); ``not_applicable``: why the switch cannot act on the
-    CPU engine; ``not_in_profile``: why the production profile (and so the gate) leaves it off,
+    Exactly one of the three is set. ``acts``: what the release gate's row measures, with the keys
+    its profile boot sets (``profile``); ``not_applicable``: why the switch cannot act on the CPU
+    engine; ``not_in_profile``: why the production profile (and so the release gate) leaves it off,
     and where it is exercised instead.
     """
 
@@ -262,7 +262,7 @@ SWITCHES: tuple[Switch, ...] = (
         install="adapter.switches.fast_tree_core:install",
         predict=None,
         volatile=True,
-        # No keys of its own in the gate's profile: swa_thin turns it on.
+        # No keys of its own in the release gate's profile: swa_thin turns it on.
         gate_role=GateRole(acts="turned on by swa_thin; results identical to stock by design"),
     ),
     Switch(
@@ -348,7 +348,7 @@ SWITCHES: tuple[Switch, ...] = (
         install="adapter.switches.cone_replay.switch:install",
         predict="adapter.switches.cone_replay.predict:predict",
         volatile=True,
-        # N = 64 on the gate's engine: its bound is 63 (page 1, window 31, 2 SWA layers; cone_bound),
+        # N = 64 on the release gate's engine: its bound is 63 (page 1, window 31, 2 SWA layers; cone_bound),
         # so 63 is the smallest accepted value and 64 keeps one token of margin.
         gate_role=GateRole(acts="tokens re-prefilled for a branch whose SWA window was evicted",
                            profile=(("DSV41_SWA_CONE_REPLAY", "1"), ("DSV41_SWA_CONE_TOKENS", "64"))),
@@ -365,7 +365,7 @@ SWITCHES: tuple[Switch, ...] = (
         name="page_rounded_admission",
         on_key=Key("DSV41_PAGE_ROUNDED_ADMISSION", env.flag(), "charge KV in whole pages everywhere PrefillAdder admits"),
         summary="one page-rounded KV cost for running rows, mixed decode rows, the admission check, the "
-        "reserve and the never-fits gate, so admission never overcommits the pool",
+        "reserve and the never-fits clip, so admission never overcommits the pool",
         # The scheduler alone: it imports schedule_policy, and while it executes it is already in
         # sys.modules, so listing both would install before Scheduler is defined.
         modules=("sglang.srt.managers.scheduler",),

@@ -14,7 +14,7 @@ but not as meant: an option key without its switch key, and whatever a predictor
 (decode yield on default coefficients, native SWA decode beside a launch line that lets a decode
 call carry more than 64 rows).
 
-``--json`` prints one JSON object instead (a deploy pipeline gates on ``"ok"``).
+``--json`` prints one JSON object instead (a deploy pipeline reads ``"ok"``).
 """
 
 from __future__ import annotations

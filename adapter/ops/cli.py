@@ -92,7 +92,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     p.set_defaults(run=fit_cost_model.run)
     for name, module, text in (
         ("gate", "devkit.gate", "release gate: stock / profile / stock boots of the real engine on CPU"),
-        ("soak", "devkit.soak", "soak: seeded agent traffic on the real engine (CPU), stock vs the gate profile"),
+        ("soak", "devkit.soak", "soak: seeded agent traffic on the real engine (CPU), stock vs the release gate's profile"),
         ("simulate", "devkit.simulate", "replay a Mooncake-format trace on the real cache, policies side by side"),
     ):
         _add_devkit_command(sub.add_parser(name, help=text), module)

@@ -27,7 +27,7 @@ def render(profile: Path = PROFILE) -> str:
         "Generated from `adapter/core/registry.py` by `python -m adapter docs`; do not edit by hand.",
         "Every switch is off unless its switch key (the first key listed) is set; rollback is to unset it.",
         "",
-        "| switch | file | keys | wraps (hooked) | relies on (pinned, not wrapped) | what it changes | gate | volatile "
+        "| switch | file | keys | wraps (hooked) | relies on (pinned, not wrapped) | what it changes | release gate | volatile "
         "| rollback |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -36,10 +36,11 @@ def render(profile: Path = PROFILE) -> str:
         relied = "<br>".join(f"`{t}`" for t in s.relies_on) or "-"
         requires = f" Turns on: {', '.join(s.requires)}." if s.requires else ""
         role = s.gate_role
-        gate = (f"acts: {role.acts}" if role.acts else f"not applicable: {role.not_applicable}" if role.not_applicable
-                else f"not in the profile: {role.not_in_profile}")
+        role_text = (f"acts: {role.acts}" if role.acts
+                     else f"not applicable: {role.not_applicable}" if role.not_applicable
+                     else f"not in the profile: {role.not_in_profile}")
         lines.append(
-            f"| `{s.name}` | `{s.module_file}` | {_keys(s)} | {hooks} | {relied} | {s.summary}.{requires} | {gate} "
+            f"| `{s.name}` | `{s.module_file}` | {_keys(s)} | {hooks} | {relied} | {s.summary}.{requires} | {role_text} "
             f"| {'yes' if s.volatile else 'no'} | unset `{s.on_key.name}` |"
         )
     lines += [

@@ -18,7 +18,7 @@ by every place admission charges or checks KV on a single-pool paged cache:
 * the reserved-size charge: ``kv_reservation(0, extend + max_new)`` (``extend`` alone for the
   immediate offset) replaces ``ceil(extend) + page + max_new``. Start 0 is the page-aligned worst
   case, because the chunked paths hand over 0 for the prefix;
-* the never-fits gate (``Scheduler.init_req_max_new_tokens``, queue time): ``max_new`` is clipped
+* the never-fits clip (``Scheduler.init_req_max_new_tokens``, queue time): ``max_new`` is clipped
   to the largest value whose reservation fits the empty pool, the bound admission itself applies
   (stock clips to ``capacity - ceil(input) - page - 1``, which stays valid but wastes up to two pages).
 
@@ -198,7 +198,7 @@ def _update(wrapped: Any, adder: Any, args: tuple, kwargs: dict) -> None:
 
 
 def _scheduler_out_of_scope(scheduler: Any) -> str | None:
-    """The gate's scope: the same single-pool cases the adder charges page-exact."""
+    """The clip's scope: the same single-pool cases the adder charges page-exact."""
     allocator = scheduler.token_to_kv_pool_allocator
     tree_cache = scheduler.tree_cache
     base = _upstream[ALLOCATOR_BASE].BaseTokenToKVPoolAllocator
@@ -215,8 +215,8 @@ def _scheduler_out_of_scope(scheduler: Any) -> str | None:
     return None
 
 
-def _gate(wrapped: Any, scheduler: Any, args: tuple, kwargs: dict) -> None:
-    """The never-fits gate: clip ``max_new`` to the largest value whose reservation fits the pool.
+def _clip_max_new(wrapped: Any, scheduler: Any, args: tuple, kwargs: dict) -> None:
+    """The never-fits clip: lower ``max_new`` to the largest value whose reservation fits the pool.
 
     Stock clips to ``capacity - ceil(input) - page - 1`` (its admission's raw check); admission
     here admits ``kv_reservation(0, input + max_new) <= capacity`` on an empty pool, so the bound
@@ -243,13 +243,13 @@ def _gate(wrapped: Any, scheduler: Any, args: tuple, kwargs: dict) -> None:
 def install(ctx: api.SwitchContext) -> dict[str, object]:
     SWITCH.bind(ctx)
     # Pins (boot checked them): the five wrapped functions and, unwrapped, the arithmetic the
-    # wrappers replace (stock reserve and check, add_one_req's total_tokens, the stock gate).
+    # wrappers replace (stock reserve and check, add_one_req's total_tokens, the stock clip).
     # prefill_budget loads lazily upstream (first PrefillAdder); resolve it now.
     _upstream.update({name: importlib.import_module(name) for name in (BUDGET, POLICY, ALLOCATOR_BASE)})
     ctx.wrap("PrefillAdder._get_running_request_total_token_offset", _running_offset)
     ctx.wrap("PrefillAdder.__init__", _init)
     ctx.wrap("PrefillAdder._check_prefill_budget", _check)
     ctx.wrap("PrefillAdder._update_prefill_budget", _update)
-    ctx.wrap("Scheduler.init_req_max_new_tokens", _gate)
+    ctx.wrap("Scheduler.init_req_max_new_tokens", _clip_max_new)
     _reported.clear()
-    return {"charges": "running,mixed,check,reserve,gate", "scope": "single-pool"}
+    return {"charges": "running,mixed,check,reserve,clip", "scope": "single-pool"}

@@ -14,12 +14,12 @@ median round of the stock site is above its best:
 
 * ``event_ns``: a DEBUG ``receipts.event`` that the logger drops (the kv_park ``declined`` /
   ``evicted`` line on a production log level), with the metrics hook (A) and with it bypassed (B);
-* ``gate_ns``: the site test ``api.metrics_on()`` (A) against a constant ``False`` (B);
+* ``site_test_ns``: the site test ``api.metrics_on()`` (A) against a constant ``False`` (B);
 * ``pass_ns``: decode yield's window-end site as it is now, ``if debug or api.metrics_on():``
   with DEBUG and metrics off (A), against the site before the metrics, ``if debug:`` (B).
 
 The figure that answers "no added per-pass cost" is ``added_per_pass_ns`` (A - B of one pass's
-worth of the added calls: one gate test and one dropped event per window end, which happens at
+worth of the added calls: one site test and one dropped event per window end, which happens at
 most once per scheduler pass) next to ``noise_ns``.
 """
 
@@ -58,11 +58,11 @@ def run(quick: bool = False) -> dict[str, Any]:
     def event() -> None:
         receipts.event("kv_park", "declined", level=logging.DEBUG, key="r1", bytes=4096, why="parking_disabled")
 
-    def gate() -> None:
+    def site_test() -> None:
         if api.metrics_on():
             raise AssertionError("metrics are off in this benchmark")
 
-    def stock_gate() -> None:
+    def stock_site_test() -> None:
         if debug:  # the stock site: a constant test
             raise AssertionError
 
@@ -74,7 +74,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         if debug:
             receipts.event("decode_yield", "window", level=logging.DEBUG, n=4, given=4, ended="served")
 
-    figures: dict[str, list[float]] = {k: [] for k in ("event_a", "event_b", "gate_a", "gate_b", "pass_a", "pass_b")}
+    figures: dict[str, list[float]] = {k: [] for k in ("event_a", "event_b", "test_a", "test_b", "pass_a", "pass_b")}
     try:
         for _ in range(rounds):
             receipts.metrics = real_metrics
@@ -83,15 +83,15 @@ def run(quick: bool = False) -> dict[str, Any]:
             receipts.metrics = _NoHook  # type: ignore[assignment]
             figures["event_b"].append(_time(event, n))
             figures["pass_b"].append(_time(stock_window_end, n))
-            figures["gate_a"].append(_time(gate, n))
-            figures["gate_b"].append(_time(stock_gate, n))
+            figures["test_a"].append(_time(site_test, n))
+            figures["test_b"].append(_time(stock_site_test, n))
     finally:
         receipts.metrics = real_metrics
         metrics.STATE.decided, metrics.STATE.on = saved
     med = {k: min(v) for k, v in figures.items()}  # the least disturbed round (a shared machine)
     noise = statistics.median(figures["pass_b"]) - min(figures["pass_b"])
     added = med["pass_a"] - med["pass_b"]
-    rows = [("dropped DEBUG event", med["event_a"], med["event_b"]), ("site test", med["gate_a"], med["gate_b"]),
+    rows = [("dropped DEBUG event", med["event_a"], med["event_b"]), ("site test", med["test_a"], med["test_b"]),
             ("window end (test + event)", med["pass_a"], med["pass_b"])]
     print(f"{'path':<28}{'metrics hook ns':>16}{'stock ns':>10}{'added ns':>10}")
     for name, a, b in rows:
@@ -100,7 +100,7 @@ def run(quick: bool = False) -> dict[str, Any]:
           f"round of stock) {noise:.1f} ns; {rounds} rounds of {n} calls")
     return {
         "event_ns": round(med["event_a"], 1), "event_stock_ns": round(med["event_b"], 1),
-        "gate_ns": round(med["gate_a"], 1), "gate_stock_ns": round(med["gate_b"], 1),
+        "site_test_ns": round(med["test_a"], 1), "site_test_stock_ns": round(med["test_b"], 1),
         "pass_ns": round(med["pass_a"], 1), "pass_stock_ns": round(med["pass_b"], 1),
         "added_per_pass_ns": round(added, 1), "noise_ns": round(noise, 1), "rounds": rounds, "calls": n,
     }

@@ -73,10 +73,10 @@ def test_each_image_starts_from_a_pinned_sglang_base_and_loads_the_overlay_as_a_
     assert "PYTHONPATH" not in _env(name)
     assert _env(name)["DSV41_NATIVE_DECODE_DIR"] == "/opt/dsv41/build/native_decode"
     assert (ROOT / "sitecustomize.py").is_file()
-    assert not any(k.startswith("DSV41_") and k in _switch_gates() for k in _env(name)), "switches stay off in the image"
+    assert not any(k.startswith("DSV41_") and k in _switch_keys() for k in _env(name)), "switches stay off in the image"
 
 
-def _switch_gates() -> set[str]:
+def _switch_keys() -> set[str]:
     from adapter.core import registry
 
     return {s.on_key.name for s in registry.SWITCHES}

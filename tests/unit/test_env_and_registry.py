@@ -55,7 +55,7 @@ def test_an_unknown_key_warns_with_the_closest_known_key():
     assert config.warnings == ["unknown key DSV41_AUTOTUNE_KEPP ignored; did you mean DSV41_AUTOTUNE_KEEP?"]
 
 
-def test_a_switch_is_off_unless_its_gate_is_set_truthy():
+def test_a_switch_is_off_unless_its_switch_key_is_set_truthy():
     assert registry.resolve({}).requested == []
     assert registry.resolve({"DSV41_AUTOTUNE_KEEP": "0"}).requested == []
     assert [s.name for s in registry.resolve({"DSV41_AUTOTUNE_KEEP": "1"}).requested] == ["autotune_keep"]
@@ -77,7 +77,7 @@ def test_every_registry_record_is_complete_and_consistent():
         assert switch.gate_role.acts or switch.gate_role.not_applicable or switch.gate_role.not_in_profile
 
 
-def test_a_gate_key_with_a_default_is_refused_so_every_switch_stays_off_unless_set():
+def test_a_switch_key_with_a_default_is_refused_so_every_switch_stays_off_unless_set():
     thin = registry.by_name("swa_thin")
     with pytest.raises(ValueError, match="DSV41_SWA_THIN has a default"):
         dataclasses.replace(thin, on_key=dataclasses.replace(thin.on_key, default="1"))
@@ -113,17 +113,17 @@ def test_profile_files_are_read_as_shell_words_with_comments_and_launch_argument
 
 @pytest.mark.spawns
 def test_every_switch_installs_through_the_real_import_hook_in_a_fresh_engine_process():
-    """All gates set, the engine's modules imported in a fresh process: nothing refused for a
+    """All switch keys set, the engine's modules imported in a fresh process: nothing refused for a
     half-loaded module or an unreadable pin (only 'not applicable here' on this machine)."""
     import subprocess
     import sys
     from pathlib import Path
 
-    gates = {"flag": "1", "percent": "33"}
+    on = {"flag": "1", "percent": "33"}
     environ = {}
     for switch in registry.SWITCHES:
         allowed = switch.on_key.parser.allowed
-        environ[switch.on_key.name] = "ram" if allowed.startswith("one of") else gates["percent" if "1..99" in allowed else "flag"]
+        environ[switch.on_key.name] = "ram" if allowed.startswith("one of") else on["percent" if "1..99" in allowed else "flag"]
     script = (
         "import importlib\n"
         "from adapter.core import boot, registry\n"

@@ -94,7 +94,7 @@ def test_the_dry_run_collects_the_cuda_tests_and_skips_them_and_the_probe(dry_ru
     assert any("global_mode_capture" in name for name in tests["cases"])
     probe = summary["capture_probe"]
     assert probe["device"] == "cpu"
-    assert set(probe["scenarios"]) == {"global_ungated", "global_gated", "thread_local_ungated"}
+    assert set(probe["scenarios"]) == {"global_unlocked", "global_locked", "thread_local_unlocked"}
     assert all(s["status"].startswith("skipped") for s in probe["scenarios"].values())
 
 
@@ -132,17 +132,17 @@ def test_a_missing_pytest_is_reported_as_a_problem_not_a_pass(tmp_path):
     assert any("pytest missing" in p for p in summary["problems"])
 
 
-def test_on_the_device_a_skipped_cuda_test_or_an_unclean_gated_capture_fails_the_check(tmp_path):
+def test_on_the_device_a_skipped_cuda_test_or_an_unclean_locked_capture_fails_the_check(tmp_path):
     xml = '<testsuites><testsuite><testcase name="a"/><testcase name="b"><skipped message="needs a CUDA device"/></testcase></testsuite></testsuites>'
     _parts(tmp_path, xml)
     clean = {"status": "ran", "capture_errors": [], "copy_errors": [], "replays_ok": True, "saves_identical": True}
     probe = {
         "device": "cuda",
-        "scenarios": {"global_gated": clean, "thread_local_ungated": dict(clean, copy_errors=["x"])},
+        "scenarios": {"global_locked": clean, "thread_local_unlocked": dict(clean, copy_errors=["x"])},
     }
     (tmp_path / "probe.json").write_text(json.dumps(probe))
     summary = summarize.summarize(tmp_path, "cuda", dry_run=False, elapsed=1.0)
     assert summary["tests"]["passed"] == 1 and summary["tests"]["skipped"] == 1
     assert any("1 skipped, 1 passed on the device" in p for p in summary["problems"])
-    assert any(p.startswith("capture probe thread_local_ungated") for p in summary["problems"])
-    assert not any("global_gated" in p for p in summary["problems"])
+    assert any(p.startswith("capture probe thread_local_unlocked") for p in summary["problems"])
+    assert not any("global_locked" in p for p in summary["problems"])

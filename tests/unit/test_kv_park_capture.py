@@ -1,4 +1,4 @@
-"""The capture gate: parking copies and global-mode CUDA graph captures never overlap (CPU, no SGLang).
+"""The capture lock: parking copies and global-mode CUDA graph captures never overlap (CPU, no SGLang).
 
 The device side of the same invariants is in ``test_kv_park_cuda.py`` (``-m cuda``).
 """
@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from adapter.switches.kv_park.capture import CaptureConflict, CaptureGate, gated_capture_begin, gated_capture_end
+from adapter.switches.kv_park.capture import CaptureConflict, CaptureLock, locked_capture_begin, locked_capture_end
 from adapter.switches.kv_park.engine import CopyEngine, PageLayout, Region
 
 
@@ -31,97 +31,97 @@ def _on_thread(fn) -> tuple[threading.Thread, list]:
 
 
 def test_a_copy_asked_for_while_a_capture_is_open_waits_until_it_ends():
-    gate = CaptureGate(wait_s=5)
+    lock = CaptureLock(wait_s=5)
     entered = threading.Event()
-    gate.begin_capture()
+    lock.begin_capture()
 
     def copy() -> float:
-        with gate.copy():
+        with lock.copy():
             entered.set()
             return time.monotonic()
 
     t, box = _on_thread(copy)
     assert not entered.wait(0.1), "a copy ran inside an open capture"
     ended = time.monotonic()
-    gate.end_capture()
+    lock.end_capture()
     t.join(5)
-    assert box and box[0] >= ended and gate.waits == 1 and gate.copies_in_flight == 0
+    assert box and box[0] >= ended and lock.waits == 1 and lock.copies_in_flight == 0
 
 
 def test_a_capture_begins_only_after_the_copies_in_flight_have_drained():
-    gate = CaptureGate(wait_s=5)
+    lock = CaptureLock(wait_s=5)
     release, inside = threading.Event(), threading.Event()
     done_at: list[float] = []
 
     def copy() -> None:
-        with gate.copy():
+        with lock.copy():
             inside.set()
             release.wait(5)
             done_at.append(time.monotonic())
 
     t, _ = _on_thread(copy)
     assert inside.wait(5)
-    c, began = _on_thread(lambda: (gate.begin_capture(), time.monotonic())[1])
+    c, began = _on_thread(lambda: (lock.begin_capture(), time.monotonic())[1])
     time.sleep(0.1)
     assert not began, "the capture began while a copy was in flight"
     release.set()
     c.join(5)
     t.join(5)
-    assert began[0] >= done_at[0] and gate.drains == 1 and gate.captures_open == 1
-    gate.end_capture()
-    assert gate.captures_open == 0
+    assert began[0] >= done_at[0] and lock.drains == 1 and lock.captures_open == 1
+    lock.end_capture()
+    assert lock.captures_open == 0
 
 
 def test_a_copy_on_the_capturing_thread_is_refused_at_once():
-    gate = CaptureGate(wait_s=30)
-    with gate.capture():
+    lock = CaptureLock(wait_s=30)
+    with lock.capture():
         start = time.monotonic()
-        with pytest.raises(CaptureConflict, match="thread that is capturing"), gate.copy():
+        with pytest.raises(CaptureConflict, match="thread that is capturing"), lock.copy():
             pass
         assert time.monotonic() - start < 1
-    with gate.copy():  # the gate is open again
+    with lock.copy():  # the lock is free again
         pass
 
 
 def test_waits_are_bounded_a_copy_raises_and_a_capture_proceeds_with_one_warning(caplog):
-    gate = CaptureGate(wait_s=0.05)
-    gate.begin_capture()
-    t, box = _on_thread(lambda: gate.copy().__enter__())
+    lock = CaptureLock(wait_s=0.05)
+    lock.begin_capture()
+    t, box = _on_thread(lambda: lock.copy().__enter__())
     t.join(5)
     assert isinstance(box[0], CaptureConflict) and "more than 0.05 s" in str(box[0])
-    gate.end_capture()
+    lock.end_capture()
 
     release = threading.Event()
 
     def hold() -> None:
-        with gate.copy():
+        with lock.copy():
             release.wait(5)
 
     h, _ = _on_thread(hold)
-    while not gate.copies_in_flight:
+    while not lock.copies_in_flight:
         time.sleep(0.001)
     logger = logging.getLogger("dsv41")
     logger.addHandler(caplog.handler)
     try:
-        gate.begin_capture()  # returns after wait_s although the copy still runs
+        lock.begin_capture()  # returns after wait_s although the copy still runs
     finally:
         logger.removeHandler(caplog.handler)
-    assert gate.captures_open == 1
+    assert lock.captures_open == 1
     assert [r.getMessage() for r in caplog.records if "capture_drain_timeout" in r.getMessage()]
-    gate.end_capture()
+    lock.end_capture()
     release.set()
     h.join(5)
 
 
 class _FakeGraph:
-    """Stands in for ``torch.cuda.CUDAGraph``: records what ran while the gate was closed."""
+    """Stands in for ``torch.cuda.CUDAGraph``: records how many captures held the lock when it began."""
 
-    def __init__(self, gate: CaptureGate, fail_begin: bool = False, fail_end: bool = False):
-        self.gate, self.fail_begin, self.fail_end = gate, fail_begin, fail_end
+    def __init__(self, lock: CaptureLock, fail_begin: bool = False, fail_end: bool = False):
+        self.lock, self.fail_begin, self.fail_end = lock, fail_begin, fail_end
         self.seen: list[int] = []
 
     def capture_begin(self, pool=None, capture_error_mode: str = "global") -> None:
-        self.seen.append(self.gate.captures_open)
+        self.seen.append(self.lock.captures_open)
         if self.fail_begin:
             raise RuntimeError("capture_begin failed")
 
@@ -131,15 +131,15 @@ class _FakeGraph:
 
 
 def _begin(graph: _FakeGraph, *args, **kwargs) -> None:
-    gated_capture_begin(graph.capture_begin, graph, args, kwargs, gate=graph.gate)
+    locked_capture_begin(graph.capture_begin, graph, args, kwargs, lock=graph.lock)
 
 
 def _end(graph: _FakeGraph) -> None:
-    gated_capture_end(graph.capture_end, graph, (), {}, gate=graph.gate)
+    locked_capture_end(graph.capture_end, graph, (), {}, lock=graph.lock)
 
 
 @pytest.mark.parametrize(
-    ("args", "kwargs", "gated"),
+    ("args", "kwargs", "locked"),
     [
         ((), {}, True),
         ((), {"capture_error_mode": "global"}, True),
@@ -149,34 +149,34 @@ def _end(graph: _FakeGraph) -> None:
     ],
     ids=["default-arg", "global", "default-positional", "thread_local", "relaxed"],
 )
-def test_only_global_mode_captures_close_the_gate(args, kwargs, gated):
-    gate = CaptureGate(wait_s=1)
-    graph = _FakeGraph(gate)
+def test_only_global_mode_captures_take_the_lock(args, kwargs, locked):
+    lock = CaptureLock(wait_s=1)
+    graph = _FakeGraph(lock)
     _begin(graph, *args, **kwargs)
-    assert graph.seen == [1 if gated else 0] and gate.captures_open == (1 if gated else 0)
+    assert graph.seen == [1 if locked else 0] and lock.captures_open == (1 if locked else 0)
     _end(graph)
-    assert gate.captures_open == 0
+    assert lock.captures_open == 0
 
 
-def test_the_gate_reopens_when_capture_begin_or_capture_end_fails():
-    gate = CaptureGate(wait_s=1)
+def test_the_lock_is_released_when_capture_begin_or_capture_end_fails():
+    lock = CaptureLock(wait_s=1)
     with pytest.raises(RuntimeError, match="capture_begin failed"):
-        _begin(_FakeGraph(gate, fail_begin=True))
-    assert gate.captures_open == 0
-    graph = _FakeGraph(gate, fail_end=True)
+        _begin(_FakeGraph(lock, fail_begin=True))
+    assert lock.captures_open == 0
+    graph = _FakeGraph(lock, fail_end=True)
     _begin(graph)
     with pytest.raises(RuntimeError, match="capture invalidated"):
         _end(graph)
-    assert gate.captures_open == 0
+    assert lock.captures_open == 0
     graph.fail_end = False
     _end(graph)  # a second end of the same graph does not release someone else's capture
-    assert gate.captures_open == 0
+    assert lock.captures_open == 0
 
 
-def test_a_cpu_engine_does_not_use_the_gate():
+def test_a_cpu_engine_does_not_use_the_capture_lock():
     rows = torch.arange(64, dtype=torch.uint8).view(8, 8)
-    gate = CaptureGate(wait_s=0.01)
-    engine = CopyEngine(PageLayout((Region("kv", rows),)), gate=gate)
-    assert engine._gate is None
-    with gate.capture():  # a capture elsewhere in the process does not hold up CPU copies
+    lock = CaptureLock(wait_s=0.01)
+    engine = CopyEngine(PageLayout((Region("kv", rows),)), capture_lock=lock)
+    assert engine._capture_lock is None
+    with lock.capture():  # a capture elsewhere in the process does not hold up CPU copies
         assert torch.equal(engine.save([3, 1]), rows[[3, 1]])

@@ -9,8 +9,8 @@ Each test states the device-side invariant it checks:
   the context stays usable);
 * the copy stream is fenced before a freed page is written (``fence_pages`` returns only after
   the copy stream has finished reading the pages);
-* a copy and a global-mode CUDA graph capture on another thread never overlap (the capture gate),
-  the capture replays correctly and every parked byte is right; a thread-local capture needs no gate.
+* a copy and a global-mode CUDA graph capture on another thread never overlap (the capture lock),
+  the capture replays correctly and every parked byte is right; a thread-local capture needs no lock.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from adapter.switches.kv_park.capture import CaptureConflict, CaptureGate, gated_capture_begin, gated_capture_end
+from adapter.switches.kv_park.capture import CaptureConflict, CaptureLock, locked_capture_begin, locked_capture_end
 from adapter.switches.kv_park.engine import CopyEngine, PageLayout, page_rows, per_view_save
 from adapter.switches.kv_park.store import ParkStore
 
@@ -185,24 +185,24 @@ def test_the_copy_stream_is_fenced_before_a_freed_page_is_written():
 
 
 @contextmanager
-def _gated_graphs(gate: CaptureGate, monkeypatch):
-    """``torch.cuda.CUDAGraph.capture_begin/_end`` wrapped with the gate (as the switch installs them)."""
+def _locked_graphs(lock: CaptureLock, monkeypatch):
+    """``torch.cuda.CUDAGraph.capture_begin/_end`` wrapped with the lock (as the switch installs them)."""
     cls = torch.cuda.CUDAGraph
     begin, end = cls.capture_begin, cls.capture_end
 
     def capture_begin(self, *args, **kwargs):
-        return gated_capture_begin(begin.__get__(self), self, args, kwargs, gate=gate)
+        return locked_capture_begin(begin.__get__(self), self, args, kwargs, lock=lock)
 
     def capture_end(self, *args, **kwargs):
-        return gated_capture_end(end.__get__(self), self, args, kwargs, gate=gate)
+        return locked_capture_end(end.__get__(self), self, args, kwargs, lock=lock)
 
     monkeypatch.setattr(cls, "capture_begin", capture_begin)
     monkeypatch.setattr(cls, "capture_end", capture_end)
     yield
 
 
-class _RecordingGate(CaptureGate):
-    """A gate that records when copies held the device and when captures were open."""
+class _RecordingLock(CaptureLock):
+    """A capture lock that records when copies held the device and when captures were open."""
 
     def __init__(self) -> None:
         super().__init__(wait_s=60)
@@ -260,13 +260,13 @@ def _capture_and_replay(mode: str | None, hold_s: float) -> bool:
 
 
 def test_parking_copies_wait_out_a_global_mode_capture_on_another_thread(monkeypatch):
-    gate = _RecordingGate()
+    lock = _RecordingLock()
     layout = _wide_layout(5, pool_pages=64, row=1 << 20, layers=2)
-    engine = CopyEngine(layout, chunk_bytes=8 << 20, gate=gate)
+    engine = CopyEngine(layout, chunk_bytes=8 << 20, capture_lock=lock)
     ids = _ids(32, seed=8, pool_pages=64)
     want = per_view_save(layout, ids.tolist(), torch.empty((32, layout.page_bytes), dtype=torch.uint8))
     stop = threading.Event()
-    with _gated_graphs(gate, monkeypatch):
+    with _locked_graphs(lock, monkeypatch):
         worker, results, errors = _saves_in_background(engine, ids, stop)
         try:
             while not results and not errors:  # the worker is copying before the first capture
@@ -278,20 +278,20 @@ def test_parking_copies_wait_out_a_global_mode_capture_on_another_thread(monkeyp
     assert not errors, f"a parking copy failed during the captures: {errors[0]!r}"
     assert replays == [True] * 4, "a captured graph replayed wrong bytes"
     assert results and all(torch.equal(r, want) for r in results), "a parked entry differs"
-    assert gate.waits >= 1, "no copy ever met an open capture: the test did not exercise the gate"
-    for c0, c1 in gate.capture_spans:
-        for s0, s1 in gate.copy_spans:
+    assert lock.waits >= 1, "no copy ever met an open capture: the test did not exercise the lock"
+    for c0, c1 in lock.capture_spans:
+        for s0, s1 in lock.copy_spans:
             assert s1 <= c0 or s0 >= c1, "a parking copy overlapped a global-mode capture"
 
 
-def test_a_thread_local_capture_is_not_gated_and_concurrent_copies_succeed(monkeypatch):
-    gate = _RecordingGate()
+def test_a_thread_local_capture_does_not_take_the_lock_and_concurrent_copies_succeed(monkeypatch):
+    lock = _RecordingLock()
     layout = _wide_layout(6, pool_pages=64, row=1 << 20, layers=2)
-    engine = CopyEngine(layout, chunk_bytes=8 << 20, gate=gate)
+    engine = CopyEngine(layout, chunk_bytes=8 << 20, capture_lock=lock)
     ids = _ids(32, seed=9, pool_pages=64)
     want = per_view_save(layout, ids.tolist(), torch.empty((32, layout.page_bytes), dtype=torch.uint8))
     stop = threading.Event()
-    with _gated_graphs(gate, monkeypatch):
+    with _locked_graphs(lock, monkeypatch):
         worker, results, errors = _saves_in_background(engine, ids, stop)
         try:
             while not results and not errors:
@@ -303,18 +303,18 @@ def test_a_thread_local_capture_is_not_gated_and_concurrent_copies_succeed(monke
     assert not errors, f"a parking copy failed during a thread-local capture: {errors[0]!r}"
     assert replays == [True] * 4
     assert results and all(torch.equal(r, want) for r in results)
-    assert gate.capture_spans == [] and gate.waits == 0  # thread-local captures leave the gate open
+    assert lock.capture_spans == [] and lock.waits == 0  # thread-local captures leave the lock free
 
 
 def test_a_copy_on_the_capturing_thread_is_refused_without_breaking_the_capture(monkeypatch):
-    gate = CaptureGate(wait_s=60)
+    lock = CaptureLock(wait_s=60)
     layout = _mixed_layout(7)
-    engine = CopyEngine(layout, gate=gate)
+    engine = CopyEngine(layout, capture_lock=lock)
     good = engine.save(torch.arange(3))
     x = torch.ones(1024, device=DEV)
     graph = torch.cuda.CUDAGraph()
-    with _gated_graphs(gate, monkeypatch):
-        for mode in ("global", "thread_local"):  # through the gate, and through the stream check
+    with _locked_graphs(lock, monkeypatch):
+        for mode in ("global", "thread_local"):  # through the lock, and through the stream check
             with torch.cuda.graph(graph, capture_error_mode=mode):
                 y = x * 5
                 with pytest.raises(CaptureConflict):
@@ -325,5 +325,5 @@ def test_a_copy_on_the_capturing_thread_is_refused_without_breaking_the_capture(
             torch.cuda.synchronize()
             assert torch.equal(y, x * 5)
             graph = torch.cuda.CUDAGraph()
-    assert gate.captures_open == 0
+    assert lock.captures_open == 0
     assert torch.equal(engine.save(torch.arange(3)), good)

@@ -24,17 +24,17 @@ def _layout(seed: int = 0) -> PageLayout:
 
 
 class GatedEngine(CopyEngine):
-    """A real copy engine whose save waits for a gate: shows what happens while a copy is in flight."""
+    """A real copy engine whose save waits until the test lets it go: shows what happens while a copy is in flight."""
 
     def __init__(self, layout: PageLayout):
         super().__init__(layout, chunk_bytes=2 * PAGE_BYTES)
-        self.gate = threading.Event()
+        self.go = threading.Event()
         self.entered = threading.Event()
         self.copies = 0
 
     def save(self, page_ids, out=None, *, after=None):
         self.entered.set()
-        assert self.gate.wait(10), "test gate never opened"
+        assert self.go.wait(10), "the test never let the copy go"
         self.copies += 1
         return super().save(page_ids, out=out, after=after)
 
@@ -54,19 +54,19 @@ def test_offer_returns_before_the_copy_and_holds_pages_until_it_lands():
     try:
         outcome = store.offer("r1", engine, ids, on_landed=lambda: released.append("r1"))
         assert outcome == "queued"
-        assert engine.entered.wait(5) and engine.copies == 0, "the copy should be blocked on the gate"
+        assert engine.entered.wait(5) and engine.copies == 0, "the copy should be held by the test"
         assert store.poll() == 0 and released == [], "pages released before the copy landed"
         assert "r1" in store and store.pending() == 1
         assert store.reserved_bytes == 3 * PAGE_BYTES
-        assert not store.fence(timeout=0.05), "fence returned while the copy was still gated"
+        assert not store.fence(timeout=0.05), "fence returned while the copy was still held"
         assert released == []
-        engine.gate.set()
+        engine.go.set()
         assert store.fence(timeout=5)
         assert released == ["r1"] and store.pending() == 0
         entry = store.take("r1")
         assert entry is not None and torch.equal(entry.data, want)
     finally:
-        engine.gate.set()
+        engine.go.set()
         store.close()
 
 
@@ -77,15 +77,15 @@ def test_a_full_queue_falls_back_to_a_synchronous_save():
     released: list[str] = []
     try:
         assert store.offer("a", engine, [1], on_landed=lambda: released.append("a")) == "queued"
-        assert engine.entered.wait(5)  # the worker holds "a" (gated); the queue is empty again
+        assert engine.entered.wait(5)  # the worker holds "a" (held back); the queue is empty again
         assert store.offer("b", engine, [2], on_landed=lambda: released.append("b")) == "queued"
-        sync_engine = CopyEngine(layout)  # a separate engine: the gated one is busy
+        sync_engine = CopyEngine(layout)  # a separate engine: the held one is busy
         assert store.offer("c", sync_engine, [3], on_landed=lambda: released.append("c")) == "saved"
         assert released == ["c"], "a synchronous save releases its pages before returning"
         assert store.stats.sync_saves == 1 and store.stats.queued == 2
         assert store.peek("c") is not None
     finally:
-        engine.gate.set()
+        engine.go.set()
         store.close()
     assert sorted(released) == ["a", "b", "c"]
 
@@ -135,7 +135,7 @@ def test_copies_in_flight_hold_their_budget():
         outcome = store.offer("b", CopyEngine(layout), [2, 3])
         assert outcome == "refused: the budget is held by copies in flight"
     finally:
-        engine.gate.set()
+        engine.go.set()
         store.close()
     assert store.ready_keys() == ["a"]
 
@@ -197,11 +197,11 @@ def test_a_writer_waits_only_for_copies_that_read_its_pages():
         assert store.fence_pages({7, 8}, timeout=5), "disjoint pages must not wait"
         assert time.perf_counter() - t0 < 1 and store.pending() == 1
         assert not store.fence_pages({8, 4}, timeout=0.05), "a page the copy reads must wait"
-        engine.gate.set()
+        engine.go.set()
         assert store.fence_pages({4}, timeout=5) and store.pending() == 0
         assert store.ready_keys() == ["a"]
     finally:
-        engine.gate.set()
+        engine.go.set()
         store.close()
 
 

@@ -73,12 +73,12 @@ def test_a_park_worker_that_dies_mid_copy_disables_parking_and_every_request_rec
     finish, and every page comes back."""
     state = boot.install({"DSV41_KV_PARK": "ram"})
     assert state.outcomes["kv_park"].status == "installed"
-    gate = threading.Event()
+    go = threading.Event()
     real_save = engine_mod.CopyEngine.save
 
     def dying_save(self, page_ids, out=None, *, after=None):
         if threading.current_thread().name == "dsv41-kv-park":
-            assert gate.wait(30)  # both copies are offered before the first one dies
+            assert go.wait(30)  # both copies are offered before the first one dies
             raise WorkerDeath("simulated worker death")
         return real_save(self, page_ids, out=out, after=after)
 
@@ -91,7 +91,7 @@ def test_a_park_worker_that_dies_mid_copy_disables_parking_and_every_request_rec
     h.retract_all()
     store = _kv_park().STATE.store
     assert store.pending() == 2, "both copies are queued behind the worker"
-    gate.set()
+    go.set()
     _free_everything(h)
     step = _bounded_step(h)
     assert step.kind == "prefill" and set(step.rids) == {a.rid, b.rid}

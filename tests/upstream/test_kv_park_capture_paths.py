@@ -1,4 +1,4 @@
-"""SGLang 0.5.23 captures CUDA graphs after serving starts; the capture gate is built on what it uses.
+"""SGLang 0.5.23 captures CUDA graphs after serving starts; the capture lock is built on what it uses.
 
 Read from the pinned SGLang's source (no import of the model runner, no GPU): if a release drops
 or changes one of these paths, this test says which, and ``adapter.switches.kv_park.capture``'s
@@ -35,7 +35,7 @@ def _source(rel: str) -> str:
     ],
     ids=["weights-update", "weights-update-request", "pd-role-switch", "elastic-ep", "vit-lazy"],
 )
-def test_sglang_has_each_serving_time_capture_path_the_gate_is_for(rel, needle):
+def test_sglang_has_each_serving_time_capture_path_the_capture_lock_is_for(rel, needle):
     assert needle in _source(rel), f"{rel}: {needle!r} is gone; revisit adapter/switches/kv_park/capture.py"
 
 
@@ -46,15 +46,15 @@ def test_the_decode_and_vit_captures_use_the_default_global_mode():
     assert "torch.cuda.graph(graph)" in vit and "capture_error_mode" not in vit
 
 
-def test_the_serving_time_metadata_glue_capture_is_thread_local_and_needs_no_gate():
+def test_the_serving_time_metadata_glue_capture_is_thread_local_and_needs_no_lock():
     glue = _source("model_executor/runner/metadata_glue_graph.py")
     assert re.search(
         r'torch\.cuda\.graph\(\s*graph, stream=self\._capture_stream, capture_error_mode="thread_local"', glue
     )
-    assert "thread_local" not in capture.GATED_MODES
+    assert "thread_local" not in capture.LOCKED_MODES
 
 
-def test_torch_graph_capture_goes_through_the_capture_begin_and_capture_end_the_gate_wraps():
+def test_torch_graph_capture_goes_through_the_capture_begin_and_capture_end_the_lock_wraps():
     enter = inspect.getsource(torch.cuda.graphs.graph.__enter__)
     leave = inspect.getsource(torch.cuda.graphs.graph.__exit__)
     assert "self.cuda_graph.capture_begin(" in enter and "capture_error_mode=self.capture_error_mode" in enter
@@ -64,7 +64,7 @@ def test_torch_graph_capture_goes_through_the_capture_begin_and_capture_end_the_
     assert params["capture_error_mode"].default == "global"
 
 
-def test_kv_park_puts_its_capture_gate_on_torchs_capture_seam_until_uninstalled():
+def test_kv_park_puts_its_capture_lock_on_torchs_capture_seam_until_uninstalled():
     from adapter.core import boot
 
     graphs = importlib.import_module("torch.cuda.graphs")
@@ -75,9 +75,9 @@ def test_kv_park_puts_its_capture_gate_on_torchs_capture_seam_until_uninstalled(
     state = boot.install({"DSV41_KV_PARK": "ram"})
     try:
         assert state.outcomes["kv_park"].status == "installed", state.outcomes["kv_park"].reason
-        assert state.outcomes["kv_park"].params["capture_gate"] == "global"
+        assert state.outcomes["kv_park"].params["capture_lock"] == "global"
         begin, end = vars(graphs.CUDAGraph)["capture_begin"], vars(graphs.CUDAGraph)["capture_end"]
-        assert begin._self_wrapper is capture.gated_capture_begin and end._self_wrapper is capture.gated_capture_end
+        assert begin._self_wrapper is capture.locked_capture_begin and end._self_wrapper is capture.locked_capture_end
     finally:
         boot.uninstall()
     assert (vars(graphs.CUDAGraph)["capture_begin"], vars(graphs.CUDAGraph)["capture_end"]) == stock

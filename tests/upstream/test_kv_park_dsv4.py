@@ -159,9 +159,9 @@ def test_a_retracted_deepseek_v4_request_resumes_with_every_region_byte_it_had(p
 
 
 def test_the_unified_and_hisparse_deepseek_v4_layouts_are_refused_with_a_one_line_reason(monkeypatch):
-    """Real pools of both layouts (the unified layout is HIP-only, so its platform gate is forced
-    open to build one on CPU); each refusal names why, and the retraction stays stock."""
-    import sglang.srt.layers.attention.dsv4.unified_kv_gate as gate
+    """Real pools of both layouts (the unified layout is HIP-only, so its platform check is forced
+    to pass to build one on CPU); each refusal names why, and the retraction stays stock."""
+    import sglang.srt.layers.attention.dsv4.unified_kv_gate as unified_kv_gate
     from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
 
     _build()  # publishes the server args the pool reads
@@ -175,7 +175,7 @@ def test_the_unified_and_hisparse_deepseek_v4_layouts_are_refused_with_a_one_lin
     hisparse = DeepSeekV4TokenToKVPool(**kwargs, enable_hisparse=True)
     with pytest.raises(regions.Unsupported, match=r"^DeepSeek-V4 pool not parked: HiSparse C4 pool"):
         regions.layouts_for(hisparse)
-    monkeypatch.setattr(gate, "is_unified_kv_triton", lambda: True)
+    monkeypatch.setattr(unified_kv_gate, "is_unified_kv_triton", lambda: True)
     unified = DeepSeekV4TokenToKVPool(**{**kwargs, "dtype": torch.bfloat16})
     with pytest.raises(regions.Unsupported, match=r"^DeepSeek-V4 pool not parked: unified KV layout") as info:
         regions.layouts_for(unified)

@@ -202,19 +202,19 @@ def test_decode_retraction_in_update_running_batch_parks_and_the_row_finishes(ha
 
 
 def test_retraction_returns_before_the_copy_and_the_next_pass_waits_for_it(harness, monkeypatch):
-    """A gated worker: the retraction returns with the copy still queued; the pages keep their
+    """A held-back worker: the retraction returns with the copy still queued; the pages keep their
     bytes (nothing writes them) and the next pass waits for the copy before restoring."""
     _install()
-    gate, started = threading.Event(), threading.Event()
+    go, started = threading.Event(), threading.Event()
     real_save = engine_mod.CopyEngine.save
 
-    def gated_save(self, page_ids, out=None, *, after=None):
+    def held_save(self, page_ids, out=None, *, after=None):
         if threading.current_thread().name == "dsv41-kv-park":
             started.set()
-            assert gate.wait(30)
+            assert go.wait(30)
         return real_save(self, page_ids, out=out, after=after)
 
-    monkeypatch.setattr(engine_mod.CopyEngine, "save", gated_save)
+    monkeypatch.setattr(engine_mod.CopyEngine, "save", held_save)
     h = harness
     a, _ = _run_two_rows(h, decode_steps=20)
     n = int(a.kv.kv_committed_len) // PAGE * PAGE
@@ -223,7 +223,7 @@ def test_retraction_returns_before_the_copy_and_the_next_pass_waits_for_it(harne
     store = _switch().STATE.store
     assert started.wait(10), "the worker never picked up the copy"
     assert store.pending() == 2 and store.stats.saved == 0, "retraction waited for the copy"
-    opener = threading.Timer(0.4, gate.set)
+    opener = threading.Timer(0.4, go.set)
     opener.start()
     t0 = time.perf_counter()
     step = h.step()
@@ -325,15 +325,15 @@ def test_a_forward_waits_only_for_copies_that_read_the_pages_it_writes_on_both_s
     """The write fence compares full page ids with full copies and SWA page ids (through the
     real full-to-SWA mapping) with SWA copies."""
     _install()
-    gate = threading.Event()
+    go = threading.Event()
     real_save = engine_mod.CopyEngine.save
 
-    def gated_save(self, page_ids, out=None, *, after=None):
+    def held_save(self, page_ids, out=None, *, after=None):
         if threading.current_thread().name == "dsv41-kv-park":
-            assert gate.wait(30)
+            assert go.wait(30)
         return real_save(self, page_ids, out=out, after=after)
 
-    monkeypatch.setattr(engine_mod.CopyEngine, "save", gated_save)
+    monkeypatch.setattr(engine_mod.CopyEngine, "save", held_save)
     h = _build("swa")
     a = h.add_request(40, max_new_tokens=50)
     b = h.add_request(40, max_new_tokens=50)
@@ -350,7 +350,7 @@ def test_a_forward_waits_only_for_copies_that_read_the_pages_it_writes_on_both_s
     assert store.offer(("x", "swa"), engines.swa, swa_pages_a) == "queued"
 
     def fence_time(loc) -> float:
-        opener = threading.Timer(0.4, gate.set)
+        opener = threading.Timer(0.4, go.set)
         opener.start()
         t0 = time.perf_counter()
         switch._fence_writes(switch.STATE, alloc, loc)

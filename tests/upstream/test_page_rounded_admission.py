@@ -151,17 +151,17 @@ def test_kv_reservation_counts_the_pages_an_allocator_hands_out():
             assert f(held, more, 16) % 16 == 0
 
 
-def _gate_harness(page: int, pool: int):
+def _clip_harness(page: int, pool: int):
     h = build_scheduler(page_size=page, pool_tokens=pool, max_reqs=8)
-    s = h.scheduler  # what Scheduler.__init__ sets for the gate (the harness skips __init__)
+    s = h.scheduler  # what Scheduler.__init__ sets for the clip (the harness skips __init__)
     s.max_total_num_tokens, s.max_req_len, s.max_new_tokens_limit = pool, 2 * pool, None
     s.kv_shard_widening, s.sliding_window_size = 1, None
     return h
 
 
-def test_never_fits_gate_clips_max_new_to_what_admission_accepts_on_an_empty_pool(switch_on):
+def test_the_never_fits_clip_lowers_max_new_to_what_admission_accepts_on_an_empty_pool(switch_on):
     page, pool, prompt = 64, 40 * 64, 30 * 64 + 5
-    h = _gate_harness(page, pool)
+    h = _clip_harness(page, pool)
     req = h.make_request(prompt, 10_000)
     h.scheduler.init_req_max_new_tokens(req)
     assert req.sampling_params.max_new_tokens == pool - prompt  # stock: pool - ceil(prompt) - page - 1
@@ -169,21 +169,21 @@ def test_never_fits_gate_clips_max_new_to_what_admission_accepts_on_an_empty_poo
     assert h.step().rids == (req.rid,)  # admitted on the empty pool at once
     h.run_until(req.finished, max_passes=2 * pool)
     assert req.retraction_count == 0
-    one_more = _gate_harness(page, pool)
+    one_more = _clip_harness(page, pool)
     one_more.add_request(prompt, max_new_tokens=pool - prompt + 1)
     assert one_more.step().kind == "idle"  # one token more would never be admitted
 
 
-def test_the_stock_gate_clips_more_than_a_page_below_what_the_empty_pool_admits_and_finishes():
+def test_the_stock_clip_is_more_than_a_page_below_what_the_empty_pool_admits_and_that_page_finishes():
     """Measured, not restated: stock's clip, then a page more run to the end with the switch on."""
     page, pool, prompt = 64, 40 * 64, 30 * 64 + 5
-    stock = _gate_harness(page, pool)
+    stock = _clip_harness(page, pool)
     req = stock.make_request(prompt, 10_000)
     stock.scheduler.init_req_max_new_tokens(req)
     clipped = req.sampling_params.max_new_tokens
     assert 0 < clipped < pool - prompt
     install_switch()
-    h = _gate_harness(page, pool)
+    h = _clip_harness(page, pool)
     longer = h.make_request(prompt, clipped + page)
     h.scheduler.init_req_max_new_tokens(longer)
     assert longer.sampling_params.max_new_tokens == clipped + page  # not clipped: it fits
@@ -228,7 +228,7 @@ def test_a_drifted_pin_refuses_the_switch_and_leaves_admission_stock(monkeypatch
 def test_install_logs_one_receipt_naming_the_charges(capfd):
     assert install_switch().status == "installed"
     err = capfd.readouterr().err
-    assert f"[dsv41] {NAME} installed charges=running,mixed,check,reserve,gate scope=single-pool" in err
+    assert f"[dsv41] {NAME} installed charges=running,mixed,check,reserve,clip scope=single-pool" in err
 
 
 # -- hypothesis: random pool states -----------------------------------------------------------
@@ -300,4 +300,4 @@ def test_a_fresh_engine_process_installs_the_switch_through_sitecustomize():
     )
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert f"[dsv41] {NAME} installed charges=running,mixed,check,reserve,gate" in done.stderr
+    assert f"[dsv41] {NAME} installed charges=running,mixed,check,reserve,clip" in done.stderr

@@ -39,7 +39,7 @@ NOT_UPSTREAM: dict[str, str] = {
     "view": "torch.Tensor.view",
     "cat": "torch.cat",
     "clone": "torch.Tensor.clone",
-    "copy": "dict.copy / the copy gate's context manager, not ScheduleBatch.copy",
+    "copy": "dict.copy / the capture lock's copy() context manager, not ScheduleBatch.copy",
     "reset": "the switch's own counters (Counters.reset / module reset())",
     "_replace": "a NamedTuple's _replace on the switch's own tuples",
     "_rows": "kv_park.regions._rows, the switch's own helper",

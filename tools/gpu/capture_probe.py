@@ -1,13 +1,13 @@
 """What a CUDA graph capture on one thread does to parking copies on another (``tools/gpu/check.sh``).
 
 Observations, not pass/fail tests (those are in ``tests/unit/test_kv_park_cuda.py``): each scenario
-runs in its own process (an ungated conflict may leave CUDA state behind), a worker thread saves
+runs in its own process (an unlocked conflict may leave CUDA state behind), a worker thread saves
 pages in a loop with the copy engine while the main thread captures and replays a small graph:
 
-* ``global_ungated``: default (global) mode, no gate: does CUDA refuse the copy or invalidate the
-  capture? (Why the gate exists; SGLang's serving-time recaptures use this mode.)
-* ``global_gated``: the same with ``CUDAGraph.capture_begin/_end`` wrapped by the capture gate.
-* ``thread_local_ungated``: ``capture_error_mode="thread_local"``, no gate (why the gate skips it).
+* ``global_unlocked``: default (global) mode, no capture lock: does CUDA refuse the copy or invalidate
+  the capture? (Why the lock exists; SGLang's serving-time recaptures use this mode.)
+* ``global_locked``: the same with ``CUDAGraph.capture_begin/_end`` wrapped by the capture lock.
+* ``thread_local_unlocked``: ``capture_error_mode="thread_local"``, no lock (why the lock skips it).
 
 ``python tools/gpu/capture_probe.py OUT.json``: one JSON object, ``{"device", "scenarios": {name:
 {...}}}``; without CUDA every scenario reads ``{"status": "skipped: no CUDA device"}``.
@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 
-SCENARIOS = ("global_ungated", "global_gated", "thread_local_ungated")
+SCENARIOS = ("global_unlocked", "global_locked", "thread_local_unlocked")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -30,7 +30,7 @@ def _scenario(name: str) -> dict:
     import torch
 
     sys.path.insert(0, ROOT)
-    from adapter.switches.kv_park.capture import CaptureGate, gated_capture_begin, gated_capture_end
+    from adapter.switches.kv_park.capture import CaptureLock, locked_capture_begin, locked_capture_end
     from adapter.switches.kv_park.engine import CopyEngine, PageLayout, Region, per_view_save
 
     dev = "cuda"
@@ -41,15 +41,15 @@ def _scenario(name: str) -> dict:
             for i in range(2)
         )
     )
-    gate = CaptureGate(wait_s=30)
-    engine = CopyEngine(layout, chunk_bytes=8 << 20, gate=gate)
+    lock = CaptureLock(wait_s=30)
+    engine = CopyEngine(layout, chunk_bytes=8 << 20, capture_lock=lock)
     ids = torch.randperm(64)[:32]
     want = per_view_save(layout, ids.tolist(), torch.empty((32, layout.page_bytes), dtype=torch.uint8))
-    if name == "global_gated":
+    if name == "global_locked":
         cls = torch.cuda.CUDAGraph
         begin, end = cls.capture_begin, cls.capture_end
-        cls.capture_begin = lambda self, *a, **k: gated_capture_begin(begin.__get__(self), self, a, k, gate=gate)
-        cls.capture_end = lambda self, *a, **k: gated_capture_end(end.__get__(self), self, a, k, gate=gate)
+        cls.capture_begin = lambda self, *a, **k: locked_capture_begin(begin.__get__(self), self, a, k, lock=lock)
+        cls.capture_end = lambda self, *a, **k: locked_capture_end(end.__get__(self), self, a, k, lock=lock)
     mode = "thread_local" if name.startswith("thread_local") else "global"
 
     stop = threading.Event()
@@ -101,7 +101,7 @@ def _scenario(name: str) -> dict:
     return {
         "status": "ran",
         "capture_error_mode": mode,
-        "gated": name == "global_gated",
+        "locked": name == "global_locked",
         "captures": len(spans),
         "capture_errors": capture_errors[:5],
         "replays_ok": bool(replays) and all(replays),
@@ -110,8 +110,8 @@ def _scenario(name: str) -> dict:
         "copy_errors": copy_errors[:5],
         "copy_error_count": len(copy_errors),
         "saves_overlapping_a_capture": overlapped,
-        "gate_waits": gate.waits,
-        "gate_drains": gate.drains,
+        "lock_waits": lock.waits,
+        "lock_drains": lock.drains,
     }
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared GPU check of KV parking: the copy engine, the store and the capture gate
+# One prepared GPU check of KV parking: the copy engine, the store and the capture lock
 # on a real CUDA device. Made for the nvidia-h200 machine (sm_90, python3 with torch+CUDA, NO
 # SGLang, no network); finishes in under 8 minutes (CHECK_BUDGET_S, default 450 s, caps every step).
 #
@@ -23,8 +23,8 @@
 #   4 tests    pytest -m cuda tests/unit/test_kv_park_cuda.py (byte identity on the device, no pinned
 #              allocation in RAM mode, IndexError before device indexing, the copy-stream fence,
 #              copies vs a concurrent global / thread-local CUDA graph capture)
-#   5 probe    tools/gpu/capture_probe.py: what an ungated / gated / thread-local capture does to
-#              copies on another thread (observations; the gated and thread-local ones must be clean)
+#   5 probe    tools/gpu/capture_probe.py: what an unlocked / locked / thread-local capture does to
+#              copies on another thread (observations; the locked and thread-local ones must be clean)
 #
 # --dry-run: the same steps on CPU (bench --device cpu --quick, the CUDA tests collected and skipped,
 #   the probe's scenarios "skipped"), the same JSON with "device": "cpu", "dry_run": true. CI runs it

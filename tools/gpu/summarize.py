@@ -13,7 +13,7 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-SCHEMA = 1
+SCHEMA = 2  # 2: the capture probe's scenarios and fields say "locked" (were "gated")
 KEYS = (
     "check", "schema", "device", "dry_run", "elapsed_s", "env", "steps", "imports_without_sglang",
     "bench", "targets", "targets_met", "bytes_identical", "tests", "capture_probe", "ok", "problems",
@@ -106,7 +106,7 @@ def summarize(folder: Path, device: str, dry_run: bool, elapsed: float) -> dict:
             problems.append(f"tests: {tests['skipped']} skipped, {tests['passed']} passed on the device")
     probe = _json(folder / "probe.json") or {"device": device, "scenarios": {}, "status": "not run"}
     if not dry_run:
-        for name in ("global_gated", "thread_local_ungated"):
+        for name in ("global_locked", "thread_local_unlocked"):
             s = probe.get("scenarios", {}).get(name, {})
             if (
                 s.get("status") != "ran"

@@ -353,7 +353,7 @@ PINS: dict[str, str] = {
     "sglang.srt.managers.schedule_batch:Req._compute_max_prefix_len": (
         "28ac28ced09b6cb7bbf0f69febbcba4103cd96b90c362a9ae354093a58686a74"
     ),
-    # kv_park (wrapped: torch's CUDA graph capture seam, for the capture gate)
+    # kv_park (wrapped: torch's CUDA graph capture seam, for the capture lock)
     "torch.cuda.graphs:CUDAGraph.capture_begin": (
         "ba451719cb5f4a81a168ed1978d01bbe39fcdcc8be20c49ab2e9014ac198904b"
     ),

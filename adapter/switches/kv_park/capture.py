@@ -26,22 +26,23 @@ recompile runs eagerly), so neither needs anything here.
 
 What
 ----
-One process-wide :data:`GATE`. Every device copy of a CUDA :class:`~.engine.CopyEngine` runs
-inside ``GATE.copy()``; a global-mode capture runs between ``GATE.begin_capture()`` and
-``GATE.end_capture()``, which :func:`gated_capture_begin` / :func:`gated_capture_end` call when
-wrapped around ``torch.cuda.CUDAGraph.capture_begin`` / ``capture_end`` (``wrapt`` signature, as
+One process-wide :data:`CAPTURE_LOCK`: copies and global-mode captures exclude each other (many
+copies, or many captures, at a time). Every device copy of a CUDA :class:`~.engine.CopyEngine` runs
+inside ``CAPTURE_LOCK.copy()``; a global-mode capture runs between ``begin_capture()`` and
+``end_capture()``, which :func:`locked_capture_begin` / :func:`locked_capture_end` call when wrapped
+around ``torch.cuda.CUDAGraph.capture_begin`` / ``capture_end`` (``wrapt`` signature, as
 ``adapter.core.patching.Patch.wrap`` takes them). Invariants (tests check each one):
 
 * A capture begins only when no copy is in flight (drain), and no copy starts while a capture is
   open (new copies wait for it to end): a copy and a global-mode capture never overlap.
-* Thread-local and relaxed captures are not gated (they restrict only their own thread).
+* Thread-local and relaxed captures do not take the lock (they restrict only their own thread).
 * A copy asked for on a thread that is itself capturing raises :class:`CaptureConflict` at once
   (it would be recorded into the graph, or deadlock waiting for its own capture).
 * Waits are bounded (``wait_s``): a copy that waits longer raises :class:`CaptureConflict` (the
   store disables parking and the request recomputes); a capture that cannot drain in time logs
   one warning and proceeds, so parking can never stop a capture.
 
-CPU engines do not use the gate (there is no capture). Importing this module imports no SGLang.
+CPU engines do not use the lock (there is no capture). Importing this module imports no SGLang.
 """
 
 from __future__ import annotations
@@ -54,14 +55,14 @@ from contextlib import contextmanager
 from typing import Any
 
 _log = logging.getLogger("dsv41")
-GATED_MODES = frozenset({"global", "default"})  # torch's "default" is cudaStreamCaptureModeGlobal
+LOCKED_MODES = frozenset({"global", "default"})  # torch's "default" is cudaStreamCaptureModeGlobal
 
 
 class CaptureConflict(RuntimeError):
     """A parking copy could not run because a CUDA graph capture holds the device."""
 
 
-class CaptureGate:
+class CaptureLock:
     """Mutual exclusion of copy-engine work and global-mode graph captures (many copies or many captures)."""
 
     def __init__(self, wait_s: float = 30.0):
@@ -70,7 +71,7 @@ class CaptureGate:
         self._copies = 0  # copies in flight
         self._captures = 0  # captures begun and not yet ended (nested, or on several threads)
         self._capturing: dict[int, int] = {}  # thread id -> open captures on that thread
-        self._gated_graphs: set[int] = set()  # id() of graphs whose capture_begin went through the gate
+        self._locked_graphs: set[int] = set()  # id() of graphs whose capture_begin took the lock
         self.drains = 0  # captures that had to wait for copies in flight
         self.waits = 0  # copies that had to wait for a capture
 
@@ -102,7 +103,7 @@ class CaptureGate:
                 self._cond.notify_all()
 
     def begin_capture(self) -> None:
-        """Close the gate to new copies, then wait (at most ``wait_s``) for the copies in flight."""
+        """Hold new copies back, then wait (at most ``wait_s``) for the copies in flight."""
         me = threading.get_ident()
         with self._cond:
             self._captures += 1
@@ -140,7 +141,7 @@ class CaptureGate:
             self.end_capture()
 
 
-GATE = CaptureGate()
+CAPTURE_LOCK = CaptureLock()
 
 
 def _capture_mode(args: tuple, kwargs: dict) -> str:
@@ -150,34 +151,34 @@ def _capture_mode(args: tuple, kwargs: dict) -> str:
     return str(args[1]) if len(args) > 1 else "global"
 
 
-def gated_capture_begin(
-    wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict, gate: CaptureGate | None = None
+def locked_capture_begin(
+    wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict, lock: CaptureLock | None = None
 ) -> Any:
     """Wrapper of ``torch.cuda.CUDAGraph.capture_begin``: drain parking copies before a global-mode capture."""
-    gate = GATE if gate is None else gate
-    if _capture_mode(args, kwargs) not in GATED_MODES:
+    lock = CAPTURE_LOCK if lock is None else lock
+    if _capture_mode(args, kwargs) not in LOCKED_MODES:
         return wrapped(*args, **kwargs)
-    gate.begin_capture()
+    lock.begin_capture()
     try:
         result = wrapped(*args, **kwargs)
     except BaseException:
-        gate.end_capture()
+        lock.end_capture()
         raise
-    with gate._cond:
-        gate._gated_graphs.add(id(instance))
+    with lock._cond:
+        lock._locked_graphs.add(id(instance))
     return result
 
 
-def gated_capture_end(
-    wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict, gate: CaptureGate | None = None
+def locked_capture_end(
+    wrapped: Callable[..., Any], instance: Any, args: tuple, kwargs: dict, lock: CaptureLock | None = None
 ) -> Any:
-    """Wrapper of ``torch.cuda.CUDAGraph.capture_end``: reopen the gate (also when ending fails)."""
-    gate = GATE if gate is None else gate
-    with gate._cond:
-        gated = id(instance) in gate._gated_graphs
-        gate._gated_graphs.discard(id(instance))
+    """Wrapper of ``torch.cuda.CUDAGraph.capture_end``: release the lock (also when ending fails)."""
+    lock = CAPTURE_LOCK if lock is None else lock
+    with lock._cond:
+        locked = id(instance) in lock._locked_graphs
+        lock._locked_graphs.discard(id(instance))
     try:
         return wrapped(*args, **kwargs)
     finally:
-        if gated:
-            gate.end_capture()
+        if locked:
+            lock.end_capture()

@@ -59,7 +59,7 @@ for the host, and the stream is synchronized before :meth:`CopyEngine.save` retu
 every read of the device pages has finished and they may be reused.
 
 CUDA graph captures (:mod:`adapter.switches.kv_park.capture`): every device copy of a CUDA engine
-holds the process-wide capture gate, so it never overlaps a global-mode capture on another thread
+holds the process-wide capture lock, so it never overlaps a global-mode capture on another thread
 (SGLang recaptures graphs while serving); a copy asked for on a thread whose current stream is
 capturing raises :class:`~adapter.switches.kv_park.capture.CaptureConflict` before any copy.
 """
@@ -74,7 +74,7 @@ from dataclasses import dataclass
 
 import torch
 
-from adapter.switches.kv_park.capture import GATE, CaptureConflict, CaptureGate
+from adapter.switches.kv_park.capture import CAPTURE_LOCK, CaptureConflict, CaptureLock
 
 MiB = 1 << 20
 DEFAULT_CHUNK_BYTES = 32 * MiB
@@ -233,7 +233,7 @@ class CopyEngine:
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         stage: bool | None = None,
         threads: int | None = None,
-        gate: CaptureGate | None = None,
+        capture_lock: CaptureLock | None = None,
     ):
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
@@ -252,7 +252,8 @@ class CopyEngine:
             size = self.chunk_pages * self.page_bytes
             self._staging = [torch.empty(size, dtype=torch.uint8, device=self.device) for _ in range(2)]
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        self._gate = (GATE if gate is None else gate) if self._stream is not None else None
+        shared = CAPTURE_LOCK if capture_lock is None else capture_lock
+        self._capture_lock = shared if self._stream is not None else None
         # Region views in the engine's word width, and each region's column span in words.
         self._cols = [
             (r.rows.view(self._dtype), col // self.word, r.row_bytes // self.word) for r, col in layout.columns()
@@ -281,13 +282,13 @@ class CopyEngine:
 
     @contextmanager
     def _on_stream(self, after: object | None) -> Iterator[None]:
-        """On CUDA: inside the capture gate, on the engine's stream (ordered after ``after``, else
+        """On CUDA: inside the capture lock, on the engine's stream (ordered after ``after``, else
         after the caller's stream), synchronized before it returns. On CPU: nothing."""
         if self._stream is None:
             yield
             return
-        assert self._gate is not None
-        with self._gate.copy():  # no gated (global-mode) capture is open from here on: the query is safe
+        assert self._capture_lock is not None
+        with self._capture_lock.copy():  # no global-mode capture is open from here on: the query is safe
             if torch.cuda.is_current_stream_capturing():  # e.g. a thread-local capture on this thread
                 raise CaptureConflict("a KV-parking copy was asked for on a thread whose stream is capturing")
             if after is not None:
@@ -298,7 +299,7 @@ class CopyEngine:
                 with torch.cuda.stream(self._stream):
                     yield
             finally:
-                self._stream.synchronize()  # also after a failed copy: nothing of it outlives the gate
+                self._stream.synchronize()  # also after a failed copy: nothing of it outlives the lock
 
     def _staging_rows(self, chunk: int, pages: int) -> torch.Tensor:
         """The staging half of chunk ``chunk`` (halves alternate) as ``[pages, page words]``."""
@@ -333,14 +334,14 @@ class CopyEngine:
 
                 _run_groups(self._groups_for(n), gather)
                 return entry
-            dev_ids = self._device_ids(ids)  # on the engine's stream, inside the capture gate
+            dev_ids = self._device_ids(ids)  # on the engine's stream, inside the capture lock
             for k, (lo, hi) in enumerate(self.chunks(n)):
                 cid = dev_ids[lo:hi]
                 target = self._staging_rows(k, hi - lo)
                 for rows, col, width in self._cols:
                     torch.index_select(rows, 0, cid, out=target[:, col : col + width])
                 host[lo:hi].copy_(target)  # one copy per chunk into pageable memory
-            del dev_ids, cid  # the device ids are freed inside the capture gate, not after it
+            del dev_ids, cid  # the device ids are freed inside the capture lock, not after it
         return entry
 
     def restore(self, entry: torch.Tensor, page_ids: torch.Tensor | Sequence[int], *, first: int = 0) -> None:
@@ -364,14 +365,14 @@ class CopyEngine:
 
                 _run_groups(self._groups_for(n), scatter)
                 return
-            dev_ids = self._device_ids(ids)  # on the engine's stream, inside the capture gate
+            dev_ids = self._device_ids(ids)  # on the engine's stream, inside the capture lock
             for k, (lo, hi) in enumerate(self.chunks(n)):
                 cid = dev_ids[lo:hi]
                 source = self._staging_rows(k, hi - lo)
                 source.copy_(host[lo:hi])  # one host-to-device copy per chunk
                 for rows, col, width in self._cols:
                     rows.index_copy_(0, cid, source[:, col : col + width])
-            del dev_ids, cid  # the device ids are freed inside the capture gate, not after it
+            del dev_ids, cid  # the device ids are freed inside the capture lock, not after it
 
 
 def per_view_save(layout: PageLayout, page_ids: Sequence[int], out: torch.Tensor) -> torch.Tensor:

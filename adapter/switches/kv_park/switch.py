@@ -145,10 +145,10 @@ def install(ctx: api.SwitchContext) -> dict[str, object]:
     ctx.wrap("Scheduler.get_next_batch_to_run", _get_next_batch_to_run)
     # Parking copies run on a worker thread; a global-mode CUDA graph capture on another thread must
     # not see them (capture.py): the capture drains them and holds new ones back until it ends.
-    ctx.wrap("CUDAGraph.capture_begin", capture.gated_capture_begin)
-    ctx.wrap("CUDAGraph.capture_end", capture.gated_capture_end)
+    ctx.wrap("CUDAGraph.capture_begin", capture.locked_capture_begin)
+    ctx.wrap("CUDAGraph.capture_end", capture.locked_capture_end)
     ctx.set_attr(sys.modules[__name__], "STATE", state)
-    return {"mode": ctx.value, "budget_gib": budget_gib, "worker": "background", "capture_gate": "global"}
+    return {"mode": ctx.value, "budget_gib": budget_gib, "worker": "background", "capture_lock": "global"}
 
 
 # -- saving on retraction ----------------------------------------------------------------------
