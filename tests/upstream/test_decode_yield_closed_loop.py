@@ -28,7 +28,7 @@ def test_a_step_change_in_decode_cost_mid_prompt_is_followed():
         return Script(lambda k: 10 * MS, lambda k: 2 * MS if k < 20 else 5 * MS)
 
     found = _run(50, script())
-    before, after = found[:20], found[22:]
+    before, after = found[:20], found[22:-1]  # the last window also serves the final chunk (its own test)
     assert abs(_share(before) - 0.50) <= 0.03 and abs(_share(after) - 0.50) <= 0.03
     assert {c[1] for c in before[3:]} == {5} and {c[1] for c in after[1:]} == {2}
     # the 5 ms steps of the window before gave more than the share: repaid by the next window, and
@@ -47,7 +47,7 @@ def test_a_slow_chunk_is_repaid_by_the_next_window_and_no_more():
     assert set(steady) == {2, 3}  # 0.33 * 10 / (0.67 * 2) = 2.46 steps a window
     assert found[10][3] / found[10][2] < 0.15  # the slow cycle: the streams fell behind ...
     assert found[11][1] >= 3 + 6  # ... and the next window repaid it at once
-    assert set(c[1] for c in found[12:]) == {2, 3}  # then the steady windows again: no debt left over
+    assert set(c[1] for c in found[12:-1]) == {2, 3}  # then the steady windows again: no debt left over
     assert abs(_share(found[3:]) - 0.33) <= 0.01
 
 
@@ -56,7 +56,9 @@ def test_rounding_is_carried_so_the_share_does_not_drift():
     window the streams are within one step of their share (rounding each window up would give 3
     every time: 0.545)."""
     found = _run(50, Script(lambda k: 10 * MS, lambda k: 4 * MS))
-    measured = found[3:]  # the first window runs on the model's ratio; the next two repay its error
+    # the first window runs on the model's ratio and the next two repay its error; the last also
+    # serves the final chunk (its own test)
+    measured = found[3:-1]
     assert {c[1] for c in measured} == {2, 3}
     assert sum(c[1] for c in measured) / len(measured) == pytest.approx(2.5, abs=0.05)
     got = owed = 0
@@ -101,3 +103,15 @@ def test_a_low_share_with_a_cheap_chunk_holds_its_share_over_windows_of_zero_or_
     found = _run(pct, Script(lambda k: 3 * MS, lambda k: 2 * MS, switch=int(1.5 * MS)))[3:]
     assert {c[1] for c in found} <= {0, 1, 2}
     assert abs(_share(found) - pct / 100) <= 0.03, _share(found)
+
+
+def test_the_window_before_the_final_chunk_also_gives_the_streams_their_share_of_it():
+    """No window follows the prompt's final chunk (its first token does): the window before it gives
+    the streams their share of both chunks, so the share holds over the whole prefill, final chunk
+    included (without it: 0.5 less half a chunk's share, 0.494 over 40 chunks here)."""
+    script = Script(lambda k: 10 * MS, lambda k: 4 * MS)
+    found = _run(50, script)[3:]
+    assert {c[1] for c in found[:-1]} == {2, 3} and found[-1][1] >= 4  # the last: 2.5 steps for each chunk
+    final = 10 * MS  # the final chunk's cost, outside every cycle
+    whole = sum(c[3] for c in found) / (sum(c[2] for c in found) + final)
+    assert abs(whole - 0.50) <= 0.01, whole

@@ -42,6 +42,11 @@ The scheduler's own passes are the clock's samples. Every pass stamps the time i
   (at pct 20 with a chunk of two steps a one-step window gives the share of four cycles). A window that did not give what it planned (streams or prompt gone, ``min_bs``)
   is not a cycle and resets the balance; the estimates live for the boot.
 
+No window follows the prompt's final chunk (its first token does), so the window before it also
+owes the streams their share of that chunk (its tokens at the measured overhead per token): the
+share holds over the whole prefill, as a client timing the prompt's TTFT measures it (a 16-chunk
+prompt otherwise loses 1/32 of the share at pct 50).
+
 The first windows of a boot have no measurement: with no decode step measured yet the integer cost
 model decides the window (:func:`adapter.switches.decode_yield.cost_model.yield_window`); with a step
 but no cycle yet, the model's chunk-to-step ratio at that window times the measured step is the
@@ -152,10 +157,12 @@ class Controller:
 
     # -- windows ---------------------------------------------------------------------------------
     def plan(self, t: int, prompt: object, tokens: int, rode_along: int, floor: int,
-             model_ratio: tuple[int, int]) -> Plan:
+             model_ratio: tuple[int, int], final_tokens: int = 0) -> Plan:
         """``N`` for the window after the chunk of ``tokens`` tokens this pass runs (at ``t``).
         ``model_ratio``: the integer model's (chunk+switch, step) costs at this window, for the
-        first windows of a boot."""
+        first windows of a boot. ``final_tokens``: the prompt's last chunk comes next, of that many
+        tokens; no window follows it (its first token does), so this window also gives the
+        streams their share of it, and the share holds over the whole prefill."""
         from adapter.switches.decode_yield import cost_model
 
         if prompt is not self.prompt:
@@ -171,8 +178,9 @@ class Controller:
         if per_token is None:
             chunk_fs, step_fs = model_ratio
             overhead, source = step * chunk_fs // max(step_fs, 1), "model_ratio"
+            overhead += overhead * final_tokens // max(tokens, 1)
         else:
-            overhead, source = per_token * tokens // 1000, "measured"
+            overhead, source = per_token * (tokens + final_tokens) // 1000, "measured"
         rest = 100 - self.pct
         owed = self.pct * overhead - self.balance - rest * rode_along * step
         need = max(0, -(-owed // (rest * step)))
