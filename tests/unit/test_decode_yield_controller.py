@@ -111,7 +111,7 @@ def test_a_measured_cycle_gives_the_share_and_the_next_window_closes_the_balance
     assert plan.source == "measured" and plan.overhead_ns == 10 * MS and plan.n == 5 + 4
 
 
-def test_the_balance_is_bounded_by_one_cycles_overhead_and_a_step_so_a_cap_runs_up_no_debt():
+def test_the_balance_is_bounded_by_one_cycles_overhead_and_a_probe_so_a_cap_runs_up_no_debt():
     ctl = controller.Controller(90, 4)  # pct 90 with a cap of 4 steps: every window short
     t = _stepped(ctl, 1 * MS)
     for _ in range(10):
@@ -119,7 +119,7 @@ def test_the_balance_is_bounded_by_one_cycles_overhead_and_a_step_so_a_cap_runs_
         assert n == 4
         t += 10 * MS + n * MS
         ctl.served(t, n)
-    assert -ctl.balance <= 90 * 10 * MS + 10 * 1 * MS  # one cycle's overhead and one step
+    assert -ctl.balance <= 90 * 10 * MS + 10 * 1 * MS * 2  # one cycle's overhead and a probe of two steps
 
 
 def test_a_window_that_was_not_served_resets_the_prompts_balance():
@@ -146,3 +146,35 @@ def test_the_floor_and_the_cap_bound_the_window():
     t = _stepped(ctl, 2 * MS)
     assert ctl.plan(t, PROMPT, 512, 0, 9, (1, 10)).n == 9  # the configured interval is a floor
     assert ctl.plan(t, PROMPT, 512, 0, 0, (100, 1)).n == 6  # the cap
+
+
+def test_in_the_overlap_loop_three_step_probes_are_repaid_and_the_low_share_holds():
+    """The overlap loop (a step alone needs three decode passes in a row) at pct 20, a chunk of 1.5
+    steps and an alternation of half a step: windows are 0 or 1 step, every stale reference is
+    refreshed by a probe of three, and the balance carries each probe's extra steps in full, so the
+    share at the streams' rate alone holds over 300 cycles."""
+    ctl = controller.Controller(20, 128)
+    t = 0
+    for _ in range(6):  # the streams alone before the prompt
+        ctl.on_pass(t, 3)
+        ctl.ran(True)
+        t += 10 * MS
+    ctl.on_pass(t, 3)
+    streams = wall = 0
+    windows = []
+    for _ in range(300):
+        start = t
+        n = ctl.plan(t, PROMPT, 64, 0, 0, (15, 10)).n
+        windows.append(n)
+        ctl.ran(False)
+        t += 15 * MS  # the chunk
+        for i in range(n):
+            ctl.on_pass(t, 3)
+            ctl.ran(True)
+            t += (15 if i == 0 else 10) * MS
+        ctl.on_pass(t, 3)
+        ctl.ran(False)
+        ctl.served(t, n)
+        streams, wall = streams + n * 10 * MS, wall + t - start
+    assert 3 in windows and set(windows) <= {0, 1, 2, 3}
+    assert abs(streams / wall - 0.20) <= 0.02, streams / wall

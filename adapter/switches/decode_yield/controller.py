@@ -36,10 +36,11 @@ The scheduler's own passes are the clock's samples. Every pass stamps the time i
   so rounding is carried (the balance keeps the fraction of a step the last window gave beyond
   its share), a mismeasured or slow cycle is repaid by the next window, and a step change in either
   cost is followed in the estimate and corrected in the share. ``N`` is bounded by the configured
-  interval (floor) and the cap; the balance is clamped to one cycle's overhead plus one step
-  either way, so a floor, a cap or a spike never runs up a debt or a credit that later windows
-  would pay back for minutes, while the fraction of a step a window rounds up is carried in full
-  (at pct 20 with a chunk of two steps a one-step window gives the share of four cycles). A window that did not give what it planned (streams or prompt gone, ``min_bs``)
+  interval (floor) and the cap; the balance is clamped to one cycle's overhead plus a probe's
+  steps either way, so a floor, a cap or a spike never runs up a debt or a credit that later
+  windows would pay back for minutes, while the fraction of a step a window rounds up, and a
+  probe's extra steps, are carried in full (at pct 20 with a chunk of two steps a one-step window
+  gives the share of four cycles). A window that did not give what it planned (streams or prompt gone, ``min_bs``)
   is not a cycle and resets the balance; the estimates live for the boot.
 
 No window follows the prompt's final chunk (its first token does), so the window before it also
@@ -205,9 +206,11 @@ class Controller:
         overhead = max(0, elapsed - got)
         self.overhead_per_token.add(overhead * 1000 // max(tokens, 1))
         self.balance += (100 - self.pct) * got - self.pct * overhead
-        # one cycle's overhead, plus one step: a window rounds up by less than a step, and that
-        # fraction is carried in full (at a low pct a one-step window gives several cycles' share)
-        bound = self.pct * max(overhead, self.overhead_per_token.value() * tokens // 1000) + (100 - self.pct) * step
+        # one cycle's overhead, plus a probe's steps: a window rounds up by less than a step and a
+        # probe gives at most its length beyond the share, and both are carried in full (at a low
+        # pct a one-step window gives several cycles' share)
+        bound = (self.pct * max(overhead, self.overhead_per_token.value() * tokens // 1000)
+                 + (100 - self.pct) * step * self._need_run)
         self.balance = max(-bound, min(bound, self.balance))
         self._given_ns += got
         self._elapsed_ns += elapsed
