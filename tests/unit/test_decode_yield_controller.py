@@ -178,3 +178,26 @@ def test_in_the_overlap_loop_three_step_probes_are_repaid_and_the_low_share_hold
         streams, wall = streams + n * 10 * MS, wall + t - start
     assert 3 in windows and set(windows) <= {0, 1, 2, 3}
     assert abs(streams / wall - 0.20) <= 0.02, streams / wall
+
+
+def test_a_descheduled_probe_step_joins_the_median_instead_of_replacing_it():
+    """A probe's step alone that took longer than the first steps after chunks (the OS took the core
+    away: 380 ms against 15 ms) does not become the reference on its own."""
+    ctl = controller.Controller(20, 128)
+    t = _stepped(ctl, 10 * MS)
+    for _ in range(controller.FRESH_CYCLES + 1):  # one-step windows: the step alone goes stale
+        ctl.plan(t, PROMPT, 64, 0, 0, (15, 10))
+        ctl.ran(False)
+        t += 15 * MS
+        ctl.on_pass(t, 2)
+        ctl.ran(True)
+        t += 15 * MS
+        ctl.on_pass(t, 2)
+        ctl.ran(False)
+        ctl.served(t, 1)
+    assert not ctl.fresh()
+    ctl.ran(True)  # two decode passes in a row, the second descheduled
+    ctl.on_pass(t + 15 * MS, 2)
+    ctl.ran(True)
+    ctl.on_pass(t + 395 * MS, 2)
+    assert ctl.step_ns() == 10 * MS and len(ctl.alone.samples) == 5

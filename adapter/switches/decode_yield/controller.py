@@ -136,9 +136,13 @@ class Controller:
         if self._last_t is not None and self._decode_run >= 1:
             self.any_step.add(t - self._last_t)
             if self._decode_run >= need_run:
-                if not self.fresh():  # the samples before a stale gap are another speed's (a probe's sample replaces them)
+                sample = t - self._last_t
+                # after a stale gap the samples before it are another speed's, and a probe's sample
+                # replaces them, unless it is slower than a first step after a chunk (a
+                # descheduled step: then it only joins the median)
+                if not self.fresh() and sample <= (self.any_step.value() or sample):
                     self.alone.samples.clear()
-                self.alone.add(t - self._last_t)
+                self.alone.add(sample)
                 self._alone_at = self._cycles
         self._last_t = t
 
