@@ -76,22 +76,40 @@ def _republish_under_host_held_full(kit: rc.CacheKit, toks: rc.Tokens) -> list[i
     return history
 
 
-def test_under_write_back_a_republished_window_is_dropped_on_both_tiers_and_a_retry_matches_short():
-    """Stock 0.5.23: the window at H is on device only while H's Full KV is on host, so the SWA
-    walk tombstones it without a backup; a third retry from H keeps nothing of H's context."""
-    kit = rc.build(GEOMETRY, hicache=rc.HiCache(ratio=2.0, write_policy="write_back"))
+def _still_lost(kit: rc.CacheKit, window: demote.DroppedWindow) -> bool:
+    """The node is still there with its Full KV on device, and its window on neither tier."""
+    return kit.node_at(window.tokens) == window.node_id and not any(
+        _tiers(_node_at(kit, window.tokens))[t] for t in ("swa_device", "swa_host"))
+
+
+@pytest.mark.parametrize("policy", ["write_back", "write_through"])
+def test_a_republished_window_under_host_held_full_kv_is_dropped_on_both_tiers_and_a_resume_there_matches_short(policy):
+    """Stock 0.5.23. Write-back: the window at H is on device only while H's Full KV is on host, so
+    the SWA walk tombstones it without a backup; a third retry from H keeps nothing of H's context.
+    Write-through backed H's window up at insert, but each chunk checkpoint of the second retry
+    (128, 256) republished the two pages before it and backed up only the target's (within one
+    window of it): the windows ending at 112 and 240 are dropped, and a request branching at 112
+    matches short of it."""
+    kit = rc.build(GEOMETRY, hicache=rc.HiCache(ratio=2.0, write_policy=policy))
     toks = rc.Tokens()
     history = _republish_under_host_held_full(kit, toks)
-    assert _tiers(_node_at(kit, history)) == {"full_device": True, "full_host": True, "swa_device": True,
-                                              "swa_host": False}
+    h_tiers = _tiers(_node_at(kit, history))
+    assert h_tiers == {"full_device": True, "full_host": True, "swa_device": True,
+                       "swa_host": policy != "write_back"}
     with demote.record_dropped_windows() as dropped:
         kit.evict(swa=GEOMETRY.swa_tokens)
-    node = _node_at(kit, history)
-    assert _tiers(node) == {"full_device": True, "full_host": True, "swa_device": False, "swa_host": False}
-    assert node.id in {w.node_id for w in dropped.with_full_on_host}
-    req = kit.admit(history + toks.fresh(32))
-    assert kit.node_at(history) == node.id  # the Full KV up to H is on device
-    assert req.prefix_len == 0 < len(history)
+    lost = [w for w in dropped.with_full_on_host if _still_lost(kit, w)]
+    assert lost, policy
+    if policy == "write_back":
+        node = _node_at(kit, history)
+        assert node.id in {w.node_id for w in lost}
+        req = kit.admit(history + toks.fresh(32))
+        assert kit.node_at(history) == node.id  # the Full KV up to H is on device
+        assert req.prefix_len == 0 < len(history)
+    else:
+        assert [len(w.tokens) for w in lost] == [112, 240]
+        req = kit.admit(lost[0].tokens + toks.fresh(32))
+        assert req.prefix_len < len(lost[0].tokens)
     kit.cache.sanity_check()
 
 
@@ -151,9 +169,7 @@ def test_at_steady_state_write_back_and_write_through_drop_windows_whose_full_kv
     with demote.record_dropped_windows() as dropped:
         _mixed_traffic(kit, units=80)
     assert dropped.with_full_on_host, policy
-    lost = [w for w in dropped.with_full_on_host
-            if kit.node_at(w.tokens) == w.node_id and not any(_tiers(_node_at(kit, w.tokens))[t]
-                                                              for t in ("swa_device", "swa_host"))]
+    lost = [w for w in dropped.with_full_on_host if _still_lost(kit, w)]
     assert lost, policy
     req = kit.admit(lost[-1].tokens + rc.Tokens(start=9_000_000).fresh(PAGE))
     assert req.prefix_len < len(lost[-1].tokens)
