@@ -118,8 +118,8 @@ def test_with_pr_40712s_demotion_the_retry_resumes_at_h_with_the_device_windows_
     """The same sequence with the window backed up before its tombstone: the retry's match reaches
     H (what a device hit gives: page_floor(len(H))), the load-back restores the window, and its
     rows are byte-identical to what the device held (the freed slots are scrubbed in between, so
-    the bytes come from host). Write-through backs the republished window up at insert in this
-    sequence (it lies within a window of the insert's target), so there H resumes without it too."""
+    the bytes come from host). Write-through backs H's republished window up at insert in this
+    sequence, so there H resumes without the demotion too (it closes the windows at 112 and 240)."""
     kit = rc.build(GEOMETRY, hicache=rc.HiCache(ratio=2.0, write_policy=policy))
     toks = rc.Tokens()
     history = _republish_under_host_held_full(kit, toks)
