@@ -190,3 +190,10 @@ def test_at_steady_state_write_through_selective_drops_only_windows_whose_full_k
     with demote.record_dropped_windows() as dropped:
         _mixed_traffic(kit, units=80)
     assert dropped.windows and dropped.with_full_on_host == []
+
+
+def test_the_demotion_experiment_refuses_when_an_upstream_function_it_relies_on_has_drifted(monkeypatch):
+    target = next(iter(demote.PINS))
+    monkeypatch.setitem(demote.PINS, target, "0" * 64)
+    with pytest.raises(demote.ExperimentDrifted, match=target.rpartition(":")[2]), demote.demote_host_backed_windows():
+        pass
