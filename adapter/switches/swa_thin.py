@@ -45,6 +45,18 @@ answer stays stock's False; nothing upstream but that function reads the count),
 demotions are the same under every write policy (``tests/upstream/test_swa_thin_hicache.py``).
 Measured beside HiCache: ``python -m adapter bench swa-thin-hicache`` (docs/benchmarks.md).
 
+Left stock beside HiCache: an inner node whose Full KV is on host and whose window is on device
+only loses the window on both tiers at its SWA tombstone, under every write policy (0.5.23 backs
+an inner window up there only under write-back and only while the node's Full KV is not on host;
+write-through backs a window up at insert only within one window of the insert's target). A node
+gets there once the SWA host tier is full: its host copy was evicted for room, then a request
+recomputed through it (``tests/upstream/test_hicache_swa_window_drop.py``). Upstream PR #40712
+demotes such windows to host under write-back; this switch does not, under any policy: with the
+host tier full each demotion first evicts the host's oldest SWA entries (a host-only leaf goes
+whole, Full KV included), and on the cache kit that recomputed more, not less, under write-through
+(the datacenter profile's policy) and under write-back on mixed traffic
+(``python -m adapter bench swa-host-demote``).
+
 Receipts: ``installed tree_core=python backend_set_by=overlay|operator``; every 1024 hooked inserts
 ``[dsv41] swa_thin demoted hooked=.. demoting_inserts=.. demoted_nodes=..``.
 

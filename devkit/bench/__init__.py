@@ -16,5 +16,6 @@ BENCHMARKS = {
     "admission": "devkit.bench.admission:run",
     "metrics-overhead": "devkit.bench.metrics_overhead:run",
     "hicache": "devkit.bench.hicache:run",
+    "swa-host-demote": "devkit.bench.swa_host_demote:run",
     # -- end of benchmarks --
 }
