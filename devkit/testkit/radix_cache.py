@@ -126,10 +126,10 @@ _ROUTED: list[bool] = []
 
 def route_hicache() -> None:
     """The engine kit's HiCache routes, applied in this process once (the server gets them from the
-    ``sgl_kernel`` stand-in's finder): host pools allocate without ``cudaHostRegister`` and the host
-    pool modules bind the stand-in's pure-torch ``kvcacheio`` copy ops, each route checked against
-    its pins first. Loaded by path: importing the stand-in package would reroute this process's
-    attention backends."""
+    ``sgl_kernel`` stand-in's finder): host pools allocate without ``cudaHostRegister``, the host
+    pool modules bind the stand-in's pure-torch ``kvcacheio`` copy ops and their L3 landing pages
+    are unpinned, each route checked against its pins first. Loaded by path: importing the
+    stand-in package would reroute this process's attention backends."""
     if _ROUTED:
         return
     import importlib.util
@@ -149,9 +149,7 @@ def route_hicache() -> None:
     route.ROUTES[route.HOST_MEMORY](common)
     for module in (mha, memory_pool_host):
         route.check_pins(module.__name__)
-        for name in route.HOST_POOL_OPS[module.__name__]:
-            if name not in vars(module):  # bound by upstream on CUDA/ROCm: leave it
-                setattr(module, name, getattr(kvcacheio, name))
+        route.route_host_pool_ops(module, kvcacheio)
     _ROUTED.append(True)
 
 
