@@ -29,6 +29,17 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STUB_PATH = Path(__file__).resolve().parent / "stub"
 READY_LINE = "The server is fired up"
+
+
+def load_stub_module(name: str):
+    """One module of the ``sgl_kernel`` stand-in (``_route``, ``kvcacheio``, ...) loaded by path, for
+    in-process tests: importing the stand-in package would reroute this process's attention backends."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"dsv41_stub_{name}", STUB_PATH / "sgl_kernel" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 # CPU engine defaults: the CPU path, one thread per process (2-core machines), nothing from the net.
 BASE_ENV = {
     "SGLANG_USE_CPU_ENGINE": "1",

@@ -132,20 +132,12 @@ def route_hicache() -> None:
     stand-in package would reroute this process's attention backends."""
     if _ROUTED:
         return
-    import importlib.util
-
     from sglang.srt.mem_cache import memory_pool_host
     from sglang.srt.mem_cache.pool_host import common, mha
 
-    from devkit.engine_kit.launcher import STUB_PATH
+    from devkit.engine_kit.launcher import load_stub_module
 
-    def load(name: str) -> Any:
-        spec = importlib.util.spec_from_file_location(f"dsv41_stub_{name}", STUB_PATH / "sgl_kernel" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-
-    route, kvcacheio = load("_route"), load("kvcacheio")
+    route, kvcacheio = load_stub_module("_route"), load_stub_module("kvcacheio")
     route.ROUTES[route.HOST_MEMORY](common)
     for module in (mha, memory_pool_host):
         route.check_pins(module.__name__)
