@@ -29,6 +29,14 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STUB_PATH = Path(__file__).resolve().parent / "stub"
 READY_LINE = "The server is fired up"
+# CPU engine defaults: the CPU path, one thread per process (2-core machines), nothing from the net.
+BASE_ENV = {
+    "SGLANG_USE_CPU_ENGINE": "1",
+    "OMP_NUM_THREADS": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
 
 
 def load_stub_module(name: str):
@@ -40,14 +48,6 @@ def load_stub_module(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-# CPU engine defaults: the CPU path, one thread per process (2-core machines), nothing from the net.
-BASE_ENV = {
-    "SGLANG_USE_CPU_ENGINE": "1",
-    "OMP_NUM_THREADS": "1",
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "TOKENIZERS_PARALLELISM": "false",
-}
 
 
 class ServerFailed(RuntimeError):

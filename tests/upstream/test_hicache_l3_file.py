@@ -154,3 +154,12 @@ def test_hicachefile_writes_host_pages_and_reads_them_back_into_other_rows_byte_
         for j in range(2):
             back = pool.get_data_page(int(read[name][j * pool.page_size]), flat=True)
             assert back.view(torch.uint8).equal(written[name][j].view(torch.uint8)), (name, j)
+
+
+def test_routing_twice_keeps_one_route_over_sglangs_body(routed):
+    from sglang.srt.mem_cache.pool_host import mha
+
+    routed.route_dummy_page(mha.MHATokenToKVPoolHost)  # the finder and an in-process kit can both route
+    page = mha.MHATokenToKVPoolHost.get_dummy_flat_data_page
+    assert page.__wrapped__.__qualname__ == "MHATokenToKVPoolHost.get_dummy_flat_data_page"
+    assert inspect.getsource(page.__wrapped__).lstrip().startswith("def get_dummy_flat_data_page")

@@ -146,6 +146,8 @@ def route_dummy_page(cls) -> None:
     """``cls.get_dummy_flat_data_page`` runs SGLang's own body on an unpinned view of the pool: same
     shape, dtype and device, host memory that needs no CUDA driver (nothing to pin for on CPU)."""
     original = cls.get_dummy_flat_data_page
+    if getattr(original, "__wrapped__", None) is not None:  # routed already (install() runs per import)
+        return
 
     def get_dummy_flat_data_page(self):
         return original(_Unpinned(self))
