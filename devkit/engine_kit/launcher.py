@@ -39,6 +39,17 @@ BASE_ENV = {
 }
 
 
+def load_stub_module(name: str):
+    """One module of the ``sgl_kernel`` stand-in (``_route``, ``kvcacheio``, ...) loaded by path, for
+    in-process tests: importing the stand-in package would reroute this process's attention backends."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"dsv41_stub_{name}", STUB_PATH / "sgl_kernel" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 class ServerFailed(RuntimeError):
     """The server did not come up (exited, or not ready in time); everything it started is stopped."""
 

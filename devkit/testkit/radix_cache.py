@@ -126,32 +126,22 @@ _ROUTED: list[bool] = []
 
 def route_hicache() -> None:
     """The engine kit's HiCache routes, applied in this process once (the server gets them from the
-    ``sgl_kernel`` stand-in's finder): host pools allocate without ``cudaHostRegister`` and the host
-    pool modules bind the stand-in's pure-torch ``kvcacheio`` copy ops, each route checked against
-    its pins first. Loaded by path: importing the stand-in package would reroute this process's
-    attention backends."""
+    ``sgl_kernel`` stand-in's finder): host pools allocate without ``cudaHostRegister``, the host
+    pool modules bind the stand-in's pure-torch ``kvcacheio`` copy ops and their L3 landing pages
+    are unpinned, each route checked against its pins first. Loaded by path: importing the
+    stand-in package would reroute this process's attention backends."""
     if _ROUTED:
         return
-    import importlib.util
-
     from sglang.srt.mem_cache import memory_pool_host
     from sglang.srt.mem_cache.pool_host import common, mha
 
-    from devkit.engine_kit.launcher import STUB_PATH
+    from devkit.engine_kit.launcher import load_stub_module
 
-    def load(name: str) -> Any:
-        spec = importlib.util.spec_from_file_location(f"dsv41_stub_{name}", STUB_PATH / "sgl_kernel" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-
-    route, kvcacheio = load("_route"), load("kvcacheio")
+    route, kvcacheio = load_stub_module("_route"), load_stub_module("kvcacheio")
     route.ROUTES[route.HOST_MEMORY](common)
     for module in (mha, memory_pool_host):
         route.check_pins(module.__name__)
-        for name in route.HOST_POOL_OPS[module.__name__]:
-            if name not in vars(module):  # bound by upstream on CUDA/ROCm: leave it
-                setattr(module, name, getattr(kvcacheio, name))
+        route.route_host_pool_ops(module, kvcacheio)
     _ROUTED.append(True)
 
 

@@ -8,11 +8,11 @@ Every phase resumes at the same prefix, so the distributions over the whole voca
 tokens computed on the loaded prefix must be bit-identical to the device hit's; on the DSV4 kits
 every byte of every page region the extend left in the pool must be too.
 
-L3 (strict xfail, a gap of the installed SGLang): the files are written, but after ``/flush_cache``
-SGLang's storage query finds no restorable prefix on either kit (Mellum: the stored SWA rows of the
-window before the resume point lack its first row, and the reader's trailing-window rule asks for all
-of them; DSV4: every pool's file of the boundary page is present, the query still reports a miss).
-The L3 tests pass the day that load happens and is exact.
+L3: ``/flush_cache`` leaves only the files; SGLang's storage query finds the prefix (Mellum: the
+window is 31 rows, ``sliding_window`` 32 minus the query's own), prefetches it into the host pools
+and loads it back. Each read lands in the host pool's ``get_dummy_flat_data_page``, which the
+``sgl_kernel`` stand-in allocates unpinned (upstream pins it, which needs a CUDA driver: before that
+route every L3 prefetch failed and was discarded as a miss).
 """
 
 from __future__ import annotations
@@ -64,10 +64,6 @@ def test_mellum_logits_on_a_prefix_loaded_back_from_host_equal_a_device_hit_bit_
     _same_logits(mellum, "host", tokens=2)
 
 
-L3_GAP = "SGLang 0.5.23's storage query finds no restorable prefix after /flush_cache (module docstring)"
-
-
-@pytest.mark.xfail(strict=True, reason=L3_GAP)
 def test_mellum_prefix_comes_back_from_the_file_l3_with_the_logits_of_a_device_hit(mellum):
     n = mellum["hit"]["cached_tokens"]
     assert _where(mellum["storage"]) == (0, 0, n)
@@ -123,7 +119,6 @@ def test_dsv4_kit_pool_regions_and_logits_after_host_load_back_equal_a_device_hi
     _check_dsv4_boot_and_host(dsv4)
 
 
-@pytest.mark.xfail(strict=True, reason=L3_GAP)
 def test_dsv4_kit_prefix_comes_back_from_the_file_l3_byte_for_byte(dsv4):
     _check_dsv4_l3(dsv4)
 
@@ -132,6 +127,5 @@ def test_v41_kit_pool_regions_and_logits_after_host_load_back_equal_a_device_hit
     _check_dsv4_boot_and_host(v41)
 
 
-@pytest.mark.xfail(strict=True, reason=L3_GAP)
 def test_v41_kit_prefix_comes_back_from_the_file_l3_byte_for_byte(v41):
     _check_dsv4_l3(v41)

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from types import SimpleNamespace
 
@@ -20,15 +19,7 @@ import torch
 
 from devkit.engine_kit import launcher
 
-STUB = launcher.STUB_PATH / "sgl_kernel"
-
-
-def _load(name: str):
-    # By path: importing the sgl_kernel package would reroute this process's attention backends.
-    spec = importlib.util.spec_from_file_location(f"dsv41_stub_{name}", STUB / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+_load = launcher.load_stub_module  # by path: importing the sgl_kernel package would reroute attention
 
 
 @pytest.fixture(scope="module")

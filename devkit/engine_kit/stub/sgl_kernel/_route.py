@@ -14,7 +14,11 @@ they are already imported). Tests and the gate only.
 * ``host_pool_ops`` (HiCache): the host pool modules import their copy ops from
   ``sgl_kernel.kvcacheio`` only under ``is_cuda() or is_hip()``; the route binds the same names from
   the stand-in's pure-torch :mod:`sgl_kernel.kvcacheio`, so the pools' own ``kernel`` / ``direct``
-  branches run unchanged.
+  branches run unchanged. The same route gives the host pools the kits build
+  (:data:`HOST_DUMMY_PAGES`) a ``get_dummy_flat_data_page`` that allocates unpinned: the page an L3
+  read lands in before ``set_from_flat_data_page`` copies it into the pool is ``torch.zeros(...,
+  pin_memory=self.pin_memory)`` (``pin_memory`` defaults to True), which needs a CUDA driver; without
+  this every L3 prefetch fails in the prefetch thread and SGLang discards it as a miss.
 
 What each route replaces or builds is pinned in :data:`PINS` (one finder, one pin rule with the
 overlay's own): a route whose upstream source drifted raises :class:`RouteRefused` naming it, so
@@ -50,6 +54,13 @@ HOST_POOL_OPS = {
         "transfer_kv_direct", "transfer_kv_per_layer_direct_pf_lf", "transfer_kv_per_layer_mla",
         "transfer_kv_per_layer_mla_pf_lf",
     ),
+}
+
+# The host pool classes the kits build whose ``get_dummy_flat_data_page`` (an L3 read's landing page)
+# allocates with ``pin_memory=self.pin_memory``: Mellum's MHA pools, DSV4's paged and state pools.
+HOST_DUMMY_PAGES = {
+    "sglang.srt.mem_cache.pool_host.mha": ("MHATokenToKVPoolHost",),
+    "sglang.srt.mem_cache.memory_pool_host": ("DeepSeekV4PagedHostPool", "DeepSeekV4StateHostPool"),
 }
 
 
@@ -119,12 +130,42 @@ def route_host_memory(module) -> None:
     module.ALLOC_MEMORY_FUNCS["cpu"] = alloc_unregistered
 
 
-def route_host_pool_ops(module) -> None:
-    from sgl_kernel import kvcacheio
+class _Unpinned:
+    """A host pool seen with ``pin_memory`` False: every other attribute is the pool's own."""
+
+    pin_memory = False
+
+    def __init__(self, pool) -> None:
+        self._pool = pool
+
+    def __getattr__(self, name):
+        return getattr(self._pool, name)
+
+
+def route_dummy_page(cls) -> None:
+    """``cls.get_dummy_flat_data_page`` runs SGLang's own body on an unpinned view of the pool: same
+    shape, dtype and device, host memory that needs no CUDA driver (nothing to pin for on CPU)."""
+    original = cls.get_dummy_flat_data_page
+    if getattr(original, "__wrapped__", None) is not None:  # routed already (install() runs per import)
+        return
+
+    def get_dummy_flat_data_page(self):
+        return original(_Unpinned(self))
+
+    get_dummy_flat_data_page.__wrapped__ = original
+    cls.get_dummy_flat_data_page = get_dummy_flat_data_page
+
+
+def route_host_pool_ops(module, kvcacheio=None) -> None:
+    """``kvcacheio``: the stand-in's op module when loaded by path (the in-process test kits)."""
+    if kvcacheio is None:
+        from sgl_kernel import kvcacheio
 
     for name in HOST_POOL_OPS[module.__name__]:
         if name not in vars(module):  # bound by upstream on CUDA/ROCm: leave it
             setattr(module, name, getattr(kvcacheio, name))
+    for name in HOST_DUMMY_PAGES[module.__name__]:
+        route_dummy_page(getattr(module, name))
 
 
 # What the routes replace or rely on, pinned like the overlay's own targets (the hash of
@@ -146,6 +187,16 @@ PINS = {
     "sglang.srt.mem_cache.memory_pool_host:DeepSeekV4PagedHostPool.backup_from_device_all_layer": "4aaefd1e42a838b13557265dcb83fca8c448d9a1f908a5d77d5d7757a5c8ce96",
     "sglang.srt.mem_cache.memory_pool_host:DeepSeekV4StateHostPool.load_to_device_per_layer": "ec17e5cd18c51c57a66e5788b76f52a058ac9d0664cc649dfcc21e3b635fa70a",
     "sglang.srt.mem_cache.memory_pool_host:DeepSeekV4StateHostPool.backup_from_device_all_layer": "ea8fc49e522fd172c48811257135e47225d6cce60852771cdfa3d9b7b75863ab",
+    # host_pool_ops, the L3 read's landing page of each pool in HOST_DUMMY_PAGES
+    "sglang.srt.mem_cache.pool_host.mha:MHATokenToKVPoolHost.get_dummy_flat_data_page": (
+        "aca7ac8f12a130dac8f01cd5d0f315f67f2963c3b23d4f4bc86af4bad21300e7"
+    ),
+    "sglang.srt.mem_cache.memory_pool_host:DeepSeekV4PagedHostPool.get_dummy_flat_data_page": (
+        "439a339bbcb786157da688c26a46c53d493d03db05070fafe7651c2abc5bf90b"
+    ),
+    "sglang.srt.mem_cache.memory_pool_host:DeepSeekV4StateHostPool.get_dummy_flat_data_page": (
+        "72d99971c518139956bd74049d7617a6302b1f27faa65ef59b403419f68e9827"
+    ),
 }
 
 
