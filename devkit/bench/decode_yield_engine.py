@@ -7,7 +7,8 @@ too): the streams' share, their tokens during the prefill timed at their own rat
 prefill's wall time, with that rate taken at the context they had (a stream's step grows with its
 context: :func:`devkit.engine_kit.workload.context_share` interpolates the rates before and after
 the prefill in decoded tokens); ``share_before_only`` is over the rate before, as the gate has it,
-and ``reference_drift`` how far the rates before and after are apart; the long prompt's time to
+and ``reference_drift`` how far the rates before and after are apart; ``share_loop``, the share
+the switch itself measured over each prompt (its DEBUG ``window`` lines: :func:`loop_shares`); the long prompt's time to
 first token (TTFT), and total throughput over that TTFT (stream tokens decoded plus prompt tokens
 prefilled, per second).
 
@@ -82,6 +83,7 @@ DSV4_QUICK = {"pcts": (50,), "rounds": 1, "boots": 1, "long": 8 * 256,
 CHUNK = 64
 MAX_TOTAL_TOKENS = 32768  # 4 streams x (32 + 4000) + the long prompt, never short of KV
 SHARE_TOL, TTFT_SLACK, SAME_SHARE = 0.03, 0.10, 0.05
+WINDOW_LINES = {"DSV41_DEBUG_LOG": "1"}  # the switch's window lines: the loop's own share (loop_shares)
 LOAD_SHARE_TOL = 0.05  # under a competing process
 UNDER_LOAD, OPEN_LOOP = "under load", "open loop"  # label words of the load rows
 ON_MIXED = "+ mixed chunk"  # the label's tail of a decode-yield boot with --enable-mixed-chunk
@@ -323,7 +325,32 @@ def boot_rounds(label: str, model: Path, w: Any, rounds: int, *, profile: dict[s
             clock.stop()
         result["leftover"] = server.stop()
         recorder.stop()
+    result["loop_shares"] = loop_shares(engine.out / f"{safe}.log")
     return result
+
+
+def loop_shares(log: Path) -> list[float]:
+    """The share each prompt's windows measured, as the switch's own ``window`` lines say it
+    (``prompt_share`` of a prompt's last served window; DEBUG lines, on with ``DSV41_DEBUG_LOG=1``):
+    the engine's view beside the client's, one value per chunked prompt the streams decoded beside."""
+    import re
+
+    shares: list[float] = []
+    last: float | None = None
+    if not log.is_file():
+        return shares
+    for line in log.read_text(errors="replace").splitlines():
+        if "decode_yield window" not in line:
+            continue
+        prefix, share = re.search(r" prefix=(\d+)", line), re.search(r" prompt_share=(\S+)", line)
+        if prefix and int(prefix.group(1)) == 0 and last is not None:  # a new prompt's first window
+            shares.append(last)
+            last = None
+        if share:
+            last = float(share.group(1))
+    if last is not None:
+        shares.append(last)
+    return shares
 
 
 def _serve_rounds(server: Any, w: Any, rounds: int, result: dict[str, Any], clock: SchedulerClock | None, safe: str,
@@ -493,17 +520,17 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
         ratio = cost_ratio(stock["fpm_log"], w.streams, engine.chunk)
         calibrations.append({"keys": keys, "cost_ratio": ratio})
         for pct in grid["pcts"]:  # the closed loop: no coefficients, nothing calibrated
-            boot(f"yield {pct}", profile={"DSV41_DECODE_YIELD": str(pct)})
+            boot(f"yield {pct}", profile={"DSV41_DECODE_YIELD": str(pct), **WINDOW_LINES})
     for label, how in grid["alternatives"]:
         if isinstance(how, dict):  # boot keywords as they are
             boot(label, **how)
         else:
             boot(label, **({"chunk": int(how.split("=")[1])} if isinstance(how, str) else {"extra": list(how)}))
     for pct in grid.get("on_mixed_chunk", ()):
-        boot(f"yield {pct} {ON_MIXED}", profile={"DSV41_DECODE_YIELD": str(pct)}, extra=["--enable-mixed-chunk"])
+        boot(f"yield {pct} {ON_MIXED}", profile={"DSV41_DECODE_YIELD": str(pct), **WINDOW_LINES}, extra=["--enable-mixed-chunk"])
     for pct in grid.get("under_load", ()):  # side by side: the closed loop, and the open loop fitted minutes before
         last = calibrations[-1]
-        boot(f"yield {pct} {UNDER_LOAD}", profile={"DSV41_DECODE_YIELD": str(pct)}, load=True)
+        boot(f"yield {pct} {UNDER_LOAD}", profile={"DSV41_DECODE_YIELD": str(pct), **WINDOW_LINES}, load=True)
         boot(f"yield {pct} {OPEN_LOOP} {UNDER_LOAD}", load=True,
              profile={"DSV41_DECODE_YIELD": str(pct), "DSV41_DECODE_YIELD_MODE": "model", **last["keys"]},
              )["calibration_ratio"] = last["cost_ratio"]
@@ -536,6 +563,9 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
             "rate_before": _median(rounds, "decode_rate_before"),
             "boots": len(ran),
             "boot_shares": [_median(b["rounds"], "share") for b in ran],
+            # the loop's own measure of each prompt (the switch's window lines), all boots
+            "share_loop": (statistics.median(v for b in ran for v in b.get("loop_shares") or [])
+                           if any(b.get("loop_shares") for b in ran) else None),
             "share_quarters": [statistics.median(r["share_quarters"][i] for r in rounds if r.get("share_quarters"))
                                for i in range(4)] if any(r.get("share_quarters") for r in rounds) else None,
             "chunk_growth": [chunk_growth(b["fpm_log"], w.streams, engine.chunk) for b in ran],
@@ -555,7 +585,7 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
     rows, rows_on_mixed, table, misses = [], [], [], []
     for label, s in summary.items():
         if "error" in s:
-            table.append([label, *["-"] * 16, f"did not run: {s['error'][:80]}"])
+            table.append([label, *["-"] * 17, f"did not run: {s['error'][:80]}"])
             continue
         verdict = ""
         if label.startswith("yield"):
@@ -590,7 +620,8 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
                          "share_before_only": s["share_before_only"], "reference_drift": s["reference_drift"],
                          "ttft_factor_in_boot": s["ttft_factor_in_boot"], "share_cpu": s["share_cpu"],
                          "ttft_cpu_factor": s["ttft_cpu_factor"], "cpu_targets_met": cpu_ok,
-                         "boot_shares": s["boot_shares"], "expected_share": s.get("expected_share"),
+                         "boot_shares": s["boot_shares"], "share_loop": s["share_loop"],
+                         "expected_share": s.get("expected_share"),
                          "share_quarters": s["share_quarters"], "quarters_ok": quarters_ok,
                          "chunk_growth": s["chunk_growth"],
                          "matching_k": matching_k[0] if matching_k else None,
@@ -602,7 +633,7 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
 
         ratios = [r for r in s["cost_ratio"] if r is not None]
         table.append([label, f(s["reference_drift"], ".2f"), f(s["share"], ".3f"), f(s["share_before_only"], ".3f"),
-                      "/".join(f(v, ".2f") for v in s["boot_shares"]),
+                      "/".join(f(v, ".2f") for v in s["boot_shares"]), f(s["share_loop"], ".3f"),
                       f(s.get("expected_share"), ".3f"), f(s["share_cpu"], ".3f"), f(s["ttft_s"], ".2f"),
                       f(s["alone_s"], ".2f"), f(s["ttft_factor"], ".2f"), f(s["ttft_factor_in_boot"], ".2f"),
                       f(s["ttft_cpu_factor"], ".2f"),
@@ -610,7 +641,7 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
                       f(s["rate_before"], ".1f"), f(s["throughput"], ".0f"),
                       "/".join(f(q, ".2f") for q in s["share_quarters"] or []) or "-",
                       "/".join(f(g, ".2f") for g in s["chunk_growth"]), verdict])
-    header = ["boot", "drift", "share", "before_only", "per boot", "expected", "share_cpu", "ttft_s", "alone_s", "ttft_x", "ttft_x_in_boot",
+    header = ["boot", "drift", "share", "before_only", "per boot", "loop", "expected", "share_cpu", "ttft_s", "alone_s", "ttft_x", "ttft_x_in_boot",
               "ttft_cpu_x", "ratio/cal", "rate_before", "tok/s", "quarters", "chunk_growth", "target"]
     say(_table(table, header))
     load = os.getloadavg()

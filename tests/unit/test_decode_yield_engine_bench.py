@@ -220,3 +220,16 @@ def test_the_context_share_times_the_streams_tokens_at_their_rate_alone_at_the_c
     assert found["share_quarters_context"] == [round(100 * (1 / 400 + (1 / 400) * 450 / 1000), 4),
                                                round(100 * (1 / 400 + (1 / 400) * 550 / 1000), 4)]
     assert context_share({"before": (400.0, 400.0), "after": (0.0, 1400.0)}, [0.0, 2.0], decoded) == {}
+
+
+def test_the_loop_share_of_each_prompt_is_its_last_window_lines_prompt_share(tmp_path):
+    """One value per chunked prompt: the last ``prompt_share`` before the next prompt's first
+    window (prefix 0), and the last one in the log."""
+    line = "[dsv41] decode_yield window mode=measured target=50 chunk=64 prefix={} rows=4 n=2 prompt_share={} rank=tp0"
+    log = tmp_path / "yield-50.log"
+    log.write_text("\n".join([
+        "server started", line.format(0, 0.41), line.format(64, 0.48), line.format(128, 0.502),
+        "[dsv41] decode_yield window mode=measured target=50 chunk=64 prefix=0 rows=4 n=0 ended=prompt_gone rank=tp0",
+        line.format(64, 0.497), "shutdown"]))
+    assert bench.loop_shares(log) == [0.502, 0.497]
+    assert bench.loop_shares(tmp_path / "none.log") == []
