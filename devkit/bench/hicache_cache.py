@@ -3,17 +3,19 @@
 A server boot costs 30-150 s on this machine, so no run that boots one stays under a minute. This
 form drives the cache kit (:mod:`devkit.testkit.radix_cache`: the real ``UnifiedRadixCache`` with
 ``init_hicache``, SGLang's host pools, controller and transfers on the engine kit's CPU routes) at a
-scaled DSV4 shape (page 16, window 8, chunk 128, SWA pool 2,048 tokens). No model runs: there are
-no logits and no forward time, so ``logprob_max_diff`` and ``ttft_s`` are null in its rows.
+scaled DSV4 shape (page 16, window 8, chunk 128, SWA pool 1,024 tokens), sized so that its rows
+take about 12 s and the whole run, imports included, about 30 s under this machine's usual load.
+No model runs: there are no logits and no forward time, so ``logprob_max_diff`` and ``ttft_s`` are
+null in its rows.
 
 Workloads (each row builds a fresh cache):
 
-* ``idle_swa``: two idle 4,096-token sessions, then 8x the SWA pool of other traffic (sub-agent
-  turns and new 8K sessions) with a Full pool of 1M tokens: only the sessions' windows go;
-* ``idle_full``: the same with a Full pool of 24K tokens: the churn evicts their Full KV too;
-* ``agent``: four sessions share a 2,048-token system prompt (each adds its own 256-token first
+* ``idle_swa``: two idle 2,048-token sessions, then 8x the SWA pool of other traffic (sub-agent
+  turns and new 4K sessions) with a Full pool of 1M tokens: only the sessions' windows go;
+* ``idle_full``: the same with a Full pool of 8K tokens: the churn evicts their Full KV too;
+* ``agent``: four sessions share a 1,024-token system prompt (each adds its own 256-token first
   message), take three turns each in rotation (+128 tokens a turn), with one SWA pool of other
-  traffic before every turn; Full pool 24K.
+  traffic before every turn; Full pool 8K.
 
 Rows: ``stock``; ``stock_hicache`` (write-through, the server's default policy, host 4x the device
 pools); ``stock_hicache_small`` (host 0.5x: the host evicts too); ``profile`` (SWA thin, the one
@@ -36,11 +38,11 @@ from typing import Any
 
 from devkit.testkit import radix_cache as rc
 
-PAGE, WINDOW, CHUNK, SWA_POOL = 16, 8, 128, 2048
-IDLE_LEN, LONG_LEN, NEW_TURN = 4096, 8192, 128
+PAGE, WINDOW, CHUNK, SWA_POOL = 16, 8, 128, 1024
+IDLE_LEN, LONG_LEN, NEW_TURN = 2048, 4096, 128
 TRAFFIC = 8 * SWA_POOL  # SWA slots of other traffic before the idle sessions resume
-FULL_POOL = {"idle_swa": 1 << 20, "idle_full": 24 * 1024, "agent": 24 * 1024}
-SYSTEM, FIRST_MESSAGE, SESSIONS, TURNS = 2048, 256, 4, 3
+FULL_POOL = {"idle_swa": 1 << 20, "idle_full": 8 * 1024, "agent": 8 * 1024}
+SYSTEM, FIRST_MESSAGE, SESSIONS, TURNS = 1024, 256, 4, 3
 ROWS = (  # name, thin, HiCache
     ("stock", False, None),
     ("stock_hicache", False, rc.HiCache(ratio=4.0, write_policy="write_through")),
