@@ -3,8 +3,9 @@
 A server boot costs 30-150 s on this machine, so no run that boots one stays under a minute. This
 form drives the cache kit (:mod:`devkit.testkit.radix_cache`: the real ``UnifiedRadixCache`` with
 ``init_hicache``, SGLang's host pools, controller and transfers on the engine kit's CPU routes) at a
-scaled DSV4 shape (page 16, window 8, chunk 128, SWA pool 1,024 tokens), sized so that its rows
-take about 12 s and the whole run, imports included, about 30 s under this machine's usual load.
+scaled DSV4 shape (page 16, window 8, chunk 128, SWA pool 1,024 tokens), sized so that the run
+stays under a minute on this shared machine (measured 20 s at load 1.7, 44 s at load 5; the
+imports are about half of it).
 No model runs: there are no logits and no forward time, so ``logprob_max_diff`` and ``ttft_s`` are
 null in its rows.
 
@@ -24,8 +25,10 @@ profile switch that acts at cache level; cone replay and decode yield need a for
 L3 prefetch, so ``loaded_from_l3`` is 0 by construction (the server form has the L3 row).
 
 Per row: history tokens prefilled again on the resumed turns (``recomputed``: prompt minus the
-matched prefix minus the turn's new tokens), KV tokens loaded back host->device for them
-(``loaded_from_host``, Full pool, what the cache's load-back reported), and over the whole row the
+matched prefix minus the turn's new tokens), prefix tokens served through a host load-back
+(``loaded_from_host``: what ``init_load_back`` added to the prefix, as the server's
+``cached_tokens_details["host"]`` counts it: a load-back of a window alone counts the whole prefix
+it made usable), and over the whole row the
 KV tokens and bytes HiCache copied each way (its ``metrics_collector`` calls: ``d2h`` / ``h2d``
 tokens per pool, ``kv`` = Full and ``swa``, and bytes of the kit's pools).
 """
