@@ -59,14 +59,12 @@ WHY_NULL = "form cache: no model runs, so no TTFT and no logprobs (the server fo
 def _traffic(kit: rc.CacheKit, tok: rc.Tokens, rng: random.Random, slots: int) -> None:
     """Other traffic until ``slots`` SWA slots were handed out: sub-agents (a chunked turn and a
     short follow-up) and, every sixth unit, a new long session."""
+    from devkit.bench.swa_thin_hicache import traffic_unit  # sized in pages of 16 tokens, this form's PAGE
+
     start, unit = kit.swa_alloc_tokens, 0
     while kit.swa_alloc_tokens - start < slots:
         unit += 1
-        if unit % 6 == 0:
-            kit.run_turn(tok.fresh(LONG_LEN), PAGE)
-        else:
-            first = kit.run_turn(tok.fresh(rng.randint(16, 48) * PAGE), rng.randint(1, 4) * PAGE)
-            kit.run_turn(first.history + tok.fresh(rng.randint(2, 8) * PAGE), rng.randint(1, 4) * PAGE)
+        traffic_unit(kit, tok, rng, unit, LONG_LEN)
 
 
 def _idle(kit: rc.CacheKit, tok: rc.Tokens, rng: random.Random) -> list[rc.TurnResult]:
