@@ -42,9 +42,10 @@ ROWS = (  # name, thin, HiCache
 )
 
 
-def _traffic_unit(kit: rc.CacheKit, tok: rc.Tokens, rng: random.Random, unit: int) -> None:
+def traffic_unit(kit: rc.CacheKit, tok: rc.Tokens, rng: random.Random, unit: int, long_len: int = LONG_LEN) -> None:
+    """One unit of other traffic (also ``bench hicache --quick``'s, at its own ``long_len``)."""
     if unit % 6 == 0:  # a new long session: one chunked turn
-        kit.run_turn(tok.fresh(LONG_LEN), PAGE)
+        kit.run_turn(tok.fresh(long_len), PAGE)
     else:  # a sub-agent: a chunked turn and a short follow-up turn
         first = kit.run_turn(tok.fresh(rng.randint(16, 48) * PAGE), rng.randint(1, 4) * PAGE)
         kit.run_turn(first.history + tok.fresh(rng.randint(2, 8) * PAGE), rng.randint(1, 4) * PAGE)
@@ -68,7 +69,7 @@ def run_row(form: str, thin: bool, hicache: rc.HiCache | None, traffic: int, see
     start, unit = kit.swa_alloc_tokens, 0
     while kit.swa_alloc_tokens - start < traffic:
         unit += 1
-        _traffic_unit(kit, tok, rng, unit)
+        traffic_unit(kit, tok, rng, unit)
     counter = kit.cache.metrics_collector
     h2d_before = _h2d(counter)
     resumed = [kit.run_turn(history + tok.fresh(NEW_TURN), PAGE) for history in idle]

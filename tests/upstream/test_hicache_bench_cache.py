@@ -1,0 +1,52 @@
+"""``bench hicache --quick`` (form ``cache``): its rows on SGLang's real ``UnifiedRadixCache`` with
+HiCache attached, checked against what each tier must do on the idle-session workload whose churn
+presses the Full pool."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from devkit.bench import hicache
+from devkit.bench import hicache_cache as cache_form
+from devkit.testkit import radix_cache as rc
+
+ROOT = Path(__file__).resolve().parents[2]
+HISTORY = 2 * (cache_form.IDLE_LEN + cache_form.PAGE)  # two idle sessions: prompt + one page of output each
+
+
+def test_full_pool_churn_costs_stock_both_histories_and_a_large_host_tier_loads_them_back_whole():
+    stock = cache_form.run_row("idle_full", False, None)
+    hicache = cache_form.run_row("idle_full", False, rc.HiCache(ratio=4.0, write_policy="write_through"))
+    assert stock["recomputed"] == HISTORY and stock["loaded_from_host"] == 0
+    assert stock["d2h_tokens"] == stock["h2d_tokens"] == {} and stock["bytes_d2h"] == stock["bytes_h2d"] == 0
+    assert hicache["recomputed"] == 0 and hicache["loaded_from_host"] == HISTORY
+    # the Full KV came back from host (every history token), the windows too; write-through backed up the Full pool
+    assert hicache["h2d_tokens"]["kv"] == HISTORY and hicache["h2d_tokens"]["swa"] > 0
+    assert hicache["d2h_tokens"]["kv"] >= HISTORY and hicache["bytes_h2d"] > 0 and hicache["bytes_d2h"] > 0
+    assert stock["leak"] == hicache["leak"] == 0
+
+
+def test_a_host_tier_half_the_device_pools_loses_the_idle_sessions_to_the_same_churn():
+    small = cache_form.run_row("idle_full", False, rc.HiCache(ratio=0.5, write_policy="write_through"))
+    assert small["recomputed"] == HISTORY and small["loaded_from_host"] == 0 and small["h2d_tokens"] == {}
+    assert small["d2h_tokens"]["kv"] > 0 and small["leak"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.spawns
+def test_the_quick_run_says_it_ran_the_cache_form_and_its_last_line_keeps_the_row_schema():
+    out = subprocess.run([sys.executable, "-m", "adapter", "bench", "hicache", "--quick"], capture_output=True,
+                         text=True, timeout=600, cwd=ROOT, check=True).stdout.splitlines()
+    figures = json.loads(out[-1])
+    assert figures["bench"] == "hicache" and figures["quick"] is True and figures["form"] == "cache"
+    hicache.check_rows(figures["rows"])
+    rows = {(r["workload"], r["name"]): r for r in figures["rows"]}
+    assert {w for w, _ in rows} == {"idle_swa", "idle_full", "agent"}
+    assert all(r["ttft_s"] is None and r["logprob_max_diff"] is None for r in rows.values())
+    assert any(line.startswith("form cache (SGLang's UnifiedRadixCache + HiCache in-process") for line in out)
+    assert rows["idle_full", "stock"]["recomputed"] == HISTORY and rows["idle_full", "stock_hicache"]["recomputed"] == 0
