@@ -108,10 +108,10 @@ def test_a_low_share_with_a_cheap_chunk_holds_its_share_over_windows_of_zero_or_
 def test_the_window_before_the_final_chunk_also_gives_the_streams_their_share_of_it():
     """No window follows the prompt's final chunk (its first token does): the window before it gives
     the streams their share of both chunks, so the share holds over the whole prefill, final chunk
-    included (without it: 0.5 less half a chunk's share, 0.494 over 40 chunks here)."""
+    included (without it: 0.493 here, 0.5 less about half a chunk's share over 40 chunks)."""
     script = Script(lambda k: 10 * MS, lambda k: 4 * MS)
     found = _run(50, script)[3:]
     assert {c[1] for c in found[:-1]} == {2, 3} and found[-1][1] >= 4  # the last: 2.5 steps for each chunk
     final = 10 * MS  # the final chunk's cost, outside every cycle
     whole = sum(c[3] for c in found) / (sum(c[2] for c in found) + final)
-    assert abs(whole - 0.50) <= 0.01, whole
+    assert abs(whole - 0.50) <= 0.004, whole
