@@ -19,6 +19,22 @@ def _stepped(ctl: controller.Controller, step_ns: int, steps: int = 6, t: int = 
     return t
 
 
+def _cycle(ctl: controller.Controller, t: int, n: int, chunk_ms: int, first_ms: int, step_ms: int,
+           need_run: int = 2) -> int:
+    """A chunk of ``chunk_ms`` then ``n`` decode steps (the first ``first_ms``, the rest ``step_ms``),
+    served; returns the time after them."""
+    ctl.ran(False)
+    t += chunk_ms * MS
+    for i in range(n):
+        ctl.on_pass(t, need_run)
+        ctl.ran(True)
+        t += (first_ms if i == 0 else step_ms) * MS
+    ctl.on_pass(t, need_run)
+    ctl.ran(False)
+    ctl.served(t, n)
+    return t
+
+
 def test_only_a_decode_pass_after_a_decode_pass_is_a_step_alone():
     ctl = controller.Controller(50, 128)
     ctl.on_pass(0, 2)
@@ -72,15 +88,7 @@ def test_a_one_step_window_with_no_fresh_step_alone_becomes_a_two_step_probe():
     for _ in range(2 * controller.FRESH_CYCLES):
         n = ctl.plan(t, PROMPT, 64, 0, 0, (25, 10)).n
         planned.append(n)
-        ctl.ran(False)
-        t += 25 * MS  # the chunk
-        for i in range(n):
-            ctl.on_pass(t, 2)
-            ctl.ran(True)
-            t += (13 if i == 0 else 10) * MS  # the first step after the chunk pays the alternation
-        ctl.on_pass(t, 2)
-        ctl.ran(False)
-        ctl.served(t, n)
+        t = _cycle(ctl, t, n, 25, 13, 10)  # the first step after the chunk pays the alternation
     assert set(planned[:controller.FRESH_CYCLES]) == {1} and 2 in planned[controller.FRESH_CYCLES:]
     assert ctl.step_ns() == 10 * MS  # not 8 (before the prompt), not 13 (the first step after a chunk)
 
@@ -166,15 +174,7 @@ def test_in_the_overlap_loop_three_step_probes_are_repaid_and_the_low_share_hold
         start = t
         n = ctl.plan(t, PROMPT, 64, 0, 0, (15, 10)).n
         windows.append(n)
-        ctl.ran(False)
-        t += 15 * MS  # the chunk
-        for i in range(n):
-            ctl.on_pass(t, 3)
-            ctl.ran(True)
-            t += (15 if i == 0 else 10) * MS
-        ctl.on_pass(t, 3)
-        ctl.ran(False)
-        ctl.served(t, n)
+        t = _cycle(ctl, t, n, 15, 15, 10, need_run=3)
         streams, wall = streams + n * 10 * MS, wall + t - start
     assert 3 in windows and set(windows) <= {0, 1, 2, 3}
     assert abs(streams / wall - 0.20) <= 0.02, streams / wall
@@ -187,14 +187,7 @@ def test_a_descheduled_probe_step_joins_the_median_instead_of_replacing_it():
     t = _stepped(ctl, 10 * MS)
     for _ in range(controller.FRESH_CYCLES + 1):  # one-step windows: the step alone goes stale
         ctl.plan(t, PROMPT, 64, 0, 0, (15, 10))
-        ctl.ran(False)
-        t += 15 * MS
-        ctl.on_pass(t, 2)
-        ctl.ran(True)
-        t += 15 * MS
-        ctl.on_pass(t, 2)
-        ctl.ran(False)
-        ctl.served(t, 1)
+        t = _cycle(ctl, t, 1, 15, 15, 15)
     assert not ctl.fresh()
     ctl.ran(True)  # two decode passes in a row, the second descheduled
     ctl.on_pass(t + 15 * MS, 2)
