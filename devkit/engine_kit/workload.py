@@ -152,7 +152,7 @@ def bracketed_share(before: float, during: float, after: float | None) -> dict[s
             "reference_drift": round(abs(after - before) / reference, 4)}
 
 
-def context_share(points: dict[str, tuple[float, int]], edges: list[float], tokens_at: Any) -> dict[str, Any]:
+def context_share(points: dict[str, tuple[float, float]], edges: list[float], tokens_at: Any) -> dict[str, Any]:
     """The streams' share against their own step at the context they had: what they decoded in
     each span, timed at their rate alone, over the span's wall time.
 
