@@ -39,9 +39,10 @@ import random
 import time
 from typing import Any
 
+from devkit.bench.swa_thin_hicache import CHUNK, PAGE, WINDOW, cache_kit, traffic_unit
 from devkit.testkit import radix_cache as rc
 
-PAGE, WINDOW, CHUNK, SWA_POOL = 16, 8, 128, 1024
+SWA_POOL = 1024  # half swa-thin-hicache's: the quick form's rows in seconds
 IDLE_LEN, LONG_LEN, NEW_TURN = 2048, 4096, 128
 TRAFFIC = 8 * SWA_POOL  # SWA slots of other traffic before the idle sessions resume
 FULL_POOL = {"idle_swa": 1 << 20, "idle_full": 8 * 1024, "agent": 8 * 1024}
@@ -59,8 +60,6 @@ WHY_NULL = "form cache: no model runs, so no TTFT and no logprobs (the server fo
 def _traffic(kit: rc.CacheKit, tok: rc.Tokens, rng: random.Random, slots: int) -> None:
     """Other traffic until ``slots`` SWA slots were handed out: sub-agents (a chunked turn and a
     short follow-up) and, every sixth unit, a new long session."""
-    from devkit.bench.swa_thin_hicache import traffic_unit  # sized in pages of 16 tokens, this form's PAGE
-
     start, unit = kit.swa_alloc_tokens, 0
     while kit.swa_alloc_tokens - start < slots:
         unit += 1
@@ -90,14 +89,8 @@ WORKLOADS = {"idle_swa": _idle, "idle_full": _idle, "agent": _agent}
 
 
 def run_row(workload: str, thin: bool, hicache: rc.HiCache | None, seed: int = 1) -> dict[str, Any]:
-    from adapter.switches import swa_thin
-
     t0 = time.process_time()
-    geometry = rc.Geometry(PAGE, WINDOW, CHUNK, full_tokens=FULL_POOL[workload], swa_tokens=SWA_POOL, max_reqs=8,
-                           max_ctx=1 << 16)
-    kit = rc.build(geometry, backend="python", hicache=hicache)
-    if not thin:
-        swa_thin.keep_stock(kit.cache)
+    kit = cache_kit(FULL_POOL[workload], SWA_POOL, thin, hicache)
     loaded_before = kit.loaded_from_host
     resumed = WORKLOADS[workload](kit, rc.Tokens(), random.Random(seed))
     kit.cache.sanity_check()

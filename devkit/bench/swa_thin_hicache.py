@@ -55,15 +55,22 @@ def _h2d(counter: Any) -> int:
     return sum(counter.h2d_tokens.values()) if counter is not None else 0
 
 
-def run_row(form: str, thin: bool, hicache: rc.HiCache | None, traffic: int, seed: int = 1) -> dict[str, Any]:
+def cache_kit(full_tokens: int, swa_tokens: int, thin: bool, hicache: rc.HiCache | None) -> Any:
+    """The cache kit at this bench's page, window and chunk (Python tree core), SWA thin's demotion
+    on or kept stock, HiCache attached when ``hicache`` is given."""
     from adapter.switches import swa_thin
 
-    t0 = time.process_time()
-    geometry = rc.Geometry(PAGE, WINDOW, CHUNK, full_tokens=FORMS[form], swa_tokens=SWA_POOL, max_reqs=8,
+    geometry = rc.Geometry(PAGE, WINDOW, CHUNK, full_tokens=full_tokens, swa_tokens=swa_tokens, max_reqs=8,
                            max_ctx=1 << 16)
     kit = rc.build(geometry, backend="python", hicache=hicache)
     if not thin:
         swa_thin.keep_stock(kit.cache)
+    return kit
+
+
+def run_row(form: str, thin: bool, hicache: rc.HiCache | None, traffic: int, seed: int = 1) -> dict[str, Any]:
+    t0 = time.process_time()
+    kit = cache_kit(FORMS[form], SWA_POOL, thin, hicache)
     rng, tok = random.Random(seed), rc.Tokens()
     idle = [kit.run_turn(tok.fresh(IDLE_LEN), PAGE).history for _ in range(2)]
     start, unit = kit.swa_alloc_tokens, 0
