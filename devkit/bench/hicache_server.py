@@ -15,7 +15,9 @@ Kits (:data:`KITS`):
   window 128, fp8 KV), pool 32 pages, 12 SWA pages, chunk 1024, 2 running rows. A 2304-token
   session + 8 tokens goes idle; ``idle_swa``: two 2048-token churn prompts push its window out of
   the SWA pool (Full pool room for all); ``idle_full``: four press the Full pool; resumed turn
-  +24. HiCache on DSV4 takes ``--hicache-ratio`` only (SGLang refuses ``--hicache-size`` there).
+  +24. ``agent`` as Mellum's in whole pages: a 512-token system prompt, 256-token first messages,
+  +256 tokens a turn, one 2048-token churn prompt before every turn (at Mellum's sizes a turn's
+  growth stays inside one page and every row recomputes the same 378 tokens). HiCache on DSV4 takes ``--hicache-ratio`` only (SGLang refuses ``--hicache-size`` there).
 
 Rows per kit: ``stock``; ``stock_hicache`` (host ratio: Mellum 4, DSV4 2); ``stock_hicache_small``
 (ratio 1: the ``idle_full`` churn evicts the host copy too; Mellum only); ``stock_hicache_l3``
@@ -76,6 +78,8 @@ class Kit:
     workloads: tuple[str, ...]
     describe: str
     launch: dict[str, Any] = field(default_factory=dict)
+    # the agent workload: (shared system prompt, each session's first message, tokens a turn adds)
+    agent: tuple[int, int, int] = (256, 48, NEW)
 
 
 MELLUM = Kit("mellum", session=600, out=8, churn={"idle_swa": (4, 150), "idle_full": (4, 600), "agent": (2, 200)},
@@ -83,13 +87,16 @@ MELLUM = Kit("mellum", session=600, out=8, churn={"idle_swa": (4, 150), "idle_fu
              rows=("stock", "stock_hicache", "stock_hicache_small", "stock_hicache_l3", "profile", "profile_hicache"),
              workloads=("idle_swa", "idle_full", "agent"),
              describe="mellum (pool 2048, SWA 204, page 1, window 32)")
-DSV4 = Kit("dsv4", session=2304, out=8, churn={"idle_swa": (2, 2048), "idle_full": (4, 2048)}, ratio_large=2.0,
+DSV4 = Kit("dsv4", session=2304, out=8, churn={"idle_swa": (2, 2048), "idle_full": (4, 2048), "agent": (1, 2048)},
+           ratio_large=2.0,
            rows=("stock", "stock_hicache", "stock_hicache_l3", "profile", "profile_hicache"),
-           workloads=("idle_swa", "idle_full"),
+           workloads=("idle_swa", "idle_full", "agent"),
            describe="dsv4 (V4.1 kit model, pool 32 pages, SWA 12 pages, page 256, window 128, chunk 1024)",
-           launch={"max_total_tokens": 32 * 256, "swa_ratio": 12 / 32, "chunk": 1024, "max_running": 2})
+           launch={"max_total_tokens": 32 * 256, "swa_ratio": 12 / 32, "chunk": 1024, "max_running": 2},
+           # in whole pages: at Mellum's sizes a turn's growth stays inside one 256-token page
+           agent=(512, 256, 256))
 KITS = {"mellum": MELLUM, "dsv4": DSV4}
-AGENT_SYSTEM, AGENT_FIRST, AGENT_SESSIONS, AGENT_TURNS = 256, 48, 3, 3
+AGENT_SESSIONS, AGENT_TURNS = 3, 3
 
 
 def row_config(kit: Kit, name: str) -> tuple[bool, float | None, bool]:
@@ -193,10 +200,11 @@ def agent(url: str, kit: Kit, workload: str, tag: str) -> list[dict[str, Any]]:
     from devkit.engine_kit import client
     from devkit.testkit import hicache as hc
 
-    system = hc._ids(f"{tag}.system", AGENT_SYSTEM)
+    system_tokens, first_tokens, turn_tokens = kit.agent
+    system = hc._ids(f"{tag}.system", system_tokens)
     histories = []
     for s in range(AGENT_SESSIONS):
-        prompt = system + hc._ids(f"{tag}.s{s}.first", AGENT_FIRST)
+        prompt = system + hc._ids(f"{tag}.s{s}.first", first_tokens)
         histories.append(prompt + client.generate(url, prompt, REPLY)["output_ids"])
     count, tokens = kit.churn[workload]
     turns: list[tuple[list[int], list[int], dict[str, Any]]] = []
@@ -205,7 +213,7 @@ def agent(url: str, kit: Kit, workload: str, tag: str) -> list[dict[str, Any]]:
             for i in range(count):
                 client.generate(url, hc._ids(f"{tag}.t{t}.s{s}.churn{i}", tokens), 1)
             time.sleep(0.5)
-            prompt = histories[s] + hc._ids(f"{tag}.t{t}.s{s}.new", NEW)
+            prompt = histories[s] + hc._ids(f"{tag}.t{t}.s{s}.new", turn_tokens)
             resumed = hc.generate(url, prompt, REPLY)
             turns.append((histories[s], prompt, resumed))
             histories[s] = prompt + resumed["tokens"]

@@ -61,11 +61,16 @@ def test_row_names_map_to_their_launch_settings_per_kit():
         hicache_server.row_config(dsv4, "stock_hicache_small")
 
 
-def test_both_kits_have_the_four_required_rows_and_an_l3_row_and_both_idle_forms():
+def test_both_kits_have_the_four_required_rows_an_l3_row_both_idle_forms_and_the_agent_workload():
     for kit in hicache_server.KITS.values():
         assert set(hicache.REQUIRED_NAMES) | {"stock_hicache_l3"} <= set(kit.rows)
-        assert {"idle_swa", "idle_full"} <= set(kit.workloads) <= set(kit.churn)
-    assert "agent" in hicache_server.MELLUM.workloads
+        assert {"idle_swa", "idle_full", "agent"} <= set(kit.workloads) <= set(kit.churn)
+
+
+def test_the_dsv4_agent_workload_grows_in_whole_256_token_pages():
+    # at Mellum's sizes a turn's growth stays inside one DSV4 page: every row recomputes the same
+    assert all(tokens % 256 == 0 for tokens in hicache_server.DSV4.agent)
+    assert hicache_server.DSV4.agent != hicache_server.MELLUM.agent
 
 
 def test_a_workload_row_sums_its_turns_takes_the_largest_logprob_distance_and_the_mean_time():
