@@ -11,9 +11,10 @@ Two forms, one per run, and the output says which ran (``form`` in the JSON):
 
 Workloads: ``idle_swa`` (an idle session; churn evicts only its SWA window), ``idle_full`` (churn
 presses the Full pool: its Full KV leaves the device too) and ``agent`` (sessions on a shared system
-prompt taking turns with churn in every idle gap; Mellum and the cache form). Rows: ``stock``,
+prompt taking turns with churn in every idle gap; both kits, DSV4's in whole pages). Rows: ``stock``,
 ``stock_hicache`` (a large host tier), ``stock_hicache_small`` (a host tier that evicts too),
-``stock_hicache_l3`` (small host + the ``file`` L3; server form), ``profile``, ``profile_hicache``.
+``stock_hicache_l3`` (small host + the ``file`` L3; server form), ``stock_hicache_large_l3`` (large
+host + the ``file`` L3; server form), ``profile``, ``profile_hicache``.
 
 Every row: ``name``, ``kit``, ``workload``, ``recomputed`` (history tokens prefilled again on the
 resumed turns), ``loaded_from_host`` / ``loaded_from_l3`` (prefix tokens served through a host

@@ -17,12 +17,14 @@ Kits (:data:`KITS`):
   the SWA pool (Full pool room for all); ``idle_full``: four press the Full pool; resumed turn
   +24. ``agent`` as Mellum's in whole pages: a 512-token system prompt, 256-token first messages,
   +256 tokens a turn, one 2048-token churn prompt before every turn (at Mellum's sizes a turn's
-  growth stays inside one page and every row recomputes the same 378 tokens). HiCache on DSV4 takes ``--hicache-ratio`` only (SGLang refuses ``--hicache-size`` there).
+  growth stays inside one page and every row recomputes the same 378 tokens). HiCache on DSV4
+  takes ``--hicache-ratio`` only (SGLang refuses ``--hicache-size`` there).
 
 Rows per kit: ``stock``; ``stock_hicache`` (host ratio: Mellum 4, DSV4 2); ``stock_hicache_small``
 (ratio 1: the ``idle_full`` churn evicts the host copy too; Mellum only); ``stock_hicache_l3``
 (ratio 1 and the ``file`` L3 in a temporary folder, prefetch policy ``wait_complete``);
-``profile`` (the gate's profile with the kit's overrides); ``profile_hicache`` (the profile, the
+``stock_hicache_large_l3`` (the large host and the same L3: the datacenter profile's host with L3
+behind it); ``profile`` (the gate's profile with the kit's overrides); ``profile_hicache`` (the profile, the
 large host).
 
 Per resumed turn: history tokens prefilled again (``recomputed``: history minus SGLang's
@@ -84,12 +86,13 @@ class Kit:
 
 MELLUM = Kit("mellum", session=600, out=8, churn={"idle_swa": (4, 150), "idle_full": (4, 600), "agent": (2, 200)},
              ratio_large=4.0,
-             rows=("stock", "stock_hicache", "stock_hicache_small", "stock_hicache_l3", "profile", "profile_hicache"),
+             rows=("stock", "stock_hicache", "stock_hicache_small", "stock_hicache_l3", "stock_hicache_large_l3", "profile",
+                   "profile_hicache"),
              workloads=("idle_swa", "idle_full", "agent"),
              describe="mellum (pool 2048, SWA 204, page 1, window 32)")
 DSV4 = Kit("dsv4", session=2304, out=8, churn={"idle_swa": (2, 2048), "idle_full": (4, 2048), "agent": (1, 2048)},
            ratio_large=2.0,
-           rows=("stock", "stock_hicache", "stock_hicache_l3", "profile", "profile_hicache"),
+           rows=("stock", "stock_hicache", "stock_hicache_l3", "stock_hicache_large_l3", "profile", "profile_hicache"),
            workloads=("idle_swa", "idle_full", "agent"),
            describe="dsv4 (V4.1 kit model, pool 32 pages, SWA 12 pages, page 256, window 128, chunk 1024)",
            launch={"max_total_tokens": 32 * 256, "swa_ratio": 12 / 32, "chunk": 1024, "max_running": 2},
@@ -99,14 +102,20 @@ KITS = {"mellum": MELLUM, "dsv4": DSV4}
 AGENT_SESSIONS, AGENT_TURNS = 3, 3
 
 
+# a row name's ending: (the kit's large host ratio, else 1x; the ``file`` L3 behind it); longest first
+ROW_HOSTS = {"_large_l3": (True, True), "_l3": (False, True), "_small": (False, False), "_hicache": (True, False)}
+
+
 def row_config(kit: Kit, name: str) -> tuple[bool, float | None, bool]:
     """(profile on, HiCache host ratio or None, L3 ``file`` on) for a row name."""
     if name not in kit.rows:
         raise ValueError(f"row={name!r} is not a {kit.name} row: expected one of {', '.join(kit.rows)}")
     profiled = name.startswith("profile")
-    if not name.endswith(("_hicache", "_small", "_l3")):
+    suffix = next((end for end in ROW_HOSTS if name.endswith(end)), None)
+    if suffix is None:
         return profiled, None, False
-    return profiled, (1.0 if name.endswith(("_small", "_l3")) else kit.ratio_large), name.endswith("_l3")
+    large, l3 = ROW_HOSTS[suffix]
+    return profiled, (kit.ratio_large if large else 1.0), l3
 
 
 def hicache_label(ratio: float | None, l3: bool) -> str:

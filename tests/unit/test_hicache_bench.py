@@ -55,15 +55,17 @@ def test_row_names_map_to_their_launch_settings_per_kit():
     assert hicache_server.row_config(mellum, "stock_hicache") == (False, 4.0, False)
     assert hicache_server.row_config(mellum, "stock_hicache_small") == (False, 1.0, False)
     assert hicache_server.row_config(mellum, "stock_hicache_l3") == (False, 1.0, True)
+    assert hicache_server.row_config(mellum, "stock_hicache_large_l3") == (False, 4.0, True)
+    assert hicache_server.row_config(dsv4, "stock_hicache_large_l3") == (False, 2.0, True)
     assert hicache_server.row_config(mellum, "profile") == (True, None, False)
     assert hicache_server.row_config(dsv4, "profile_hicache") == (True, 2.0, False)
     with pytest.raises(ValueError, match="row='stock_hicache_small' is not a dsv4 row: expected one of stock, "):
         hicache_server.row_config(dsv4, "stock_hicache_small")
 
 
-def test_both_kits_have_the_four_required_rows_an_l3_row_both_idle_forms_and_the_agent_workload():
+def test_both_kits_have_the_four_required_rows_two_l3_rows_both_idle_forms_and_the_agent_workload():
     for kit in hicache_server.KITS.values():
-        assert set(hicache.REQUIRED_NAMES) | {"stock_hicache_l3"} <= set(kit.rows)
+        assert set(hicache.REQUIRED_NAMES) | {"stock_hicache_l3", "stock_hicache_large_l3"} <= set(kit.rows)
         assert {"idle_swa", "idle_full", "agent"} <= set(kit.workloads) <= set(kit.churn)
 
 
