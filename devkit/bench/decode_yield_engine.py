@@ -8,7 +8,8 @@ prefill's wall time, with that rate taken at the context they had (a stream's st
 context: :func:`devkit.engine_kit.workload.context_share` interpolates the rates before and after
 the prefill in decoded tokens); ``share_before_only`` is over the rate before, as the gate has it,
 and ``reference_drift`` how far the rates before and after are apart; ``share_loop``, the share
-the switch itself measured over each prompt (its DEBUG ``window`` lines: :func:`loop_shares`); the long prompt's time to
+the switch itself measured over each prompt, final chunk included (its DEBUG ``window`` lines:
+:func:`loop_shares`); the long prompt's time to
 first token (TTFT), and total throughput over that TTFT (stream tokens decoded plus prompt tokens
 prefilled, per second).
 
@@ -330,26 +331,36 @@ def boot_rounds(label: str, model: Path, w: Any, rounds: int, *, profile: dict[s
 
 
 def loop_shares(log: Path) -> list[float]:
-    """The share each prompt's windows measured, as the switch's own ``window`` lines say it
-    (``prompt_share`` of a prompt's last served window; DEBUG lines, on with ``DSV41_DEBUG_LOG=1``):
-    the engine's view beside the client's, one value per chunked prompt the streams decoded beside."""
+    """The share each prompt's windows measured, as the switch's own ``window`` lines say it (DEBUG
+    lines, on with ``DSV41_DEBUG_LOG=1``): the engine's view beside the client's, one value per
+    chunked prompt the streams decoded beside. Over the whole prefill, as the client times it: the
+    streams' part of the prompt's served cycles (``streams_us`` over ``cycle_us``) with the final
+    chunk, which no window follows and no line times, taken at the median overhead of its cycles
+    (a cycle less the streams' part; the DSV4 kit's 16-chunk prompt: the cycles alone read about
+    pct * (1 + (1 - pct) / 15), 0.517 at pct 50, since their windows also pay the final chunk's share)."""
     import re
 
     shares: list[float] = []
-    last: float | None = None
+    cycles: list[tuple[float, float]] = []
+
+    def close() -> None:
+        if cycles:
+            final = statistics.median(c - s for c, s in cycles)
+            shares.append(round(sum(s for _, s in cycles) / (sum(c for c, _ in cycles) + final), 4))
+            cycles.clear()
+
     if not log.is_file():
         return shares
     for line in log.read_text(errors="replace").splitlines():
         if "decode_yield window" not in line:
             continue
-        prefix, share = re.search(r" prefix=(\d+)", line), re.search(r" prompt_share=(\S+)", line)
-        if prefix and int(prefix.group(1)) == 0 and last is not None:  # a new prompt's first window
-            shares.append(last)
-            last = None
-        if share:
-            last = float(share.group(1))
-    if last is not None:
-        shares.append(last)
+        prefix = re.search(r" prefix=(\d+)", line)
+        cycle, streams = re.search(r" cycle_us=(\S+)", line), re.search(r" streams_us=(\S+)", line)
+        if prefix and int(prefix.group(1)) == 0:  # a new prompt's first window
+            close()
+        if cycle and streams:
+            cycles.append((float(cycle.group(1)), float(streams.group(1))))
+    close()
     return shares
 
 

@@ -67,11 +67,12 @@ def install(pct: int | None, env: dict[str, str] | None = None) -> None:
 
 def run(pct: int | None, script: Script, *, mode: str = "measured", interval: int = 0,
         env: dict[str, str] | None = None, on_ready: Callable[[], None] | None = None,
-        on_built: Callable[[Any], None] | None = None) -> list[Cycle]:
+        on_built: Callable[[Any], None] | None = None, final: bool = False) -> list[Cycle]:
     """Streams decode, then the long prompt prefills in ``PROMPT_CHUNKS`` chunks of ``CHUNK``; its
-    cycles. ``pct`` None: stock (with ``interval``: ``--prefill-decode-interval``). ``on_built(h)``
-    runs on the harness before any request (a rank's process group, say); ``on_ready()`` once the
-    streams decode, right before the long prompt arrives."""
+    cycles (``final``: and its final chunk last, as a cycle of no step). ``pct`` None: stock (with
+    ``interval``: ``--prefill-decode-interval``). ``on_built(h)`` runs on the harness before any
+    request (a rank's process group, say); ``on_ready()`` once the streams decode, right before the
+    long prompt arrives."""
     from adapter.switches.decode_yield import controller
     from devkit.testkit.scheduler import ScriptedClock, build_scheduler
 
@@ -96,23 +97,28 @@ def run(pct: int | None, script: Script, *, mode: str = "measured", interval: in
         h.run_until(long.finished, max_passes=50_000)
     finally:
         controller.now = saved
-    return cycles(h.trace[start:], long.rid, script)
+    return cycles(h.trace[start:], long.rid, script, final)
 
 
-def cycles(steps: list[Any], rid: str, script: Script) -> list[Cycle]:
-    """The prompt's cycles from a trace, costed by replaying ``script``."""
+def cycles(steps: list[Any], rid: str, script: Script, final: bool = False) -> list[Cycle]:
+    """The prompt's cycles from a trace, costed by replaying ``script``; the final chunk arms no
+    window and is no cycle (``final``: it comes last all the same, its chunk alone, no step: the
+    whole prefill, as a client timing the prompt's first token sees it)."""
     replay = script.fresh()
     replay.long_rid = rid
     found: list[list[int]] = []
+    last_chunk = 0  # the cost of the prompt's last chunk so far
     for s in steps:
         cost = replay(s)
         if s.kind == "prefill" and rid in s.rids:
             found.append([replay.chunks - 1, 0, cost, 0])
+            last_chunk = cost
         elif s.kind == "decode" and found:
             found[-1][1] += 1
             found[-1][2] += cost
             found[-1][3] += int(script.step_ns(replay.chunks - 1))
-    return [(c[0], c[1], c[2], c[3]) for c in found[:-1]]  # the final chunk arms no window: not a cycle
+    served = [(c[0], c[1], c[2], c[3]) for c in found[:-1]]
+    return [*served, (found[-1][0], 0, last_chunk, 0)] if final and found else served
 
 
 def share(found: list[Cycle]) -> float:
@@ -120,8 +126,9 @@ def share(found: list[Cycle]) -> float:
 
 
 def quarters(found: list[Cycle]) -> list[float]:
+    """The share in each quarter of the cycles (the last takes what does not divide: the final chunk)."""
     q = len(found) // 4
-    return [round(share(found[i * q:(i + 1) * q]), 4) for i in range(4)]
+    return [round(share(found[i * q:(i + 1) * q if i < 3 else None]), 4) for i in range(4)]
 
 
 # The bench's scenarios: (name, pct, script factory, what it shows, cycles left out of the quarters).
@@ -143,15 +150,16 @@ SCENARIOS: tuple[tuple[str, int, Callable[[], Script], str, tuple[int, ...]], ..
 
 def table_rows() -> list[dict[str, Any]]:
     """Each scenario with the closed loop (measured) and the open-loop model fitted to its start
-    (chunk 10 ms, step 2 ms): the share over the prompt and per quarter (the first 3 cycles left
-    out: the boot's first window runs on the model's ratio and the next two repay its error)."""
+    (chunk 10 ms, step 2 ms): the share over the prompt, final chunk included, and per quarter (the
+    first 3 cycles left out: the boot's first window runs on the model's ratio and the next two
+    repay its error)."""
     rows = []
     for name, pct, make, what, transition in SCENARIOS:
         for mode in ("measured", "model"):
-            found = run(pct, make(), mode=mode, env=MODEL_10_2 if mode == "model" else None)[3:]
+            found = run(pct, make(), mode=mode, env=MODEL_10_2 if mode == "model" else None, final=True)[3:]
             steady = [c for c in found if c[0] not in transition]
             rows.append({"scenario": name, "what": what, "pct": pct, "mode": mode, "share": round(share(found), 4),
                          "quarters": quarters(steady), "left_out": list(transition),
-                         "windows": [c[1] for c in found]})
+                         "windows": [c[1] for c in found[:-1]]})
     install(None)
     return rows

@@ -194,3 +194,62 @@ def test_a_descheduled_probe_step_joins_the_median_instead_of_replacing_it():
     ctl.ran(True)
     ctl.on_pass(t + 395 * MS, 2)
     assert ctl.step_ns() == 10 * MS and len(ctl.alone.samples) == 5
+
+
+def test_the_final_chunks_share_is_paid_in_equal_parts_by_the_windows_of_the_last_quarter():
+    """A prompt of 16 chunks (15 windows of 500 tokens, 10 ms each; the final chunk 300 tokens, 6 ms):
+    the windows before the last quarter owe their own chunk only; the last three each owe a third of
+    the final chunk as well, at the measured overhead per token, and their balance charges it (not a
+    credit the next window takes back)."""
+    assert controller.final_span(15) == 3 and controller.final_span(93) == 22 and controller.final_span(2) == 1
+    ctl = controller.Controller(50, 128)
+    t = _stepped(ctl, 1 * MS)
+    overheads, windows = [], []
+    for left in range(15, 0, -1):
+        plan = ctl.plan(t, PROMPT, 500, 0, 0, (10, 10), final_tokens=300, windows_left=left)
+        overheads.append(plan.overhead_ns)
+        windows.append(plan.n)
+        t = _cycle(ctl, t, plan.n, 10, 1, 1)
+    assert set(overheads[2:12]) == {10 * MS}  # after the model's first window and its repayment
+    assert overheads[12:] == [12 * MS] * 3 and ctl._final_paid == 300 * 1000  # 2 ms of the final chunk each
+    # 10 steps of 1 ms a window for its own chunk, 12 for the last three
+    assert set(windows[2:12]) == {10} and windows[12:] == [12] * 3, windows
+
+
+def _window(ctl: controller.Controller, t: int, chunk_ms: int, steps_ms: list[int]) -> tuple[int, controller.Cycle]:
+    """A chunk of ``chunk_ms`` then decode steps of ``steps_ms`` each, served; the time after them and the cycle."""
+    ctl.ran(False)
+    t += chunk_ms * MS
+    for ms in steps_ms:
+        ctl.on_pass(t, 2)
+        ctl.ran(True)
+        t += ms * MS
+    ctl.on_pass(t, 2)
+    ctl.ran(False)
+    cycle = ctl.served(t, len(steps_ms))
+    assert cycle is not None
+    return t, cycle
+
+
+def test_a_window_whose_steps_slow_down_midway_counts_what_its_steps_took():
+    """The machine's speed moved inside a window (the DSV4 kit: 60 ms, then 95 ms a step, for a
+    second each): 10 steps, the first five 2 ms, the rest 4 ms. The streams' part is their steps
+    alone as they ran (4 x 2 + 5 x 4 ms) and the first step after the chunk at the step alone (4
+    ms): 32 ms, not ten steps at the median after the window (40 ms, a share the cycle never gave)."""
+    ctl = controller.Controller(50, 128)
+    t = _stepped(ctl, 2 * MS)
+    ctl.plan(t, PROMPT, 512, 0, 0, (10, 10))
+    t, cycle = _window(ctl, t, 10, [2] * 5 + [4] * 5)
+    assert cycle.elapsed_ns == 40 * MS and cycle.streams_ns == 32 * MS and cycle.overhead_ns == 8 * MS
+    assert cycle.share == round(32 / 40, 4)
+
+
+def test_a_descheduled_step_in_a_window_counts_for_the_streams_at_most_a_few_steps_alone():
+    """One step of a window took 100 ms (the OS took the core) against 2 ms steps: the streams did
+    not decode for those 100 ms, so it counts as SPIKE steps alone; the rest is the cycle's overhead."""
+    ctl = controller.Controller(50, 128)
+    t = _stepped(ctl, 2 * MS)
+    ctl.plan(t, PROMPT, 512, 0, 0, (10, 10))
+    t, cycle = _window(ctl, t, 10, [2, 2, 100, 2, 2])
+    assert cycle.streams_ns == 2 * MS * (4 + controller.SPIKE)
+    assert cycle.overhead_ns == 10 * MS + (100 - 2 * controller.SPIKE) * MS

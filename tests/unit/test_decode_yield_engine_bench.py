@@ -222,14 +222,17 @@ def test_the_context_share_times_the_streams_tokens_at_their_rate_alone_at_the_c
     assert context_share({"before": (400.0, 400.0), "after": (0.0, 1400.0)}, [0.0, 2.0], decoded) == {}
 
 
-def test_the_loop_share_of_each_prompt_is_its_last_window_lines_prompt_share(tmp_path):
-    """One value per chunked prompt: the last ``prompt_share`` before the next prompt's first
-    window (prefix 0), and the last one in the log."""
-    line = "[dsv41] decode_yield window mode=measured target=50 chunk=64 prefix={} rows=4 n=2 prompt_share={} rank=tp0"
+def test_the_loop_share_of_each_prompt_is_over_its_cycles_and_its_final_chunk(tmp_path):
+    """One value per chunked prompt (a new one starts at a window of prefix 0): the streams' part of
+    its served cycles' wall time, with the final chunk (no window line times it) at the median of
+    its cycles' overheads; a window that served no cycle (prompt gone) adds nothing."""
+    line = ("[dsv41] decode_yield window mode=measured target=50 chunk=64 prefix={} rows=4 n=2 ended=served "
+            "share=0.5 prompt_share=0.5 cycle_us={} streams_us={} rank=tp0")
     log = tmp_path / "yield-50.log"
     log.write_text("\n".join([
-        "server started", line.format(0, 0.41), line.format(64, 0.48), line.format(128, 0.502),
+        "server started", line.format(0, 200.0, 100.0), line.format(64, 300.0, 160.0), line.format(128, 220.0, 100.0),
         "[dsv41] decode_yield window mode=measured target=50 chunk=64 prefix=0 rows=4 n=0 ended=prompt_gone rank=tp0",
-        line.format(64, 0.497), "shutdown"]))
-    assert bench.loop_shares(log) == [0.502, 0.497]
+        line.format(64, 400.0, 200.0), "shutdown"]))
+    # overheads 100 / 140 / 120: the final chunk at 120; the second prompt's one cycle: 200 of 400 + 200
+    assert bench.loop_shares(log) == [round(360 / (720 + 120), 4), round(200 / 600, 4)]
     assert bench.loop_shares(tmp_path / "none.log") == []

@@ -377,8 +377,10 @@ def test_windows_are_capped_at_128_steps():
 def test_two_independent_schedulers_make_every_decision_equal():
     """The rank-invariance check: same trace, separately built schedulers, equal decisions."""
     _install(33)
-    clock = ScriptedClock(modelled_ns)  # one clock: each pass sees the same intervals on both
-    a, b = _harness(clock), _harness(clock)
+    # a clock each, moved by its own scheduler's forwards at the same scripted costs: each pass reads
+    # the same intervals on both (one shared clock would time b's last step with a's next chunk)
+    clock_a, clock_b = ScriptedClock(modelled_ns), ScriptedClock(modelled_ns)
+    a, b = _harness(clock_a), _harness(clock_b)
     for h in (a, b):
         for n in range(12):
             h.add_request(3000 + 100 * n, max_new_tokens=40 + 7 * n)
@@ -386,7 +388,10 @@ def test_two_independent_schedulers_make_every_decision_equal():
         if k in (3, 90):
             for h in (a, b):
                 h.add_request(40_000 + k, max_new_tokens=3)
-        sa, sb = a.step(), b.step()
+        controller.now = clock_a.now
+        sa = a.step()
+        controller.now = clock_b.now
+        sb = b.step()
         assert _decisions([sa]) == _decisions([sb]), k
     assert sum(s.kind == "decode" for s in a.trace) > 100 and max(s.remaining for s in a.trace) > 1
 

@@ -15,6 +15,9 @@ from devkit.bench.decode_yield_scripted import MODEL_10_2, MS, PROMPT_CHUNKS, Sc
 from devkit.bench.decode_yield_scripted import run as _run
 from devkit.bench.decode_yield_scripted import share as _share
 
+# the prompt's last windows, which also pay the final chunk's share (its own test)
+LAST = controller.final_span(PROMPT_CHUNKS - 1)
+
 
 @pytest.fixture(autouse=True)
 def _clock_restored(monkeypatch):
@@ -28,7 +31,7 @@ def test_a_step_change_in_decode_cost_mid_prompt_is_followed():
         return Script(lambda k: 10 * MS, lambda k: 2 * MS if k < 20 else 5 * MS)
 
     found = _run(50, script())
-    before, after = found[:20], found[22:-1]  # the last window also serves the final chunk (its own test)
+    before, after = found[:20], found[22:-LAST]
     assert abs(_share(before) - 0.50) <= 0.03 and abs(_share(after) - 0.50) <= 0.03
     assert {c[1] for c in before[3:]} == {5} and {c[1] for c in after[1:]} == {2}
     # the 5 ms steps of the window before gave more than the share: repaid by the next window, and
@@ -47,8 +50,8 @@ def test_a_slow_chunk_is_repaid_by_the_next_window_and_no_more():
     assert set(steady) == {2, 3}  # 0.33 * 10 / (0.67 * 2) = 2.46 steps a window
     assert found[10][3] / found[10][2] < 0.15  # the slow cycle: the streams fell behind ...
     assert found[11][1] >= 3 + 6  # ... and the next window repaid it at once
-    assert set(c[1] for c in found[12:-1]) == {2, 3}  # then the steady windows again: no debt left over
-    assert abs(_share(found[3:]) - 0.33) <= 0.01
+    assert set(c[1] for c in found[12:-LAST]) == {2, 3}  # then the steady windows again: no debt left over
+    assert abs(_share(found[3:-LAST]) - 0.33) <= 0.01
 
 
 def test_rounding_is_carried_so_the_share_does_not_drift():
@@ -56,9 +59,8 @@ def test_rounding_is_carried_so_the_share_does_not_drift():
     window the streams are within one step of their share (rounding each window up would give 3
     every time: 0.545)."""
     found = _run(50, Script(lambda k: 10 * MS, lambda k: 4 * MS))
-    # the first window runs on the model's ratio and the next two repay its error; the last also
-    # serves the final chunk (its own test)
-    measured = found[3:-1]
+    # the first window runs on the model's ratio and the next two repay its error
+    measured = found[3:-LAST]
     assert {c[1] for c in measured} == {2, 3}
     assert sum(c[1] for c in measured) / len(measured) == pytest.approx(2.5, abs=0.05)
     got = owed = 0
@@ -87,10 +89,10 @@ def test_a_chunk_that_grows_with_its_prefix_keeps_the_share_in_every_quarter():
     def script() -> Script:
         return Script(lambda k: int(10 * MS * (1 + k / (PROMPT_CHUNKS - 1))), lambda k: 2 * MS)
 
-    by_quarter = quarters(_run(33, script())[1:])
+    by_quarter = quarters(_run(33, script(), final=True)[1:])
     assert all(abs(q - 0.33) <= 0.03 for q in by_quarter), by_quarter
     # stock with --prefill-decode-interval 4: 4 steps of 2 ms against a 10 .. 20 ms chunk, 0.44 .. 0.29
-    k_quarters = quarters(_run(None, script(), interval=4)[1:])
+    k_quarters = quarters(_run(None, script(), interval=4, final=True)[1:])
     assert k_quarters[0] - k_quarters[3] > 0.08  # a fixed K does not follow the growing chunk
 
 
@@ -100,18 +102,19 @@ def test_a_low_share_with_a_cheap_chunk_holds_its_share_over_windows_of_zero_or_
     it 1.5 ms more, so the share asks for a step every two to four chunks. The loop carries the
     fraction of a step a one-step window gave beyond the share (not clamped away), and keeps its
     step alone fresh with an occasional two-step window, so the share holds over the prompt."""
-    found = _run(pct, Script(lambda k: 3 * MS, lambda k: 2 * MS, switch=int(1.5 * MS)))[3:]
+    found = _run(pct, Script(lambda k: 3 * MS, lambda k: 2 * MS, switch=int(1.5 * MS)), final=True)[3:]
     assert {c[1] for c in found} <= {0, 1, 2}
     assert abs(_share(found) - pct / 100) <= 0.03, _share(found)
 
 
-def test_the_window_before_the_final_chunk_also_gives_the_streams_their_share_of_it():
-    """No window follows the prompt's final chunk (its first token does): the window before it gives
-    the streams their share of both chunks, so the share holds over the whole prefill, final chunk
-    included (without it: 0.493 here, 0.5 less about half a chunk's share over 40 chunks)."""
-    script = Script(lambda k: 10 * MS, lambda k: 4 * MS)
-    found = _run(50, script)[3:]
-    assert {c[1] for c in found[:-1]} == {2, 3} and found[-1][1] >= 4  # the last: 2.5 steps for each chunk
-    final = 10 * MS  # the final chunk's cost, outside every cycle
-    whole = sum(c[3] for c in found) / (sum(c[2] for c in found) + final)
-    assert abs(whole - 0.50) <= 0.004, whole
+def test_the_windows_of_the_last_quarter_also_give_the_streams_their_share_of_the_final_chunk():
+    """No window follows the prompt's final chunk (its first token does): the windows of the prompt's
+    last quarter give the streams their share of it in equal parts, so the share holds over the
+    whole prefill, final chunk included (without it: 0.493 here, 0.5 less about half a chunk's
+    share over 40 chunks), and in the last quarter too, with no window planned several chunks long."""
+    found = _run(50, Script(lambda k: 10 * MS, lambda k: 4 * MS), final=True)[3:]
+    steady, last = found[:-LAST - 1], found[-LAST - 1:-1]
+    assert {c[1] for c in steady} == {2, 3} and max(c[1] for c in last) <= 3  # 2.5 steps a chunk ...
+    assert sum(c[1] for c in last) == pytest.approx(2.5 * LAST + 2.5, abs=1)  # ... and 2.5 more for the final one
+    assert abs(_share(found) - 0.50) <= 0.004, _share(found)
+    assert abs(quarters(found)[3] - 0.50) <= 0.01, quarters(found)

@@ -19,16 +19,22 @@ The scheduler's own passes are the clock's samples. Every pass stamps the time i
   stands in. Not per row: a step's fixed part (weights, launch, the scheduler pass) dominates at
   serving batch sizes, and a finished row changes the median within three steps.
 * **A cycle** is one non-final chunk and its window: from the pass that runs the chunk to the pass
-  that runs the next one. Its wall time ``E`` less the reference time of the tokens the streams got
-  in it, ``(given + rode_along) * step_ns``, is its **overhead** ``O``: the chunk, the alternation,
-  and whatever else the cycle paid (a competing process, a slow chunk). The overhead per chunk token
+  that runs the next one. The streams' part of it ``S`` is what their steps alone in the window
+  took (each at most :data:`SPIKE` times the step alone before it: a descheduled
+  step is not the streams' rate) and their other tokens (the first step after the chunk, whose
+  alternation is the prompt's, and a token that rode along in a mixed chunk) at ``step_ns``: the
+  window's own steps, not a median taken after them, because the machine's speed moves within a
+  window (the DSV4 kit's 2-row step ran 60 ms, then 95 ms, for a second each: a window of 118
+  steps valued at the median after it read 1.05 of its cycle). Its wall time ``E`` less ``S`` is
+  its **overhead** ``O``: the chunk, the alternation, and whatever else the cycle paid (a competing
+  process, a slow chunk). The overhead per chunk token
   (the median of the last :data:`CHUNK_SAMPLES` cycles; per token, so a short first or mixed chunk
   compares, and a chunk whose cost grows with its prefix is followed within a cycle or two)
   times the next chunk's tokens is the next cycle's estimate ``O_est``.
 * **The share** of a cycle is what the bench and an operator measure: the streams' tokens at their
-  rate alone over the wall time, ``(given + rode_along) * step_ns / E``.
+  rate alone over the wall time, ``S / E``.
 * **The closed loop**: ``balance`` holds what the streams got beyond their share over the prompt's
-  served cycles, ``sum((100-pct)*(given+rode_along)*step_ns - pct*O)`` (ns, scaled by 100). The
+  served cycles, ``sum((100-pct)*S - pct*O)`` (ns, scaled by 100). The
   next window is the smallest ``N`` that brings it back to zero after the next cycle::
 
       N = ceil((pct*O_est - balance - (100-pct)*rode_along*step_ns) / ((100-pct)*step_ns))
@@ -43,10 +49,15 @@ The scheduler's own passes are the clock's samples. Every pass stamps the time i
   gives the share of four cycles). A window that did not give what it planned (streams or prompt gone, ``min_bs``)
   is not a cycle and resets the balance; the estimates live for the boot.
 
-No window follows the prompt's final chunk (its first token does), so the window before it also
-owes the streams their share of that chunk (its tokens at the measured overhead per token): the
+No window follows the prompt's final chunk (its first token does), so the windows before it also
+owe the streams their share of that chunk (its tokens at the measured overhead per token): the
 share holds over the whole prefill, as a client timing the prompt's TTFT measures it (a 16-chunk
-prompt otherwise loses 1/32 of the share at pct 50).
+prompt otherwise loses 1/32 of the share at pct 50). The windows of the prompt's last quarter
+(:func:`final_span`) pay it in equal parts, so the quarter that holds the final chunk holds its
+share, and no single window is planned several chunks long on a step estimate it cannot correct
+(the DSV4 kit's last window at pct 50 was 55 steps planned at a 58 ms step the steps then took
+84 ms in: 0.96 for that cycle, the last quarter at 0.72). A cycle's own share therefore runs
+above pct in the last quarter, by the final chunk's part.
 
 The first windows of a boot have no measurement: with no decode step measured yet the integer cost
 model decides the window (:func:`adapter.switches.decode_yield.cost_model.yield_window`); with a step
@@ -66,6 +77,7 @@ now = time.perf_counter_ns  # the controller's clock (ns); tests script it
 STEP_SAMPLES = 5  # the median of this many back-to-back decode iterations is the streams' step alone
 CHUNK_SAMPLES = 3  # the median of this many cycles' overhead per chunk token is the next estimate
 FRESH_CYCLES = 8  # a step-alone sample older than this many cycles gives way to any recent decode step
+SPIKE = 4  # a window's step alone counts for the streams up to this many times the step alone before it
 
 
 class Recent:
@@ -121,10 +133,14 @@ class Controller:
         self.prompt: object | None = None  # the chunked prompt the balance is for
         self._given_ns = 0  # this prompt's served cycles: streams' reference time and wall time
         self._elapsed_ns = 0
+        self._windows: int | None = None  # the prompt's windows, counted at its first
+        self._final_paid = 0  # thousandths of the final chunk's tokens its windows owed so far
         self._last_t: int | None = None
         self._decode_run = 0  # passes in a row that ran a decode batch (ending with the last one)
-        self._cycle: tuple[int, int, int] | None = None  # (t at the chunk's pass, chunk tokens, rode_along)
+        # (t at the chunk's pass, chunk tokens, rode_along, the final chunk's part of its overhead estimate)
+        self._cycle: tuple[int, int, int, int] | None = None
         self._need_run = 2  # decode passes in a row before an interval is a step alone (on_pass)
+        self._window_steps = self._window_ns = 0  # the open window's steps alone and what they took
 
     # -- every pass ------------------------------------------------------------------------------
     def on_pass(self, t: int, need_run: int) -> None:
@@ -140,10 +156,14 @@ class Controller:
                 # after a stale gap the samples before it are another speed's, and a probe's sample
                 # replaces them, unless it is slower than a first step after a chunk (a
                 # descheduled step: then it only joins the median)
+                reference = self.alone.value() if self.fresh() else None
                 if not self.fresh() and sample <= (self.any_step.value() or sample):
                     self.alone.samples.clear()
                 self.alone.add(sample)
                 self._alone_at = self._cycles
+                if self._cycle is not None:  # a step of the open window: what the streams' step took
+                    self._window_steps += 1
+                    self._window_ns += min(sample, SPIKE * reference) if reference else sample
         self._last_t = t
 
     def fresh(self) -> bool:
@@ -162,30 +182,42 @@ class Controller:
 
     # -- windows ---------------------------------------------------------------------------------
     def plan(self, t: int, prompt: object, tokens: int, rode_along: int, floor: int,
-             model_ratio: tuple[int, int], final_tokens: int = 0) -> Plan:
+             model_ratio: tuple[int, int], final_tokens: int = 0, windows_left: int = 1) -> Plan:
         """``N`` for the window after the chunk of ``tokens`` tokens this pass runs (at ``t``).
         ``model_ratio``: the integer model's (chunk+switch, step) costs at this window, for the
-        first windows of a boot. ``final_tokens``: the prompt's last chunk comes next, of that many
-        tokens; no window follows it (its first token does), so this window also gives the
-        streams their share of it, and the share holds over the whole prefill."""
+        first windows of a boot. ``final_tokens``: the prompt's final chunk, of that many tokens,
+        comes ``windows_left`` windows from now (1: next); no window follows it (its first token
+        does), so the windows of the prompt's last quarter give the streams their share of it in
+        equal parts, and the share holds over the whole prefill."""
         from adapter.switches.decode_yield import cost_model
 
         if prompt is not self.prompt:
             self._reset(prompt)
-        self._cycle = (t, tokens, rode_along)
+        self._window_steps = self._window_ns = 0
+        if self._windows is None:  # the prompt's first window: how many it has
+            self._windows = windows_left
+        extra = 0  # this window's part of the final chunk, in thousandths of a token
+        if final_tokens and windows_left <= final_span(self._windows):
+            extra = (final_tokens * 1000 - self._final_paid) // max(windows_left, 1)
+            self._final_paid += extra
         self._cycles += 1
         step = self.step_ns()
         per_token = self.overhead_per_token.value()
         if step is None:
+            self._cycle = (t, tokens, rode_along, 0)
             chunk_fs, step_fs = model_ratio
             n, _ = cost_model.yield_window(self.pct, chunk_fs, step_fs, floor, 0, self.cap, rode_along)
             return Plan(n, "model", None, None)
         if per_token is None:
             chunk_fs, step_fs = model_ratio
             overhead, source = step * chunk_fs // max(step_fs, 1), "model_ratio"
-            overhead += overhead * final_tokens // max(tokens, 1)
+            final_part = overhead * extra // max(tokens * 1000, 1)
         else:
-            overhead, source = per_token * (tokens + final_tokens) // 1000, "measured"
+            overhead, source = per_token * tokens // 1000, "measured"
+            final_part = per_token * extra // 1_000_000
+        # the cycle owes the streams their share of its part of the final chunk too (served)
+        self._cycle = (t, tokens, rode_along, final_part)
+        overhead += final_part
         rest = 100 - self.pct
         owed = self.pct * overhead - self.balance - rest * rode_along * step
         need = max(0, -(-owed // (rest * step)))
@@ -200,20 +232,23 @@ class Controller:
         """The window of the last plan gave ``given`` steps and the next chunk runs at ``t``."""
         if self._cycle is None:
             return None
-        start, tokens, rode_along = self._cycle
+        start, tokens, rode_along, final_part = self._cycle
         self._cycle = None
         elapsed = t - start
         step = self.step_ns()
         if step is None or elapsed <= 0:  # nothing to weigh the streams' tokens by
             return None
-        got = (given + rode_along) * step
+        # the window's steps alone as they ran; its other tokens at the step alone
+        timed = min(self._window_steps, given + rode_along)
+        got = self._window_ns * timed // max(self._window_steps, 1) + (given + rode_along - timed) * step
         overhead = max(0, elapsed - got)
         self.overhead_per_token.add(overhead * 1000 // max(tokens, 1))
-        self.balance += (100 - self.pct) * got - self.pct * overhead
+        # the share is owed on the cycle's overhead and on its planned part of the final chunk
+        self.balance += (100 - self.pct) * got - self.pct * (overhead + final_part)
         # one cycle's overhead, plus a probe's steps: a window rounds up by less than a step and a
         # probe gives at most its length beyond the share, and both are carried in full (at a low
         # pct a one-step window gives several cycles' share)
-        bound = (self.pct * max(overhead, self.overhead_per_token.value() * tokens // 1000)
+        bound = (self.pct * (max(overhead, self.overhead_per_token.value() * tokens // 1000) + final_part)
                  + (100 - self.pct) * step * self._need_run)
         self.balance = max(-bound, min(bound, self.balance))
         self._given_ns += got
@@ -226,4 +261,11 @@ class Controller:
 
     def _reset(self, prompt: object | None) -> None:
         self.prompt, self.balance, self._cycle = prompt, 0, None
-        self._given_ns = self._elapsed_ns = 0
+        self._given_ns = self._elapsed_ns = self._final_paid = 0
+        self._windows = None
+
+
+def final_span(windows: int) -> int:
+    """How many of a prompt's last windows pay its final chunk's share: those of its last quarter
+    (a prompt of ``windows`` + 1 chunks; 16 chunks: 3 windows and the final chunk), at least one."""
+    return max(1, (windows + 1) // 4 - 1)

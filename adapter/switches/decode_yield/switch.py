@@ -190,11 +190,14 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
         rode_along = 1 if decoding else 0
         decided = None
         if ctl is not None:
-            # the prompt's final chunk comes next when what is left of it fits in one chunk like this one
-            left = len(chunked.origin_input_ids) - batch.prefix_lens[index] - batch.extend_lens[index]
-            final = left if 0 < left <= batch.extend_lens[index] else 0
+            # what is left of the prompt, in chunks like this one: the last of them is its final
+            # chunk, and this window is the first of as many windows before it
+            size = batch.extend_lens[index]
+            left = len(chunked.origin_input_ids) - batch.prefix_lens[index] - size
+            windows_left = max(1, -(-left // size))
+            final = max(0, left - (windows_left - 1) * size)
             decided = ctl.plan(state.pass_t, chunked, sum(batch.extend_lens), rode_along, floor, (chunk_fs, step_fs),
-                               final)
+                               final, windows_left)
             # rank 0 decides for every TP rank (arming is decided on replicated state: every rank is here)
             n = agreement.agree(instance, decided.n)
         else:
