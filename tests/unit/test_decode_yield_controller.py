@@ -19,20 +19,26 @@ def _stepped(ctl: controller.Controller, step_ns: int, steps: int = 6, t: int = 
     return t
 
 
+def _window(ctl: controller.Controller, t: int, chunk_ms: int, steps_ms: list[int],
+            need_run: int = 2) -> tuple[int, controller.Cycle | None]:
+    """A chunk of ``chunk_ms`` then decode steps of ``steps_ms`` each, served; the time after them
+    and the cycle."""
+    ctl.ran(False)
+    t += chunk_ms * MS
+    for ms in steps_ms:
+        ctl.on_pass(t, need_run)
+        ctl.ran(True)
+        t += ms * MS
+    ctl.on_pass(t, need_run)
+    ctl.ran(False)
+    return t, ctl.served(t, len(steps_ms))
+
+
 def _cycle(ctl: controller.Controller, t: int, n: int, chunk_ms: int, first_ms: int, step_ms: int,
            need_run: int = 2) -> int:
     """A chunk of ``chunk_ms`` then ``n`` decode steps (the first ``first_ms``, the rest ``step_ms``),
     served; returns the time after them."""
-    ctl.ran(False)
-    t += chunk_ms * MS
-    for i in range(n):
-        ctl.on_pass(t, need_run)
-        ctl.ran(True)
-        t += (first_ms if i == 0 else step_ms) * MS
-    ctl.on_pass(t, need_run)
-    ctl.ran(False)
-    ctl.served(t, n)
-    return t
+    return _window(ctl, t, chunk_ms, [first_ms, *[step_ms] * (n - 1)][:n], need_run)[0]
 
 
 def test_only_a_decode_pass_after_a_decode_pass_is_a_step_alone():
@@ -216,21 +222,6 @@ def test_the_final_chunks_share_is_paid_in_equal_parts_by_the_windows_of_the_las
     assert set(windows[2:12]) == {10} and windows[12:] == [12] * 3, windows
 
 
-def _window(ctl: controller.Controller, t: int, chunk_ms: int, steps_ms: list[int]) -> tuple[int, controller.Cycle]:
-    """A chunk of ``chunk_ms`` then decode steps of ``steps_ms`` each, served; the time after them and the cycle."""
-    ctl.ran(False)
-    t += chunk_ms * MS
-    for ms in steps_ms:
-        ctl.on_pass(t, 2)
-        ctl.ran(True)
-        t += ms * MS
-    ctl.on_pass(t, 2)
-    ctl.ran(False)
-    cycle = ctl.served(t, len(steps_ms))
-    assert cycle is not None
-    return t, cycle
-
-
 def test_a_window_whose_steps_slow_down_midway_counts_what_its_steps_took():
     """The machine's speed moved inside a window (the DSV4 kit: 60 ms, then 95 ms a step, for a
     second each): 10 steps, the first five 2 ms, the rest 4 ms. The streams' part is their steps
@@ -240,6 +231,7 @@ def test_a_window_whose_steps_slow_down_midway_counts_what_its_steps_took():
     t = _stepped(ctl, 2 * MS)
     ctl.plan(t, PROMPT, 512, 0, 0, (10, 10))
     t, cycle = _window(ctl, t, 10, [2] * 5 + [4] * 5)
+    assert cycle is not None
     assert cycle.elapsed_ns == 40 * MS and cycle.streams_ns == 32 * MS and cycle.overhead_ns == 8 * MS
     assert cycle.share == round(32 / 40, 4)
 
@@ -251,5 +243,6 @@ def test_a_descheduled_step_in_a_window_counts_for_the_streams_at_most_a_few_ste
     t = _stepped(ctl, 2 * MS)
     ctl.plan(t, PROMPT, 512, 0, 0, (10, 10))
     t, cycle = _window(ctl, t, 10, [2, 2, 100, 2, 2])
+    assert cycle is not None
     assert cycle.streams_ns == 2 * MS * (4 + controller.SPIKE)
     assert cycle.overhead_ns == 10 * MS + (100 - 2 * controller.SPIKE) * MS

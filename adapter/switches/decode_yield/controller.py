@@ -156,8 +156,11 @@ class Controller:
                 # after a stale gap the samples before it are another speed's, and a probe's sample
                 # replaces them, unless it is slower than a first step after a chunk (a
                 # descheduled step: then it only joins the median)
-                reference = self.alone.value() if self.fresh() else None
-                if not self.fresh() and sample <= (self.any_step.value() or sample):
+                fresh = self.fresh()
+                # an open window's step counts up to SPIKE steps alone before it (only then: every
+                # decode pass comes here, and most open no window)
+                reference = self.alone.value() if fresh and self._cycle is not None else None
+                if not fresh and sample <= (self.any_step.value() or sample):
                     self.alone.samples.clear()
                 self.alone.add(sample)
                 self._alone_at = self._cycles
