@@ -9,7 +9,10 @@ context: :func:`devkit.engine_kit.workload.context_share` interpolates the rates
 the prefill in decoded tokens); ``share_before_only`` is over the rate before, as the gate has it,
 and ``reference_drift`` how far the rates before and after are apart; ``share_loop``, the share
 the switch itself measured over each prompt, final chunk included (its DEBUG ``window`` lines:
-:func:`loop_shares`); the long prompt's time to
+:func:`loop_shares`); ``forward_drift``, how much slower (positive) the streams' own
+forward ran during the prefill than in the spans the client's reference rates come from (from the
+forward-pass metrics: :func:`stream_forwards`; where the machine moves, the client's share reads the
+switch's share times that speed ratio); the long prompt's time to
 first token (TTFT), and total throughput over that TTFT (stream tokens decoded plus prompt tokens
 prefilled, per second).
 
@@ -40,7 +43,9 @@ stock): ``ttft_factor_in_boot`` is TTFT over that, free of the drift between boo
 last chunks cost several times its first: ``chunk_growth``; ``matching_k`` and its quarters say what
 the ``--prefill-decode-interval`` whose share is closest does), both TTFT factors at most
 100/(100-pct)+0.10, and a TTFT (in-boot factor) no worse
-than 1.05x that of the alternative whose share is closest (within 0.05) to it. Slow (about a minute
+than 1.05x that of the alternative whose share is closest (within 0.05) to it. Reported beside the
+targets, not instead of them: ``steady_share_ok``, the share of the boots whose ``forward_drift``
+is within :data:`STEADY` (the machine held its speed) within the same tolerance. Slow (about a minute
 per boot on 2 cores, 24 boots): a benchmark, never a timed test. ``--quick``: a 2,048-token prompt,
 pct 50 only, one repetition, one round, alternatives interval 1. ``decode-yield-engine-dsv4``: the
 same on the DSV4 kit (:class:`Dsv4Engine`).
@@ -86,6 +91,7 @@ MAX_TOTAL_TOKENS = 32768  # 4 streams x (32 + 4000) + the long prompt, never sho
 SHARE_TOL, TTFT_SLACK, SAME_SHARE = 0.03, 0.10, 0.05
 WINDOW_LINES = {"DSV41_DEBUG_LOG": "1"}  # the switch's window lines: the loop's own share (loop_shares)
 LOAD_SHARE_TOL = 0.05  # under a competing process
+STEADY = 0.10  # a boot whose streams' forward in the prefill is within this of its reference's (stream_forwards)
 UNDER_LOAD, OPEN_LOOP = "under load", "open loop"  # label words of the load rows
 ON_MIXED = "+ mixed chunk"  # the label's tail of a decode-yield boot with --enable-mixed-chunk
 
@@ -327,6 +333,8 @@ def boot_rounds(label: str, model: Path, w: Any, rounds: int, *, profile: dict[s
         result["leftover"] = server.stop()
         recorder.stop()
     result["loop_shares"] = loop_shares(engine.out / f"{safe}.log")
+    for phase in result["rounds"]:  # the whole log is written now: the span after the last round too
+        phase.update(stream_forwards(fpm_log, phase["times"], w.streams))
     return result
 
 
@@ -401,24 +409,58 @@ def _serve_rounds(server: Any, w: Any, rounds: int, result: dict[str, Any], cloc
             f"before {phase['decode_rate_before']} tok/s, throughput {phase['throughput']} tok/s")
 
 
+def _records(fpm_log: Path) -> list[tuple[dict[str, Any], float, float | None]]:
+    """A forward-pass-metrics log's records: (scheduled batch, forward seconds, arrival time)."""
+    import json
+
+    records = []
+    if not fpm_log.is_file():
+        return records
+    for line in fpm_log.read_text().splitlines():
+        try:
+            record = json.loads(line)
+            records.append((record["scheduled_requests"], float(record["wall_time"]), record.get("recv_time")))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return records
+
+
+def stream_forwards(fpm_log: Path, times: dict[str, float], streams: int) -> dict[str, Any]:
+    """How fast the streams' own forward ran while the client took its reference rates and while
+    the prompt prefilled: the median forward of their decode-only batches (``streams`` rows) in the
+    spans before, during and after the prefill (the records' arrival time is the client's clock).
+
+    The client's share weighs the streams' tokens in the prefill at their rate alone before and
+    after it; the streams' forward is the same work in all three spans (the same rows, their context
+    a few hundred tokens apart), so when it ran at another speed during the prefill, the machine
+    moved, not the switch (the Mellum kit: 14 ms before, 53 ms during, 16 ms after in one boot;
+    19 / 14 / 20 ms in another): the client's share then reads the switch's share times that
+    speed ratio. ``forward_drift``: the forward during over the mean of before and after, less one
+    (positive: slower during). Nothing for a span without such a batch."""
+    spans = {"before": ("before", "send"), "during": ("send", "end"), "after": ("after", "after_end")}
+    found: dict[str, list[float]] = {name: [] for name in spans}
+    for batch, forward, arrived in _records(fpm_log):
+        if arrived is None or batch["num_prefill_requests"] or batch["num_decode_requests"] != streams:
+            continue
+        for name, (a, b) in spans.items():
+            if a in times and b in times and times[a] < arrived <= times[b]:
+                found[name].append(forward)
+    median = {name: statistics.median(v) * 1000 if v else None for name, v in found.items()}
+    drift = None
+    if median["during"] and median["before"] and median["after"]:
+        drift = round(median["during"] / ((median["before"] + median["after"]) / 2) - 1, 4)
+    return {"forward_ms": [None if v is None else round(v, 2) for v in median.values()], "forward_drift": drift}
+
+
 def _forwards(fpm_log: Path, streams: int, chunk: int) -> tuple[list[float], list[float]]:
     """From a forward-pass-metrics log: the forwards of the decode-only batches of the ``streams``
     rows, and those of the longest run of back-to-back chunks of one prompt (prefill-only batches of
     ``chunk`` tokens at prefixes 0, chunk, 2 chunk, ... with no other batch between them: the lone
     prompt, the same in every boot, and never a chunk right after a decode step)."""
-    import json
-
     steps: list[float] = []
     best: list[float] = []
     run: list[float] = []
-    if not fpm_log.is_file():
-        return steps, best
-    for line in fpm_log.read_text().splitlines():
-        try:
-            record = json.loads(line)
-            batch, forward = record["scheduled_requests"], float(record["wall_time"])
-        except (ValueError, KeyError, TypeError):
-            continue
+    for batch, forward, _ in _records(fpm_log):
         if batch["num_prefill_requests"] == 0 and batch["num_decode_requests"] == streams:
             steps.append(forward)
         is_chunk = batch["num_decode_requests"] == 0 and batch["sum_prefill_tokens"] == chunk
@@ -574,6 +616,7 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
             "rate_before": _median(rounds, "decode_rate_before"),
             "boots": len(ran),
             "boot_shares": [_median(b["rounds"], "share") for b in ran],
+            "forward_drifts": [_median(b["rounds"], "forward_drift") for b in ran],
             # the loop's own measure of each prompt (the switch's window lines), all boots
             "share_loop": (statistics.median(v for b in ran for v in b.get("loop_shares") or [])
                            if any(b.get("loop_shares") for b in ran) else None),
@@ -596,7 +639,7 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
     rows, rows_on_mixed, table, misses = [], [], [], []
     for label, s in summary.items():
         if "error" in s:
-            table.append([label, *["-"] * 17, f"did not run: {s['error'][:80]}"])
+            table.append([label, *["-"] * 18, f"did not run: {s['error'][:80]}"])
             continue
         verdict = ""
         if label.startswith("yield"):
@@ -606,6 +649,10 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
             tol = LOAD_SHARE_TOL if loaded else SHARE_TOL
             # every boot's share, not only the median: each repetition is a run of its own
             share_ok = share is not None and all(v is not None and abs(v - pct / 100) <= tol for v in s["boot_shares"])
+            # the boots whose streams' forward ran at its reference speed during the prefill: there the
+            # client's reference is the streams' rate alone (stream_forwards), elsewhere the machine moved
+            steady = [v for v, d in zip(s["boot_shares"], s["forward_drifts"]) if d is not None and abs(d) <= STEADY]
+            steady_ok = bool(steady) and all(v is not None and abs(v - pct / 100) <= tol for v in steady)
             # the interval K whose share is closest to this row's: what a fixed K does per quarter
             intervals = {k: v for k, v in alternatives.items() if k.startswith("interval")}
             matching_k = (min(intervals.items(), key=lambda kv: abs((kv[1]["share"] or 0) - (share or 0)))
@@ -632,6 +679,8 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
                          "ttft_factor_in_boot": s["ttft_factor_in_boot"], "share_cpu": s["share_cpu"],
                          "ttft_cpu_factor": s["ttft_cpu_factor"], "cpu_targets_met": cpu_ok,
                          "boot_shares": s["boot_shares"], "share_loop": s["share_loop"],
+                         "forward_drifts": s["forward_drifts"], "steady_boot_shares": steady,
+                         "steady_share_ok": steady_ok,
                          "expected_share": s.get("expected_share"),
                          "share_quarters": s["share_quarters"], "quarters_ok": quarters_ok,
                          "chunk_growth": s["chunk_growth"],
@@ -644,7 +693,8 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
 
         ratios = [r for r in s["cost_ratio"] if r is not None]
         table.append([label, f(s["reference_drift"], ".2f"), f(s["share"], ".3f"), f(s["share_before_only"], ".3f"),
-                      "/".join(f(v, ".2f") for v in s["boot_shares"]), f(s["share_loop"], ".3f"),
+                      "/".join(f(v, ".2f") for v in s["boot_shares"]),
+                      "/".join(f(v, "+.2f") for v in s["forward_drifts"]), f(s["share_loop"], ".3f"),
                       f(s.get("expected_share"), ".3f"), f(s["share_cpu"], ".3f"), f(s["ttft_s"], ".2f"),
                       f(s["alone_s"], ".2f"), f(s["ttft_factor"], ".2f"), f(s["ttft_factor_in_boot"], ".2f"),
                       f(s["ttft_cpu_factor"], ".2f"),
@@ -652,7 +702,7 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
                       f(s["rate_before"], ".1f"), f(s["throughput"], ".0f"),
                       "/".join(f(q, ".2f") for q in s["share_quarters"] or []) or "-",
                       "/".join(f(g, ".2f") for g in s["chunk_growth"]), verdict])
-    header = ["boot", "drift", "share", "before_only", "per boot", "loop", "expected", "share_cpu", "ttft_s", "alone_s", "ttft_x", "ttft_x_in_boot",
+    header = ["boot", "drift", "share", "before_only", "per boot", "fwd_drift", "loop", "expected", "share_cpu", "ttft_s", "alone_s", "ttft_x", "ttft_x_in_boot",
               "ttft_cpu_x", "ratio/cal", "rate_before", "tok/s", "quarters", "chunk_growth", "target"]
     say(_table(table, header))
     load = os.getloadavg()

@@ -246,7 +246,8 @@ def run_yield_phase(base_url: str, w: Workload, tag: str) -> dict[str, Any]:
         "prefill_s": round(t_first - t_send, 3),
         "measured_s": round(t_end - t_send, 3),
         # the phase's instants (time.monotonic()), for readers that account time another way
-        "times": {"before": t_before, "send": t_send, "first": t_first, "end": t_end},
+        "times": {"before": t_before, "send": t_send, "first": t_first, "end": t_end,
+                  **({"after": t_after, "after_end": t_after_end} if after is not None else {})},
         "stream_tokens_compared": shortest,
         "decode_rate_quarters": [round(q, 2) for q in quarters],
         **bracket,

@@ -90,6 +90,7 @@ def test_the_full_bench_runs_the_closed_loop_uncalibrated_and_the_open_loop_on_t
     from devkit.engine_kit import model as mk
 
     order, flags, shares = [], {}, {"stock": [0.01, 0.02], "yield 50": [0.44, 0.52]}
+    drifts = {"yield 50": [0.3, -0.02]}  # the first boot's streams' forward ran 30 % slower in the prefill
     ratios = {"stock-0": 0.5, "stock-1": 0.4, "yield 50 open loop under load-0": 0.4}
 
     def fake_boot(label, model, w, rounds, *, repeat=0, profile=None, calibrate=False, load=False, **kwargs):
@@ -103,6 +104,7 @@ def test_the_full_bench_runs_the_closed_loop_uncalibrated_and_the_open_loop_on_t
         return {"label": label, "fpm_log": log, "alone_s": 4.0, "leftover": [], "rounds": [
             {"share": share + d, "decode_share": share + 2 * d, "reference_drift": 0.05, "prefill_s": 5.0 + repeat,
              "ttft_in_boot": 1.2, "throughput": 900.0, "decode_rate_before": 150.0,
+             "forward_drift": drifts.get(label, [0.0, 0.0])[repeat],
              "share_quarters": [share + 0.1, share, share, share - 0.1]} for d in (-0.01, 0.01)][:rounds]}
 
     fits = iter(["1", "2"])
@@ -142,6 +144,9 @@ def test_the_full_bench_runs_the_closed_loop_uncalibrated_and_the_open_loop_on_t
     assert row["quarters_ok"] is False  # 0.58 / 0.38 at the ends
     assert row["matching_k"] == "interval 1" and row["matching_k_share"] == 0.3
     assert row["matching_k_quarters"] == pytest.approx([0.4, 0.3, 0.3, 0.2])
+    # judged apart: the boots whose streams' forward held its reference speed (the second, 0.52)
+    assert row["forward_drifts"] == [0.3, -0.02] and row["steady_boot_shares"] == [0.52]
+    assert row["steady_share_ok"] is True
 
 
 def test_the_bracketed_share_divides_the_rate_during_by_the_mean_of_the_rates_before_and_after():
@@ -236,3 +241,30 @@ def test_the_loop_share_of_each_prompt_is_over_its_cycles_and_its_final_chunk(tm
     # overheads 100 / 140 / 120: the final chunk at 120; the second prompt's one cycle: 200 of 400 + 200
     assert bench.loop_shares(log) == [round(360 / (720 + 120), 4), round(200 / 600, 4)]
     assert bench.loop_shares(tmp_path / "none.log") == []
+
+
+def _timed_fpm_line(prefill_requests: int, decode_requests: int, forward_s: float, arrived: float) -> str:
+    import json
+
+    line = json.loads(_fpm_line(prefill_requests, 64 * prefill_requests, decode_requests, forward_s))
+    return json.dumps({**line, "recv_time": arrived})
+
+
+def test_the_streams_forward_is_timed_in_the_reference_spans_and_in_the_prefill_on_the_clients_clock(tmp_path):
+    """The median forward of the streams' decode-only batches (4 rows) in each span, by arrival
+    time: 20 ms before, 30 ms during, 20 ms after, a drift of +0.5; chunks, mixed batches, other
+    row counts and records outside the spans are not the streams' step alone."""
+    log = tmp_path / "fpm.jsonl"
+    log.write_text("\n".join([
+        _timed_fpm_line(0, 4, 0.500, 0.5),  # before the reference span
+        _timed_fpm_line(0, 4, 0.020, 1.1), _timed_fpm_line(0, 4, 0.019, 1.5), _timed_fpm_line(0, 4, 0.021, 1.9),
+        _timed_fpm_line(1, 0, 0.040, 2.1), _timed_fpm_line(0, 4, 0.030, 2.2), _timed_fpm_line(1, 4, 0.090, 2.4),
+        _timed_fpm_line(0, 3, 0.001, 2.5), _timed_fpm_line(0, 4, 0.029, 2.6), _timed_fpm_line(0, 4, 0.031, 2.9),
+        _timed_fpm_line(0, 4, 0.200, 3.5),  # between the first token and the span after: neither
+        _timed_fpm_line(0, 4, 0.020, 4.2), _timed_fpm_line(0, 4, 0.020, 4.4),
+    ]))
+    times = {"before": 1.0, "send": 2.0, "first": 3.0, "end": 3.0, "after": 4.0, "after_end": 5.0}
+    found = bench.stream_forwards(log, times, streams=4)
+    assert found == {"forward_ms": [20.0, 30.0, 20.0], "forward_drift": 0.5}
+    no_after = {k: v for k, v in times.items() if not k.startswith("after")}
+    assert bench.stream_forwards(log, no_after, streams=4) == {"forward_ms": [20.0, 30.0, None], "forward_drift": None}
