@@ -11,8 +11,8 @@ and ``reference_drift`` how far the rates before and after are apart; ``share_lo
 the switch itself measured over each prompt, final chunk included (its DEBUG ``window`` lines:
 :func:`loop_shares`); ``forward_drift``, how much slower (positive) the streams' own
 forward ran during the prefill than in the spans the client's reference rates come from (from the
-forward-pass metrics: :func:`stream_forwards`; where the machine moves, the client's share reads the
-switch's share times that speed ratio); the long prompt's time to
+forward-pass metrics: :func:`stream_forwards`; where the machine moves, the client's share moves
+with it, the switch's does not); the long prompt's time to
 first token (TTFT), and total throughput over that TTFT (stream tokens decoded plus prompt tokens
 prefilled, per second).
 
@@ -431,12 +431,14 @@ def stream_forwards(fpm_log: Path, times: dict[str, float], streams: int) -> dic
     spans before, during and after the prefill (the records' arrival time is the client's clock).
 
     The client's share weighs the streams' tokens in the prefill at their rate alone before and
-    after it; the streams' forward is the same work in all three spans (the same rows, their context
-    a few hundred tokens apart), so when it ran at another speed during the prefill, the machine
-    moved, not the switch (the Mellum kit: 14 ms before, 53 ms during, 16 ms after in one boot;
-    19 / 14 / 20 ms in another): the client's share then reads the switch's share times that
-    speed ratio. ``forward_drift``: the forward during over the mean of before and after, less one
-    (positive: slower during). Nothing for a span without such a batch."""
+    after it; the streams' forward is the same work in all three spans (the same rows, whose context
+    during the prefill lies between the other two), so when it ran at another speed during the
+    prefill, the machine moved, not the switch (the Mellum kit: 20 ms before, 53 ms during, 16 ms
+    after in a boot whose client share read 0.11 at pct 20; 19 / 14 / 20 ms in one that read 0.49 at
+    pct 33, the loop 0.20 and 0.33): the client's share then moves with that speed ratio (not exactly
+    by it: the forward is not the whole iteration). ``forward_drift``: the forward during over the
+    mean of before and after, less one (positive: slower during). Nothing for a span without such a
+    batch."""
     spans = {"before": ("before", "send"), "during": ("send", "end"), "after": ("after", "after_end")}
     found: dict[str, list[float]] = {name: [] for name in spans}
     for batch, forward, arrived in _records(fpm_log):
