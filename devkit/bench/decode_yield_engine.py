@@ -425,6 +425,11 @@ def _records(fpm_log: Path) -> list[tuple[dict[str, Any], float, float | None]]:
     return records
 
 
+def _streams_step(batch: dict[str, Any], streams: int) -> bool:
+    """A decode-only batch of the ``streams`` rows: the streams' step, nothing else in it."""
+    return batch["num_prefill_requests"] == 0 and batch["num_decode_requests"] == streams
+
+
 def stream_forwards(fpm_log: Path, times: dict[str, float], streams: int) -> dict[str, Any]:
     """How fast the streams' own forward ran while the client took its reference rates and while
     the prompt prefilled: the median forward of their decode-only batches (``streams`` rows) in the
@@ -442,7 +447,7 @@ def stream_forwards(fpm_log: Path, times: dict[str, float], streams: int) -> dic
     spans = {"before": ("before", "send"), "during": ("send", "end"), "after": ("after", "after_end")}
     found: dict[str, list[float]] = {name: [] for name in spans}
     for batch, forward, arrived in _records(fpm_log):
-        if arrived is None or batch["num_prefill_requests"] or batch["num_decode_requests"] != streams:
+        if arrived is None or not _streams_step(batch, streams):
             continue
         for name, (a, b) in spans.items():
             if a in times and b in times and times[a] < arrived <= times[b]:
@@ -463,7 +468,7 @@ def _forwards(fpm_log: Path, streams: int, chunk: int) -> tuple[list[float], lis
     best: list[float] = []
     run: list[float] = []
     for batch, forward, _ in _records(fpm_log):
-        if batch["num_prefill_requests"] == 0 and batch["num_decode_requests"] == streams:
+        if _streams_step(batch, streams):
             steps.append(forward)
         is_chunk = batch["num_decode_requests"] == 0 and batch["sum_prefill_tokens"] == chunk
         prefix = batch.get("sum_prefill_kv_tokens", -1)
