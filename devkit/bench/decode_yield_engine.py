@@ -12,7 +12,10 @@ the switch itself measured over each prompt, final chunk included (its DEBUG ``w
 :func:`loop_shares`); ``forward_drift``, how much slower (positive) the streams' own
 forward ran during the prefill than in the spans the client's reference rates come from (from the
 forward-pass metrics: :func:`stream_forwards`; where the machine moves, the client's share moves
-with it, the switch's does not); the long prompt's time to
+with it, the switch's does not); ``reference_noise``, how far the streams' rate alone moved
+within the reference spans themselves, between their halves, at constant work
+(:func:`devkit.engine_kit.workload.reference_noise`: the resolution of the client's reference on
+this machine); the long prompt's time to
 first token (TTFT), and total throughput over that TTFT (stream tokens decoded plus prompt tokens
 prefilled, per second).
 
@@ -37,7 +40,8 @@ over its calibration boot's,
 and the share the cost model gives at it (``expected_share``: the odds pct/(100-pct) times that
 ratio): measured against expected is the model's error, expected against pct the machine's. Each
 boot also times the long prompt alone first (no streams; decode yield leaves a lone prompt as
-stock): ``ttft_factor_in_boot`` is TTFT over that, free of the drift between boots;
+stock), after an untimed warm-up prompt of the same length (:func:`lone_ttft`):
+``ttft_factor_in_boot`` is TTFT over that, free of the drift between boots;
 ``ttft_factor`` is over the stock boots' median TTFT. Targets (decode yield rows): every boot's share within
 ±0.03 of pct/100 (±0.05 under load), each quarter of the prefill within the same (the prompt's
 last chunks cost several times its first: ``chunk_growth``; ``matching_k`` and its quarters say what
@@ -267,9 +271,15 @@ def cpu_figures(phase: dict[str, Any], clock: SchedulerClock) -> dict[str, Any]:
 
 def lone_ttft(base_url: str, w: Any, tag: str, clock: SchedulerClock | None = None) -> tuple[float, float | None]:
     """The long prompt's TTFT alone (no streams) on this boot: decode yield leaves a lone prompt as
-    stock, so it is the boot's own reference, free of the load drift between boots."""
+    stock, so it is the boot's own reference, free of the load drift between boots. A prompt of the
+    same length and other tokens runs first, untimed: a boot's first long prompt runs slower than
+    the same prompt later (timed cold, the stock boots' in-boot factor read 0.86-0.91, the prompt
+    beside four streams faster than alone), which flattered every in-boot factor by as much as the
+    lone prompt's own noise."""
     from devkit.engine_kit import client
 
+    client.flush_cache(base_url)
+    client.generate(base_url, w.ids("warm", w.long_prompt_tokens), 1, w.timeout_s)
     client.flush_cache(base_url)
     long = client.Stream(base_url, f"{tag}-alone", w.ids("long", w.long_prompt_tokens), 1, w.timeout_s)
     t_send = time.monotonic()
@@ -461,9 +471,11 @@ def stream_forwards(fpm_log: Path, times: dict[str, float], streams: int) -> dic
 
 def _forwards(fpm_log: Path, streams: int, chunk: int) -> tuple[list[float], list[float]]:
     """From a forward-pass-metrics log: the forwards of the decode-only batches of the ``streams``
-    rows, and those of the longest run of back-to-back chunks of one prompt (prefill-only batches of
-    ``chunk`` tokens at prefixes 0, chunk, 2 chunk, ... with no other batch between them: the lone
-    prompt, the same in every boot, and never a chunk right after a decode step)."""
+    rows, and those of the lone prompt's chunks: the last of the longest runs of back-to-back chunks
+    of one prompt (prefill-only batches of ``chunk`` tokens at prefixes 0, chunk, 2 chunk, ... with
+    no other batch between them; never a chunk right after a decode step) before the streams' first
+    step. Its warm-up twin (:func:`lone_ttft`) runs just before it, the calibration's prompts are
+    shorter, and the stock boot's prompt beside the streams, back to back too, comes after."""
     steps: list[float] = []
     best: list[float] = []
     run: list[float] = []
@@ -476,7 +488,7 @@ def _forwards(fpm_log: Path, streams: int, chunk: int) -> tuple[list[float], lis
             run.append(forward)
         else:
             run = [forward] if is_chunk and prefix == 0 else []
-        if len(run) > len(best):
+        if not steps and run and len(run) >= len(best):
             best = list(run)
     return steps, best
 
@@ -624,6 +636,7 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
             "boots": len(ran),
             "boot_shares": [_median(b["rounds"], "share") for b in ran],
             "forward_drifts": [_median(b["rounds"], "forward_drift") for b in ran],
+            "reference_noises": [_median(b["rounds"], "reference_noise") for b in ran],
             # the loop's own measure of each prompt (the switch's window lines), all boots
             "share_loop": (statistics.median(v for b in ran for v in b.get("loop_shares") or [])
                            if any(b.get("loop_shares") for b in ran) else None),
@@ -646,7 +659,7 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
     rows, rows_on_mixed, table, misses = [], [], [], []
     for label, s in summary.items():
         if "error" in s:
-            table.append([label, *["-"] * 18, f"did not run: {s['error'][:80]}"])
+            table.append([label, *["-"] * 19, f"did not run: {s['error'][:80]}"])
             continue
         verdict = ""
         if label.startswith("yield"):
@@ -686,7 +699,8 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
                          "ttft_factor_in_boot": s["ttft_factor_in_boot"], "share_cpu": s["share_cpu"],
                          "ttft_cpu_factor": s["ttft_cpu_factor"], "cpu_targets_met": cpu_ok,
                          "boot_shares": s["boot_shares"], "share_loop": s["share_loop"],
-                         "forward_drifts": s["forward_drifts"], "steady_boot_shares": steady,
+                         "forward_drifts": s["forward_drifts"], "reference_noises": s["reference_noises"],
+                         "steady_boot_shares": steady,
                          "steady_share_ok": steady_ok,
                          "expected_share": s.get("expected_share"),
                          "share_quarters": s["share_quarters"], "quarters_ok": quarters_ok,
@@ -701,7 +715,8 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
         ratios = [r for r in s["cost_ratio"] if r is not None]
         table.append([label, f(s["reference_drift"], ".2f"), f(s["share"], ".3f"), f(s["share_before_only"], ".3f"),
                       "/".join(f(v, ".2f") for v in s["boot_shares"]),
-                      "/".join(f(v, "+.2f") for v in s["forward_drifts"]), f(s["share_loop"], ".3f"),
+                      "/".join(f(v, "+.2f") for v in s["forward_drifts"]),
+                      "/".join(f(v, ".2f") for v in s["reference_noises"]), f(s["share_loop"], ".3f"),
                       f(s.get("expected_share"), ".3f"), f(s["share_cpu"], ".3f"), f(s["ttft_s"], ".2f"),
                       f(s["alone_s"], ".2f"), f(s["ttft_factor"], ".2f"), f(s["ttft_factor_in_boot"], ".2f"),
                       f(s["ttft_cpu_factor"], ".2f"),
@@ -709,7 +724,7 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
                       f(s["rate_before"], ".1f"), f(s["throughput"], ".0f"),
                       "/".join(f(q, ".2f") for q in s["share_quarters"] or []) or "-",
                       "/".join(f(g, ".2f") for g in s["chunk_growth"]), verdict])
-    header = ["boot", "drift", "share", "before_only", "per boot", "fwd_drift", "loop", "expected", "share_cpu", "ttft_s", "alone_s", "ttft_x", "ttft_x_in_boot",
+    header = ["boot", "drift", "share", "before_only", "per boot", "fwd_drift", "ref_noise", "loop", "expected", "share_cpu", "ttft_s", "alone_s", "ttft_x", "ttft_x_in_boot",
               "ttft_cpu_x", "ratio/cal", "rate_before", "tok/s", "quarters", "chunk_growth", "target"]
     say(_table(table, header))
     load = os.getloadavg()

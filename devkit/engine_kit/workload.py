@@ -182,6 +182,22 @@ def context_share(points: dict[str, tuple[float, float]], edges: list[float], to
     return {"decode_share_context": round(whole, 4), "share_quarters_context": shares}
 
 
+def reference_noise(points: dict[str, tuple[float, float]], spans: list[tuple[float, float]], tokens_at: Any) -> float:
+    """How far the streams' rate alone moved within a reference span, with nothing else running:
+    the largest difference between the shares of a span's two halves, each against the same
+    reference at the context it had (:func:`context_share`; both read 1.0 on a machine that holds
+    its speed). The share during the prefill is timed against rates measured seconds away from it,
+    so this is the order of the error its reference carries (a full Mellum run's forward-pass
+    records on this 2-core VM: the streams' iterations a second moved by up to 23 % between the two
+    seconds before a prompt, where ±0.03 is ±4 % of a share of 0.70)."""
+    spread = 0.0
+    for a, b in spans:
+        halves = context_share(points, [a, (a + b) / 2, b], tokens_at).get("share_quarters_context")
+        if halves:
+            spread = max(spread, abs(halves[1] - halves[0]))
+    return round(spread, 4)
+
+
 def run_yield_phase(base_url: str, w: Workload, tag: str) -> dict[str, Any]:
     """Phase 3: decode share of running streams while a long prompt prefills in chunks."""
     client.flush_cache(base_url)
@@ -234,6 +250,8 @@ def run_yield_phase(base_url: str, w: Workload, tag: str) -> dict[str, Any]:
         points = {"before": (before, (decoded(t_before) + decoded(t_send)) / 2),
                   "after": (after, (decoded(t_after) + decoded(t_after_end)) / 2)}
         in_context = context_share(points, edges, decoded)
+        if in_context:
+            in_context["reference_noise"] = reference_noise(points, [(t_before, t_send), (t_after, t_after_end)], decoded)
     # Streams are aborted at different lengths on each boot: the gate compares their common prefix.
     outputs = {f"stream{i}": s.output_ids for i, s in enumerate(streams)}
     shortest = min(len(s.output_ids) for s in streams)

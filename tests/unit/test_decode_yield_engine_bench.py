@@ -52,13 +52,19 @@ def _fpm_line(prefill_requests: int, prefill_tokens: int, decode_requests: int, 
         "sum_prefill_kv_tokens": prefix, "num_decode_requests": decode_requests}})
 
 
-def test_a_boots_cost_ratio_is_its_stream_steps_median_forward_over_its_longest_back_to_back_prompts_chunks(tmp_path):
+def test_a_boots_cost_ratio_is_its_stream_steps_median_forward_over_its_lone_prompts_chunks(tmp_path):
+    """The lone prompt: the last of the longest back-to-back runs before the streams' first step
+    (its warm-up twin of the same length runs cold just before it; the stock boot's prompt beside
+    the streams, back to back too, runs after it)."""
     log = tmp_path / "fpm.jsonl"
     log.write_text("\n".join([
         _fpm_line(1, 64, 0, 0.100, 0), _fpm_line(1, 64, 0, 0.100, 64),  # a short prompt: 2 chunks
-        # the lone prompt: 3 chunks back to back, mean 30 ms
+        # the warm-up twin, cold, then the lone prompt: 3 chunks back to back each, mean 30 ms
+        _fpm_line(1, 64, 0, 0.090, 0), _fpm_line(1, 64, 0, 0.090, 64), _fpm_line(1, 64, 0, 0.090, 128),
         _fpm_line(1, 64, 0, 0.020, 0), _fpm_line(1, 64, 0, 0.040, 64), _fpm_line(1, 64, 0, 0.030, 128),
         _fpm_line(0, 0, 4, 0.010), _fpm_line(0, 0, 4, 0.012), _fpm_line(0, 0, 4, 0.030),  # median 12 ms
+        # the stock boot's prompt while the streams wait: back to back, after their first step
+        _fpm_line(1, 64, 0, 0.300, 0), _fpm_line(1, 64, 0, 0.300, 64), _fpm_line(1, 64, 0, 0.300, 128),
         # a yielding prompt: its chunks come after decode steps (never back to back), left out
         _fpm_line(1, 64, 0, 0.500, 0), _fpm_line(0, 0, 4, 0.012), _fpm_line(1, 64, 0, 0.500, 64),
         _fpm_line(0, 0, 4, 0.012), _fpm_line(1, 64, 0, 0.500, 128), _fpm_line(0, 0, 4, 0.012),
@@ -104,7 +110,7 @@ def test_the_full_bench_runs_the_closed_loop_uncalibrated_and_the_open_loop_on_t
         return {"label": label, "fpm_log": log, "alone_s": 4.0, "leftover": [], "rounds": [
             {"share": share + d, "decode_share": share + 2 * d, "reference_drift": 0.05, "prefill_s": 5.0 + repeat,
              "ttft_in_boot": 1.2, "throughput": 900.0, "decode_rate_before": 150.0,
-             "forward_drift": drifts.get(label, [0.0, 0.0])[repeat],
+             "forward_drift": drifts.get(label, [0.0, 0.0])[repeat], "reference_noise": 0.1 * (repeat + 1) + d,
              "share_quarters": [share + 0.1, share, share, share - 0.1]} for d in (-0.01, 0.01)][:rounds]}
 
     fits = iter(["1", "2"])
@@ -147,6 +153,8 @@ def test_the_full_bench_runs_the_closed_loop_uncalibrated_and_the_open_loop_on_t
     # judged apart: the boots whose streams' forward held its reference speed (the second, 0.52)
     assert row["forward_drifts"] == [0.3, -0.02] and row["steady_boot_shares"] == [0.52]
     assert row["steady_share_ok"] is True
+    # how far each boot's reference moved within its own spans: the median of its rounds
+    assert row["reference_noises"] == pytest.approx([0.1, 0.2])
 
 
 def test_the_bracketed_share_divides_the_rate_during_by_the_mean_of_the_rates_before_and_after():
@@ -225,6 +233,55 @@ def test_the_context_share_times_the_streams_tokens_at_their_rate_alone_at_the_c
     assert found["share_quarters_context"] == [round(100 * (1 / 400 + (1 / 400) * 450 / 1000), 4),
                                                round(100 * (1 / 400 + (1 / 400) * 550 / 1000), 4)]
     assert context_share({"before": (400.0, 400.0), "after": (0.0, 1400.0)}, [0.0, 2.0], decoded) == {}
+
+
+def test_the_reference_noise_is_how_far_a_reference_spans_halves_read_apart_at_constant_work():
+    """Rates alone of 400 tok/s before and after (a flat cost: no context growth to take out). The
+    span before decodes 400 tokens a second in both halves (1.0 / 1.0); the span after 440 then 360
+    (1.1 / 0.9): the reference moved by 0.2 of itself within two seconds."""
+    from devkit.engine_kit.workload import reference_noise
+
+    def decoded(t: float) -> float:
+        if t <= 10:
+            return 400 * t
+        return 4000 + 440 * min(t - 10, 1) + 360 * max(t - 11, 0)
+
+    points = {"before": (400.0, 400.0), "after": (400.0, 4400.0)}
+    assert reference_noise(points, [(0.0, 2.0)], decoded) == 0.0
+    assert reference_noise(points, [(0.0, 2.0), (10.0, 12.0)], decoded) == 0.2
+    assert reference_noise({"before": (400.0, 400.0), "after": (0.0, 4400.0)}, [(0.0, 2.0)], decoded) == 0.0
+
+
+def test_the_lone_prompt_is_timed_after_an_untimed_warm_up_of_the_same_length_on_an_empty_cache(monkeypatch):
+    """A boot's first long prompt runs cold; the warm-up has other tokens (no cache hit either way)
+    and the cache is flushed before the lone prompt, which is the one timed."""
+    from devkit.engine_kit import client
+    from devkit.engine_kit import workload as wl
+
+    w = wl.Workload(long_prompt_tokens=300)
+    sent = []
+
+    class Lone:
+        def __init__(self, base_url, rid, ids, max_new_tokens, timeout_s):
+            self.ids, self.error, self.ticks = ids, None, []
+
+        def start(self):
+            sent.append(("timed", self.ids))
+            self.ticks = [(time.monotonic() + 1.5, 1)]
+            return self
+
+        def join(self, timeout_s):
+            pass
+
+    monkeypatch.setattr(client, "flush_cache", lambda url: sent.append(("flush", None)))
+    monkeypatch.setattr(client, "generate", lambda url, ids, n, timeout_s: sent.append(("warm", ids)))
+    monkeypatch.setattr(client, "Stream", Lone)
+    monkeypatch.setattr(time, "sleep", lambda s: None)
+    ttft, cpu = bench.lone_ttft("http://x", w, "t")
+    assert [kind for kind, _ in sent] == ["flush", "warm", "flush", "timed"]
+    warm, timed = sent[1][1], sent[3][1]
+    assert timed == w.ids("long", 300) and len(warm) == 300 and warm != timed
+    assert 1.4 < ttft < 1.6 and cpu is None
 
 
 def test_the_loop_share_of_each_prompt_is_over_its_cycles_and_its_final_chunk(tmp_path):
