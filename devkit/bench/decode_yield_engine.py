@@ -15,7 +15,8 @@ forward-pass metrics: :func:`stream_forwards`; where the machine moves, the clie
 with it, the switch's does not); ``reference_noise``, how far the streams' rate alone moved
 within the reference spans themselves, between their halves, at constant work
 (:func:`devkit.engine_kit.workload.reference_noise`: the resolution of the client's reference on
-this machine); the long prompt's time to
+this machine); ``admission_s``, from the client's send to the prompt's first chunk, the part of
+the client's first quarter where the streams decode alone; the long prompt's time to
 first token (TTFT), and total throughput over that TTFT (stream tokens decoded plus prompt tokens
 prefilled, per second).
 
@@ -453,10 +454,20 @@ def stream_forwards(fpm_log: Path, times: dict[str, float], streams: int) -> dic
     pct 33, the loop 0.20 and 0.33): the client's share then moves with that speed ratio (not exactly
     by it: the forward is not the whole iteration). ``forward_drift``: the forward during over the
     mean of before and after, less one (positive: slower during). Nothing for a span without such a
-    batch."""
+    batch.
+
+    ``admission_s``: from the client's send to the start of the prompt's first chunk (the first
+    batch after the send that prefills a prompt from prefix 0, less its forward): the HTTP request,
+    the tokenizer manager and the scheduler's receive. The client's prefill span starts at the
+    send, the switch's windows at the first chunk; in between the streams decode alone, at a share
+    of 1.0, all of it inside the client's first quarter."""
     spans = {"before": ("before", "send"), "during": ("send", "end"), "after": ("after", "after_end")}
     found: dict[str, list[float]] = {name: [] for name in spans}
+    admission = None
     for batch, forward, arrived in _records(fpm_log):
+        if (admission is None and arrived is not None and "send" in times and arrived > times["send"]
+                and batch["num_prefill_requests"] and batch.get("sum_prefill_kv_tokens") == 0):
+            admission = round(arrived - forward - times["send"], 3)
         if arrived is None or not _streams_step(batch, streams):
             continue
         for name, (a, b) in spans.items():
@@ -466,7 +477,8 @@ def stream_forwards(fpm_log: Path, times: dict[str, float], streams: int) -> dic
     drift = None
     if median["during"] and median["before"] and median["after"]:
         drift = round(median["during"] / ((median["before"] + median["after"]) / 2) - 1, 4)
-    return {"forward_ms": [None if v is None else round(v, 2) for v in median.values()], "forward_drift": drift}
+    return {"forward_ms": [None if v is None else round(v, 2) for v in median.values()], "forward_drift": drift,
+            "admission_s": admission}
 
 
 def _forwards(fpm_log: Path, streams: int, chunk: int) -> tuple[list[float], list[float]]:
@@ -637,6 +649,7 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
             "boot_shares": [_median(b["rounds"], "share") for b in ran],
             "forward_drifts": [_median(b["rounds"], "forward_drift") for b in ran],
             "reference_noises": [_median(b["rounds"], "reference_noise") for b in ran],
+            "admission_s": _median(rounds, "admission_s"),
             # the loop's own measure of each prompt (the switch's window lines), all boots
             "share_loop": (statistics.median(v for b in ran for v in b.get("loop_shares") or [])
                            if any(b.get("loop_shares") for b in ran) else None),
@@ -700,6 +713,7 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
                          "ttft_cpu_factor": s["ttft_cpu_factor"], "cpu_targets_met": cpu_ok,
                          "boot_shares": s["boot_shares"], "share_loop": s["share_loop"],
                          "forward_drifts": s["forward_drifts"], "reference_noises": s["reference_noises"],
+                         "admission_s": s["admission_s"],
                          "steady_boot_shares": steady,
                          "steady_share_ok": steady_ok,
                          "expected_share": s.get("expected_share"),

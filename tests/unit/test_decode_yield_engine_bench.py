@@ -111,6 +111,7 @@ def test_the_full_bench_runs_the_closed_loop_uncalibrated_and_the_open_loop_on_t
             {"share": share + d, "decode_share": share + 2 * d, "reference_drift": 0.05, "prefill_s": 5.0 + repeat,
              "ttft_in_boot": 1.2, "throughput": 900.0, "decode_rate_before": 150.0,
              "forward_drift": drifts.get(label, [0.0, 0.0])[repeat], "reference_noise": 0.1 * (repeat + 1) + d,
+             "admission_s": 0.05 + d,
              "share_quarters": [share + 0.1, share, share, share - 0.1]} for d in (-0.01, 0.01)][:rounds]}
 
     fits = iter(["1", "2"])
@@ -155,6 +156,7 @@ def test_the_full_bench_runs_the_closed_loop_uncalibrated_and_the_open_loop_on_t
     assert row["steady_share_ok"] is True
     # how far each boot's reference moved within its own spans: the median of its rounds
     assert row["reference_noises"] == pytest.approx([0.1, 0.2])
+    assert row["admission_s"] == pytest.approx(0.05)  # the median of its rounds
 
 
 def test_the_bracketed_share_divides_the_rate_during_by_the_mean_of_the_rates_before_and_after():
@@ -310,10 +312,12 @@ def _timed_fpm_line(prefill_requests: int, decode_requests: int, forward_s: floa
 def test_the_streams_forward_is_timed_in_the_reference_spans_and_in_the_prefill_on_the_clients_clock(tmp_path):
     """The median forward of the streams' decode-only batches (4 rows) in each span, by arrival
     time: 20 ms before, 30 ms during, 20 ms after, a drift of +0.5; chunks, mixed batches, other
-    row counts and records outside the spans are not the streams' step alone."""
+    row counts and records outside the spans are not the streams' step alone. The prompt's first
+    chunk (prefix 0) arrives at 2.1 after a 40 ms forward: it started 60 ms after the send."""
     log = tmp_path / "fpm.jsonl"
     log.write_text("\n".join([
         _timed_fpm_line(0, 4, 0.500, 0.5),  # before the reference span
+        _timed_fpm_line(1, 0, 0.040, 1.2),  # a prompt before the send: not the one the client timed
         _timed_fpm_line(0, 4, 0.020, 1.1), _timed_fpm_line(0, 4, 0.019, 1.5), _timed_fpm_line(0, 4, 0.021, 1.9),
         _timed_fpm_line(1, 0, 0.040, 2.1), _timed_fpm_line(0, 4, 0.030, 2.2), _timed_fpm_line(1, 4, 0.090, 2.4),
         _timed_fpm_line(0, 3, 0.001, 2.5), _timed_fpm_line(0, 4, 0.029, 2.6), _timed_fpm_line(0, 4, 0.031, 2.9),
@@ -322,6 +326,7 @@ def test_the_streams_forward_is_timed_in_the_reference_spans_and_in_the_prefill_
     ]))
     times = {"before": 1.0, "send": 2.0, "first": 3.0, "end": 3.0, "after": 4.0, "after_end": 5.0}
     found = bench.stream_forwards(log, times, streams=4)
-    assert found == {"forward_ms": [20.0, 30.0, 20.0], "forward_drift": 0.5}
+    assert found == {"forward_ms": [20.0, 30.0, 20.0], "forward_drift": 0.5, "admission_s": 0.06}
     no_after = {k: v for k, v in times.items() if not k.startswith("after")}
-    assert bench.stream_forwards(log, no_after, streams=4) == {"forward_ms": [20.0, 30.0, None], "forward_drift": None}
+    assert bench.stream_forwards(log, no_after, streams=4) == {"forward_ms": [20.0, 30.0, None], "forward_drift": None,
+                                                                "admission_s": 0.06}
