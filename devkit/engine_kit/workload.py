@@ -187,9 +187,8 @@ def reference_noise(points: dict[str, tuple[float, float]], spans: list[tuple[fl
     the largest difference between the shares of a span's two halves, each against the same
     reference at the context it had (:func:`context_share`; both read 1.0 on a machine that holds
     its speed). The share during the prefill is timed against rates measured seconds away from it,
-    so this is the order of the error its reference carries (a full Mellum run's forward-pass
-    records on this 2-core VM: the streams' iterations a second moved by up to 23 % between the two
-    seconds before a prompt, where ±0.03 is ±4 % of a share of 0.70)."""
+    so this is the order of the error its reference carries (two full Mellum runs on this 2-core
+    VM: 0.03-0.33 per boot, where ±0.03 is ±4 % of a share of 0.70)."""
     spread = 0.0
     for a, b in spans:
         halves = context_share(points, [a, (a + b) / 2, b], tokens_at).get("share_quarters_context")
