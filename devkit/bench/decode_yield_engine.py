@@ -15,7 +15,11 @@ forward-pass metrics: :func:`stream_forwards`; where the machine moves, the clie
 with it, the switch's does not); ``reference_noise``, how far the streams' rate alone moved
 within the reference spans themselves, between their halves, at constant work
 (:func:`devkit.engine_kit.workload.reference_noise`: the resolution of the client's reference on
-this machine); ``admission_s``, from the client's send to the prompt's first chunk, the part of
+this machine); ``step_ratio``, the streams' step as the switch timed it in the prefill over the
+step the client's reference values their tokens at, and ``share_at_speed``, the share with the
+tokens valued at the switch's step (:func:`speed_figures`: the client's share is the switch's
+time share over that ratio, so a miss the ratio explains is the machine's); ``admission_s``,
+from the client's send to the prompt's first chunk, the part of
 the client's first quarter where the streams decode alone; the long prompt's time to
 first token (TTFT), and total throughput over that TTFT (stream tokens decoded plus prompt tokens
 prefilled, per second).
@@ -50,7 +54,8 @@ the ``--prefill-decode-interval`` whose share is closest does), both TTFT factor
 100/(100-pct)+0.10, and a TTFT (in-boot factor) no worse
 than 1.05x that of the alternative whose share is closest (within 0.05) to it. Reported beside the
 targets, not instead of them: ``steady_share_ok``, the share of the boots whose ``forward_drift``
-is within :data:`STEADY` (the machine held its speed) within the same tolerance. Slow (about a minute
+is within :data:`STEADY` (the machine held its speed) within the same tolerance, and
+``share_at_speed_ok``, every boot's ``share_at_speed`` within it (none on mixed chunk). Slow (about a minute
 per boot on 2 cores, 24 boots): a benchmark, never a timed test. ``--quick``: a 2,048-token prompt,
 pct 50 only, one repetition, one round, alternatives interval 1. ``decode-yield-engine-dsv4``: the
 same on the DSV4 kit (:class:`Dsv4Engine`).
@@ -344,43 +349,80 @@ def boot_rounds(label: str, model: Path, w: Any, rounds: int, *, profile: dict[s
         result["leftover"] = server.stop()
         recorder.stop()
     result["loop_shares"] = loop_shares(engine.out / f"{safe}.log")
-    for phase in result["rounds"]:  # the whole log is written now: the span after the last round too
+    # one step per round when every round's prompt chunked; not on mixed chunk, where the windows
+    # also credit the streams with the token they get inside each chunk (no step of theirs to time)
+    steps = [] if "--enable-mixed-chunk" in (extra or []) else loop_steps(engine.out / f"{safe}.log")
+    for r, phase in enumerate(result["rounds"]):  # the whole log is written now: the span after the last round too
         phase.update(stream_forwards(fpm_log, phase["times"], w.streams))
+        if len(steps) == len(result["rounds"]):
+            phase.update(speed_figures(phase, steps[r], w.streams))
     return result
 
 
-def loop_shares(log: Path) -> list[float]:
-    """The share each prompt's windows measured, as the switch's own ``window`` lines say it (DEBUG
-    lines, on with ``DSV41_DEBUG_LOG=1``): the engine's view beside the client's, one value per
-    chunked prompt the streams decoded beside. Over the whole prefill, as the client times it: the
-    streams' part of the prompt's served cycles (``streams_us`` over ``cycle_us``) with the final
-    chunk, which no window follows and no line times, taken at the median overhead of its cycles
-    (a cycle less the streams' part; the DSV4 kit's 16-chunk prompt: the cycles alone read about
-    pct * (1 + (1 - pct) / 15), 0.517 at pct 50, since their windows also pay the final chunk's share)."""
+def _prompt_windows(log: Path) -> list[list[tuple[float, float, int]]]:
+    """The switch's DEBUG ``window`` lines (on with ``DSV41_DEBUG_LOG=1``) that served a cycle,
+    grouped by chunked prompt (a new one starts at a window of prefix 0): per window
+    ``(cycle_us, streams_us, given)``, the cycle's wall time, the streams' part of it and the steps
+    they were given."""
     import re
 
-    shares: list[float] = []
-    cycles: list[tuple[float, float]] = []
-
-    def close() -> None:
-        if cycles:
-            final = statistics.median(c - s for c, s in cycles)
-            shares.append(round(sum(s for _, s in cycles) / (sum(c for c, _ in cycles) + final), 4))
-            cycles.clear()
-
+    prompts: list[list[tuple[float, float, int]]] = []
     if not log.is_file():
-        return shares
+        return prompts
     for line in log.read_text(errors="replace").splitlines():
         if "decode_yield window" not in line:
             continue
-        prefix = re.search(r" prefix=(\d+)", line)
-        cycle, streams = re.search(r" cycle_us=(\S+)", line), re.search(r" streams_us=(\S+)", line)
-        if prefix and int(prefix.group(1)) == 0:  # a new prompt's first window
-            close()
-        if cycle and streams:
-            cycles.append((float(cycle.group(1)), float(streams.group(1))))
-    close()
+        fields = dict(re.findall(r" (\w+)=(\S+)", line))
+        if fields.get("prefix") == "0" or not prompts:  # a new prompt's first window
+            prompts.append([])
+        if "cycle_us" in fields and "streams_us" in fields:
+            prompts[-1].append((float(fields["cycle_us"]), float(fields["streams_us"]), int(fields.get("given", 0))))
+    return [windows for windows in prompts if windows]
+
+
+def loop_shares(log: Path) -> list[float]:
+    """The share each prompt's windows measured, as the switch's own ``window`` lines say it
+    (:func:`_prompt_windows`): the engine's view beside the client's, one value per chunked prompt
+    the streams decoded beside. Over the whole prefill, as the client times it: the streams' part
+    of the prompt's served cycles (``streams_us`` over ``cycle_us``) with the final chunk, which no
+    window follows and no line times, taken at the median overhead of its cycles (a cycle less the
+    streams' part; the DSV4 kit's 16-chunk prompt: the cycles alone read about
+    pct * (1 + (1 - pct) / 15), 0.517 at pct 50, since their windows also pay the final chunk's share)."""
+    shares = []
+    for windows in _prompt_windows(log):
+        final = statistics.median(cycle - streams for cycle, streams, _ in windows)
+        shares.append(round(sum(w[1] for w in windows) / (sum(w[0] for w in windows) + final), 4))
     return shares
+
+
+def loop_steps(log: Path) -> list[float | None]:
+    """The streams' step as the switch timed it in each prompt's windows (:func:`_prompt_windows`):
+    their time over the steps they were given, in seconds; nothing for a prompt that gave none."""
+    steps: list[float | None] = []
+    for windows in _prompt_windows(log):
+        given = sum(w[2] for w in windows)
+        steps.append(round(sum(w[1] for w in windows) / given / 1e6, 7) if given else None)
+    return steps
+
+
+def speed_figures(phase: dict[str, Any], step_s: float | None, streams: int) -> dict[str, Any]:
+    """The client's share against the speed the streams' step ran at in the prefill.
+
+    The client values each token the streams got at their cost alone (``reference_token_s``, from
+    rates measured seconds before and after the prefill: :func:`devkit.engine_kit.workload.context_share`);
+    the switch times the steps it gives (:func:`loop_steps`). ``step_ratio``: the switch's step over
+    ``streams`` times that cost (above 1: the step ran slower in the prefill than in the client's
+    reference spans). ``share_at_speed``: the share with the tokens valued at the step the switch
+    timed, the share times that ratio: what the client's count of tokens and its clock say of the
+    streams' time. The client's share is the switch's time share times the inverse ratio (the
+    Mellum kit's pct 70 boot that read 0.65: a 26.4 ms step in the prefill, 24.5 ms in the reference
+    spans, 0.70 x 24.5 / 26.4 = 0.65), so a boot off by more than the ratio explains is the switch's
+    miss, the rest the machine's."""
+    reference = phase.get("reference_token_s")
+    if not step_s or not reference or phase.get("share") is None:
+        return {}
+    ratio = step_s / (streams * reference)
+    return {"step_ratio": round(ratio, 4), "share_at_speed": round(phase["share"] * ratio, 4)}
 
 
 def _serve_rounds(server: Any, w: Any, rounds: int, result: dict[str, Any], clock: SchedulerClock | None, safe: str,
@@ -649,6 +691,8 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
             "boot_shares": [_median(b["rounds"], "share") for b in ran],
             "forward_drifts": [_median(b["rounds"], "forward_drift") for b in ran],
             "reference_noises": [_median(b["rounds"], "reference_noise") for b in ran],
+            "step_ratios": [_median(b["rounds"], "step_ratio") for b in ran],
+            "boot_shares_at_speed": [_median(b["rounds"], "share_at_speed") for b in ran],
             "admission_s": _median(rounds, "admission_s"),
             # the loop's own measure of each prompt (the switch's window lines), all boots
             "share_loop": (statistics.median(v for b in ran for v in b.get("loop_shares") or [])
@@ -669,10 +713,13 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
             summary[label]["expected_share"] = (statistics.median(e for e in expected if e is not None)
                                                 if any(e is not None for e in expected) else None)
     alternatives = {k: v for k, v in summary.items() if not k.startswith("yield") and "error" not in v}
+    header = ["boot", "drift", "share", "before_only", "per boot", "fwd_drift", "ref_noise", "step_ratio", "at_speed",
+              "loop", "expected", "share_cpu", "ttft_s", "alone_s", "ttft_x", "ttft_x_in_boot",
+              "ttft_cpu_x", "ratio/cal", "rate_before", "tok/s", "quarters", "chunk_growth", "target"]
     rows, rows_on_mixed, table, misses = [], [], [], []
     for label, s in summary.items():
         if "error" in s:
-            table.append([label, *["-"] * 19, f"did not run: {s['error'][:80]}"])
+            table.append([label, *["-"] * (len(header) - 2), f"did not run: {s['error'][:80]}"])
             continue
         verdict = ""
         if label.startswith("yield"):
@@ -686,6 +733,10 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
             # client's reference is the streams' rate alone (stream_forwards), elsewhere the machine moved
             steady = [v for v, d in zip(s["boot_shares"], s["forward_drifts"]) if d is not None and abs(d) <= STEADY]
             steady_ok = bool(steady) and all(v is not None and abs(v - pct / 100) <= tol for v in steady)
+            # every boot with its tokens valued at the step the switch timed in the prefill (speed_figures)
+            at_speed = s["boot_shares_at_speed"]
+            at_speed_ok = (all(v is not None for v in at_speed) and all(abs(v - pct / 100) <= tol for v in at_speed)
+                           if at_speed else None)
             # the interval K whose share is closest to this row's: what a fixed K does per quarter
             intervals = {k: v for k, v in alternatives.items() if k.startswith("interval")}
             matching_k = (min(intervals.items(), key=lambda kv: abs((kv[1]["share"] or 0) - (share or 0)))
@@ -716,6 +767,8 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
                          "admission_s": s["admission_s"],
                          "steady_boot_shares": steady,
                          "steady_share_ok": steady_ok,
+                         "step_ratios": s["step_ratios"], "boot_shares_at_speed": at_speed,
+                         "share_at_speed_ok": at_speed_ok,
                          "expected_share": s.get("expected_share"),
                          "share_quarters": s["share_quarters"], "quarters_ok": quarters_ok,
                          "chunk_growth": s["chunk_growth"],
@@ -730,7 +783,9 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
         table.append([label, f(s["reference_drift"], ".2f"), f(s["share"], ".3f"), f(s["share_before_only"], ".3f"),
                       "/".join(f(v, ".2f") for v in s["boot_shares"]),
                       "/".join(f(v, "+.2f") for v in s["forward_drifts"]),
-                      "/".join(f(v, ".2f") for v in s["reference_noises"]), f(s["share_loop"], ".3f"),
+                      "/".join(f(v, ".2f") for v in s["reference_noises"]),
+                      "/".join(f(v, ".2f") for v in s["step_ratios"]),
+                      "/".join(f(v, ".2f") for v in s["boot_shares_at_speed"]), f(s["share_loop"], ".3f"),
                       f(s.get("expected_share"), ".3f"), f(s["share_cpu"], ".3f"), f(s["ttft_s"], ".2f"),
                       f(s["alone_s"], ".2f"), f(s["ttft_factor"], ".2f"), f(s["ttft_factor_in_boot"], ".2f"),
                       f(s["ttft_cpu_factor"], ".2f"),
@@ -738,8 +793,6 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
                       f(s["rate_before"], ".1f"), f(s["throughput"], ".0f"),
                       "/".join(f(q, ".2f") for q in s["share_quarters"] or []) or "-",
                       "/".join(f(g, ".2f") for g in s["chunk_growth"]), verdict])
-    header = ["boot", "drift", "share", "before_only", "per boot", "fwd_drift", "ref_noise", "loop", "expected", "share_cpu", "ttft_s", "alone_s", "ttft_x", "ttft_x_in_boot",
-              "ttft_cpu_x", "ratio/cal", "rate_before", "tok/s", "quarters", "chunk_growth", "target"]
     say(_table(table, header))
     load = os.getloadavg()
     return {

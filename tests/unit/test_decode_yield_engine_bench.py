@@ -97,6 +97,7 @@ def test_the_full_bench_runs_the_closed_loop_uncalibrated_and_the_open_loop_on_t
 
     order, flags, shares = [], {}, {"stock": [0.01, 0.02], "yield 50": [0.44, 0.52]}
     drifts = {"yield 50": [0.3, -0.02]}  # the first boot's streams' forward ran 30 % slower in the prefill
+    steps = {"yield 50": [1.12, 1.0]}  # and its step, as the switch timed it, 12 % slower
     ratios = {"stock-0": 0.5, "stock-1": 0.4, "yield 50 open loop under load-0": 0.4}
 
     def fake_boot(label, model, w, rounds, *, repeat=0, profile=None, calibrate=False, load=False, **kwargs):
@@ -111,7 +112,8 @@ def test_the_full_bench_runs_the_closed_loop_uncalibrated_and_the_open_loop_on_t
             {"share": share + d, "decode_share": share + 2 * d, "reference_drift": 0.05, "prefill_s": 5.0 + repeat,
              "ttft_in_boot": 1.2, "throughput": 900.0, "decode_rate_before": 150.0,
              "forward_drift": drifts.get(label, [0.0, 0.0])[repeat], "reference_noise": 0.1 * (repeat + 1) + d,
-             "admission_s": 0.05 + d,
+             "admission_s": 0.05 + d, "step_ratio": steps.get(label, [1.0, 1.0])[repeat],
+             "share_at_speed": round((share + d) * steps.get(label, [1.0, 1.0])[repeat], 4),
              "share_quarters": [share + 0.1, share, share, share - 0.1]} for d in (-0.01, 0.01)][:rounds]}
 
     fits = iter(["1", "2"])
@@ -157,6 +159,9 @@ def test_the_full_bench_runs_the_closed_loop_uncalibrated_and_the_open_loop_on_t
     # how far each boot's reference moved within its own spans: the median of its rounds
     assert row["reference_noises"] == pytest.approx([0.1, 0.2])
     assert row["admission_s"] == pytest.approx(0.05)  # the median of its rounds
+    # at the step the switch timed: 0.44 x 1.12 = 0.493 and 0.52, both within 0.03 of 0.50
+    assert row["step_ratios"] == [1.12, 1.0] and row["boot_shares_at_speed"] == pytest.approx([0.4928, 0.52])
+    assert row["share_at_speed_ok"] is True
 
 
 def test_the_bracketed_share_divides_the_rate_during_by_the_mean_of_the_rates_before_and_after():
@@ -231,6 +236,7 @@ def test_the_context_share_times_the_streams_tokens_at_their_rate_alone_at_the_c
 
     found = context_share({"before": (400.0, 400.0), "after": (200.0, 1400.0)}, [0.0, 1.0, 2.0], decoded)
     assert found["decode_share_context"] == 0.375
+    assert found["reference_token_s"] == 3 / 800  # what a token is valued at: the cost at token 900
     # each span at its own middle: tokens 800-900 at 850 (0.35625 s per 100), 900-1000 at 950
     assert found["share_quarters_context"] == [round(100 * (1 / 400 + (1 / 400) * 450 / 1000), 4),
                                                round(100 * (1 / 400 + (1 / 400) * 550 / 1000), 4)]
@@ -290,7 +296,7 @@ def test_the_loop_share_of_each_prompt_is_over_its_cycles_and_its_final_chunk(tm
     """One value per chunked prompt (a new one starts at a window of prefix 0): the streams' part of
     its served cycles' wall time, with the final chunk (no window line times it) at the median of
     its cycles' overheads; a window that served no cycle (prompt gone) adds nothing."""
-    line = ("[dsv41] decode_yield window mode=measured target=50 chunk=64 prefix={} rows=4 n=2 ended=served "
+    line = ("[dsv41] decode_yield window mode=measured target=50 chunk=64 prefix={} rows=4 n=2 given=2 ended=served "
             "share=0.5 prompt_share=0.5 cycle_us={} streams_us={} rank=tp0")
     log = tmp_path / "yield-50.log"
     log.write_text("\n".join([
@@ -300,6 +306,76 @@ def test_the_loop_share_of_each_prompt_is_over_its_cycles_and_its_final_chunk(tm
     # overheads 100 / 140 / 120: the final chunk at 120; the second prompt's one cycle: 200 of 400 + 200
     assert bench.loop_shares(log) == [round(360 / (720 + 120), 4), round(200 / 600, 4)]
     assert bench.loop_shares(tmp_path / "none.log") == []
+
+
+WINDOW = ("[dsv41] decode_yield window mode=measured target=70 chunk=64 prefix={} rows=4 n={n} floor=0 given={n} "
+          "ended=served share=0.7 prompt_share=0.7 cycle_us={} streams_us={} rank=tp0")
+
+
+def test_the_switchs_step_in_each_prompt_is_the_streams_time_over_the_steps_it_gave(tmp_path):
+    """Per chunked prompt: 3 steps in 75.0 ms then 2 in 52.8 ms, 25.56 ms a step; the next prompt
+    (a window of prefix 0) 1 step of 30 ms; a prompt whose windows gave nothing has no step."""
+    log = tmp_path / "yield-70.log"
+    log.write_text("\n".join([
+        WINDOW.format(0, 110000.0, 75000.0, n=3), WINDOW.format(64, 80000.0, 52800.0, n=2),
+        WINDOW.format(0, 40000.0, 30000.0, n=1), WINDOW.format(0, 10000.0, 0.0, n=0)]))
+    assert bench.loop_steps(log) == [0.02556, 0.03, None]
+    assert bench.loop_steps(tmp_path / "none.log") == []
+
+
+def test_the_share_at_speed_values_the_streams_tokens_at_the_step_the_switch_timed():
+    """The Mellum kit's pct 70 boot: the client read 0.65 with a token valued at 24.5 / 4 ms (its
+    reference spans), the switch timed the 4 streams' step at 26.4 ms in the prefill: the step ran
+    1.078 times slower there, and the same tokens at that step are 0.70 of the prefill's time."""
+    phase = {"share": 0.65, "reference_token_s": 0.0245 / 4}
+    found = bench.speed_figures(phase, 0.0264, 4)
+    assert found == {"step_ratio": round(26.4 / 24.5, 4), "share_at_speed": round(0.65 * 26.4 / 24.5, 4)}
+    assert abs(found["share_at_speed"] - 0.70) < 0.001
+    assert bench.speed_figures(phase, None, 4) == {}  # no step timed
+    assert bench.speed_figures({"share": 0.65}, 0.0264, 4) == {}  # no rate after the prefill: no reference
+
+
+def test_each_round_is_judged_at_the_step_its_own_prompts_windows_timed_except_on_mixed_chunk(monkeypatch, tmp_path):
+    """Round r's prompt is the r-th chunked prompt in the boot's log (the lone prompts have no
+    streams beside them, so no windows); on mixed chunk the windows also credit tokens inside
+    chunks, so no step is taken there."""
+    from devkit.engine_kit import fpm
+
+    class FakeServer:
+        base_url, proc = "http://127.0.0.1:1", type("P", (), {"pid": 1})()
+
+        def start(self):
+            return self
+
+        def stop(self):
+            return []
+
+    class FakeEngine:
+        out = tmp_path
+
+        def server(self, *args):
+            return FakeServer()
+
+    def serve(server, w, rounds, result, *args):
+        for share in (0.6, 0.8)[:rounds]:
+            result["rounds"].append({"share": share, "reference_token_s": 0.005, "times": {}})
+
+    monkeypatch.setattr(fpm, "Recorder", lambda ipc, log: type("R", (), {"start": lambda self: self,
+                                                                         "stop": lambda self: None})())
+    monkeypatch.setattr(bench.SchedulerClock, "find", staticmethod(lambda group: None))
+    monkeypatch.setattr(bench, "_serve_rounds", serve)
+    w = type("W", (), {"streams": 4})()
+    for name in ("yield-70.log", "yield-70-+-mixed-chunk.log"):  # prompts of 22 ms then 18 ms steps
+        (tmp_path / name).write_text("\n".join([WINDOW.format(0, 50000.0, 44000.0, n=2),
+                                                WINDOW.format(0, 30000.0, 18000.0, n=1)]))
+    rounds = bench.boot_rounds("yield 70", tmp_path, w, 2, say=print, engine=FakeEngine())["rounds"]
+    assert [r["step_ratio"] for r in rounds] == [1.1, 0.9]
+    assert [r["share_at_speed"] for r in rounds] == [0.66, 0.72]
+    mixed = bench.boot_rounds("yield 70 + mixed chunk", tmp_path, w, 2, say=print, engine=FakeEngine(),
+                              extra=["--enable-mixed-chunk"])["rounds"]
+    assert [r.get("step_ratio") for r in mixed] == [None, None]
+    one = bench.boot_rounds("yield 70", tmp_path, w, 1, say=print, engine=FakeEngine())["rounds"]
+    assert "step_ratio" not in one[0]  # two prompts for one round: which is whose is not known
 
 
 def _timed_fpm_line(prefill_requests: int, decode_requests: int, forward_s: float, arrived: float) -> str:
