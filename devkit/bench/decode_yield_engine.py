@@ -733,10 +733,11 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
             # client's reference is the streams' rate alone (stream_forwards), elsewhere the machine moved
             steady = [v for v, d in zip(s["boot_shares"], s["forward_drifts"]) if d is not None and abs(d) <= STEADY]
             steady_ok = bool(steady) and all(v is not None and abs(v - pct / 100) <= tol for v in steady)
-            # every boot with its tokens valued at the step the switch timed in the prefill (speed_figures)
+            # every boot with its tokens valued at the step the switch timed in the prefill (speed_figures);
+            # not judged (None) where a boot has no step timed (mixed chunk, no window lines)
             at_speed = s["boot_shares_at_speed"]
-            at_speed_ok = (all(v is not None for v in at_speed) and all(abs(v - pct / 100) <= tol for v in at_speed)
-                           if at_speed else None)
+            at_speed_ok = (all(abs(v - pct / 100) <= tol for v in at_speed)
+                           if at_speed and None not in at_speed else None)
             # the interval K whose share is closest to this row's: what a fixed K does per quarter
             intervals = {k: v for k, v in alternatives.items() if k.startswith("interval")}
             matching_k = (min(intervals.items(), key=lambda kv: abs((kv[1]["share"] or 0) - (share or 0)))

@@ -98,6 +98,7 @@ def test_the_full_bench_runs_the_closed_loop_uncalibrated_and_the_open_loop_on_t
     order, flags, shares = [], {}, {"stock": [0.01, 0.02], "yield 50": [0.44, 0.52]}
     drifts = {"yield 50": [0.3, -0.02]}  # the first boot's streams' forward ran 30 % slower in the prefill
     steps = {"yield 50": [1.12, 1.0]}  # and its step, as the switch timed it, 12 % slower
+    untimed = {"yield 70 + mixed chunk", "yield 50 open loop under load"}  # no step the bench can take there
     ratios = {"stock-0": 0.5, "stock-1": 0.4, "yield 50 open loop under load-0": 0.4}
 
     def fake_boot(label, model, w, rounds, *, repeat=0, profile=None, calibrate=False, load=False, **kwargs):
@@ -112,9 +113,10 @@ def test_the_full_bench_runs_the_closed_loop_uncalibrated_and_the_open_loop_on_t
             {"share": share + d, "decode_share": share + 2 * d, "reference_drift": 0.05, "prefill_s": 5.0 + repeat,
              "ttft_in_boot": 1.2, "throughput": 900.0, "decode_rate_before": 150.0,
              "forward_drift": drifts.get(label, [0.0, 0.0])[repeat], "reference_noise": 0.1 * (repeat + 1) + d,
-             "admission_s": 0.05 + d, "step_ratio": steps.get(label, [1.0, 1.0])[repeat],
-             "share_at_speed": round((share + d) * steps.get(label, [1.0, 1.0])[repeat], 4),
-             "share_quarters": [share + 0.1, share, share, share - 0.1]} for d in (-0.01, 0.01)][:rounds]}
+             "admission_s": 0.05 + d, "share_quarters": [share + 0.1, share, share, share - 0.1],
+             **({} if label in untimed else {"step_ratio": steps.get(label, [1.0, 1.0])[repeat],
+                                            "share_at_speed": round((share + d) * steps.get(label, [1.0, 1.0])[repeat], 4)})}
+            for d in (-0.01, 0.01)][:rounds]}
 
     fits = iter(["1", "2"])
     monkeypatch.setattr(bench, "boot_rounds", fake_boot)
@@ -162,6 +164,9 @@ def test_the_full_bench_runs_the_closed_loop_uncalibrated_and_the_open_loop_on_t
     # at the step the switch timed: 0.44 x 1.12 = 0.493 and 0.52, both within 0.03 of 0.50
     assert row["step_ratios"] == [1.12, 1.0] and row["boot_shares_at_speed"] == pytest.approx([0.4928, 0.52])
     assert row["share_at_speed_ok"] is True
+    # not judged where no step was timed: None, not a miss
+    assert result["rows_on_mixed_chunk"][0]["share_at_speed_ok"] is None
+    assert result["rows"][2]["boot_shares_at_speed"] == [None] and result["rows"][2]["share_at_speed_ok"] is None
 
 
 def test_the_bracketed_share_divides_the_rate_during_by_the_mean_of_the_rates_before_and_after():
