@@ -55,7 +55,8 @@ the ``--prefill-decode-interval`` whose share is closest does), both TTFT factor
 than 1.05x that of the alternative whose share is closest (within 0.05) to it. Reported beside the
 targets, not instead of them: ``steady_share_ok``, the share of the boots whose ``forward_drift``
 is within :data:`STEADY` (the machine held its speed) within the same tolerance, and
-``share_at_speed_ok``, every boot's ``share_at_speed`` within it (none on mixed chunk). Slow (about a minute
+``share_at_speed_ok``, every boot's ``share_at_speed`` within it (null where a boot has no step
+timed: mixed chunk, a boot without window lines). Slow (about a minute
 per boot on 2 cores, 24 boots): a benchmark, never a timed test. ``--quick``: a 2,048-token prompt,
 pct 50 only, one repetition, one round, alternatives interval 1. ``decode-yield-engine-dsv4``: the
 same on the DSV4 kit (:class:`Dsv4Engine`).
