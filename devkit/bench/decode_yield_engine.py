@@ -18,7 +18,9 @@ within the reference spans themselves, between their halves, at constant work
 this machine); ``step_ratio``, the streams' step as the switch timed it in the prefill over the
 step the client's reference values their tokens at, and ``share_at_speed``, the share with the
 tokens valued at the switch's step (:func:`speed_figures`: the client's share is the switch's
-time share over that ratio, so a miss the ratio explains is the machine's); ``admission_s``,
+time share over that ratio, so a miss the ratio explains is the machine's), and per quarter of the
+prefill ``share_quarters_at_speed``, each quarter's share at the step the switch timed in it
+(:func:`quarter_speed_figures`); ``admission_s``,
 from the client's send to the prompt's first chunk, the part of
 the client's first quarter where the streams decode alone; the long prompt's time to
 first token (TTFT), and total throughput over that TTFT (stream tokens decoded plus prompt tokens
@@ -55,7 +57,8 @@ the ``--prefill-decode-interval`` whose share is closest does), both TTFT factor
 than 1.05x that of the alternative whose share is closest (within 0.05) to it. Reported beside the
 targets, not instead of them: ``steady_share_ok``, the share of the boots whose ``forward_drift``
 is within :data:`STEADY` (the machine held its speed) within the same tolerance, and
-``share_at_speed_ok``, every boot's ``share_at_speed`` within it (null where a boot has no step
+``share_at_speed_ok``, every boot's ``share_at_speed`` within it, and ``quarters_at_speed_ok``, each
+quarter's median ``share_quarters_at_speed`` within it (null where a boot or a quarter has no step
 timed: mixed chunk, a boot without window lines). Slow (about a minute
 per boot on 2 cores, 24 boots): a benchmark, never a timed test. ``--quick``: a 2,048-token prompt,
 pct 50 only, one repetition, one round, alternatives interval 1. ``decode-yield-engine-dsv4``: the
@@ -350,13 +353,14 @@ def boot_rounds(label: str, model: Path, w: Any, rounds: int, *, profile: dict[s
         result["leftover"] = server.stop()
         recorder.stop()
     result["loop_shares"] = loop_shares(engine.out / f"{safe}.log")
-    # one step per round when every round's prompt chunked; not on mixed chunk, where the windows
-    # also credit the streams with the token they get inside each chunk (no step of theirs to time)
-    steps = [] if "--enable-mixed-chunk" in (extra or []) else loop_steps(engine.out / f"{safe}.log")
+    # one prompt's windows per round when every round's prompt chunked; not on mixed chunk, where the
+    # windows also credit the streams with the token they get inside each chunk (no step of theirs to time)
+    prompts = [] if "--enable-mixed-chunk" in (extra or []) else _prompt_windows(engine.out / f"{safe}.log")
     for r, phase in enumerate(result["rounds"]):  # the whole log is written now: the span after the last round too
         phase.update(stream_forwards(fpm_log, phase["times"], w.streams))
-        if len(steps) == len(result["rounds"]):
-            phase.update(speed_figures(phase, steps[r], w.streams))
+        if len(prompts) == len(result["rounds"]):
+            phase.update(speed_figures(phase, _windows_step(prompts[r]), w.streams))
+            phase.update(quarter_speed_figures(phase, prompts[r], w.streams))
     return result
 
 
@@ -399,11 +403,34 @@ def loop_shares(log: Path) -> list[float]:
 def loop_steps(log: Path) -> list[float | None]:
     """The streams' step as the switch timed it in each prompt's windows (:func:`_prompt_windows`):
     their time over the steps they were given, in seconds; nothing for a prompt that gave none."""
-    steps: list[float | None] = []
-    for windows in _prompt_windows(log):
-        given = sum(w[2] for w in windows)
-        steps.append(round(sum(w[1] for w in windows) / given / 1e6, 7) if given else None)
-    return steps
+    return [_windows_step(windows) for windows in _prompt_windows(log)]
+
+
+def _windows_step(windows: list[tuple[float, float, int]]) -> float | None:
+    given = sum(w[2] for w in windows)
+    return round(sum(w[1] for w in windows) / given / 1e6, 7) if given else None
+
+
+def quarter_steps(windows: list[tuple[float, float, int]], start_s: float, span_s: float) -> list[float | None]:
+    """The streams' step as the switch timed it in each quarter of the client's prefill span
+    (``span_s`` from the send to the first token): the prompt's cycles (:func:`_prompt_windows`) laid
+    end to end from its first chunk, ``start_s`` after the send (``admission_s``), each with its
+    window's steps at its end (the chunk runs first) spread evenly over their ``streams_us``; a
+    quarter's step is the streams' time in it over the steps in it. None for a quarter that holds
+    no step (the final chunk's, when it is longer than a quarter)."""
+    time_in = [0.0] * 4
+    steps_in = [0.0] * 4
+    t = start_s
+    for cycle_us, streams_us, given in windows:
+        end = t + cycle_us / 1e6
+        a = end - streams_us / 1e6  # the window's steps
+        for q in range(4):
+            lo, hi = span_s * q / 4, span_s * (q + 1) / 4
+            part = max(0.0, min(end, hi) - max(a, lo)) / max(end - a, 1e-12)
+            time_in[q] += streams_us * part
+            steps_in[q] += given * part
+        t = end
+    return [round(us / n / 1e6, 7) if n > 1e-9 else None for us, n in zip(time_in, steps_in)]
 
 
 def speed_figures(phase: dict[str, Any], step_s: float | None, streams: int) -> dict[str, Any]:
@@ -424,6 +451,22 @@ def speed_figures(phase: dict[str, Any], step_s: float | None, streams: int) -> 
         return {}
     ratio = step_s / (streams * reference)
     return {"step_ratio": round(ratio, 4), "share_at_speed": round(phase["share"] * ratio, 4)}
+
+
+def quarter_speed_figures(phase: dict[str, Any], windows: list[tuple[float, float, int]],
+                          streams: int) -> dict[str, Any]:
+    """:func:`speed_figures` per quarter of the prefill: each quarter's share with its tokens valued
+    at the step the switch timed in that quarter (:func:`quarter_steps`) instead of the cost its
+    reference gives them there (``reference_token_s_quarters``). ``share_quarters_at_speed``: what the
+    client's count of tokens and its clock say of the streams' time in each quarter; None for a
+    quarter without a step."""
+    quarters, costs = phase.get("share_quarters"), phase.get("reference_token_s_quarters")
+    if not quarters or not costs or not phase.get("measured_s"):
+        return {}
+    steps = quarter_steps(windows, phase.get("admission_s") or 0.0, phase["measured_s"])
+    ratios = [step / (streams * cost) if step and cost else None for step, cost in zip(steps, costs)]
+    return {"step_ratio_quarters": [None if r is None else round(r, 4) for r in ratios],
+            "share_quarters_at_speed": [None if r is None else round(q * r, 4) for q, r in zip(quarters, ratios)]}
 
 
 def _serve_rounds(server: Any, w: Any, rounds: int, result: dict[str, Any], clock: SchedulerClock | None, safe: str,
@@ -602,6 +645,15 @@ def _fit(fpm_log: Path) -> tuple[dict[str, str], str]:
     return keys, text
 
 
+def _quarter_medians(rounds: list[dict[str, Any]], key: str) -> list[float | None] | None:
+    """Per quarter, the median over the rounds that have ``key`` (a quarter none of them has: None)."""
+    have = [r[key] for r in rounds if r.get(key)]
+    if not have:
+        return None
+    found = [[q[i] for q in have if q[i] is not None] for i in range(4)]
+    return [statistics.median(v) if v else None for v in found]
+
+
 def _table(rows: list[list[str]], header: list[str]) -> str:
     cells = [header, *rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
@@ -698,8 +750,8 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
             # the loop's own measure of each prompt (the switch's window lines), all boots
             "share_loop": (statistics.median(v for b in ran for v in b.get("loop_shares") or [])
                            if any(b.get("loop_shares") for b in ran) else None),
-            "share_quarters": [statistics.median(r["share_quarters"][i] for r in rounds if r.get("share_quarters"))
-                               for i in range(4)] if any(r.get("share_quarters") for r in rounds) else None,
+            "share_quarters": _quarter_medians(rounds, "share_quarters"),
+            "share_quarters_at_speed": _quarter_medians(rounds, "share_quarters_at_speed"),
             "chunk_growth": [chunk_growth(b["fpm_log"], w.streams, engine.chunk) for b in ran],
             "cost_ratio": ratios,
             # each boot's ratio over its calibration boot's (the first one's for stock and the alternatives)
@@ -716,7 +768,7 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
     alternatives = {k: v for k, v in summary.items() if not k.startswith("yield") and "error" not in v}
     header = ["boot", "drift", "share", "before_only", "per boot", "fwd_drift", "ref_noise", "step_ratio", "at_speed",
               "loop", "expected", "share_cpu", "ttft_s", "alone_s", "ttft_x", "ttft_x_in_boot",
-              "ttft_cpu_x", "ratio/cal", "rate_before", "tok/s", "quarters", "chunk_growth", "target"]
+              "ttft_cpu_x", "ratio/cal", "rate_before", "tok/s", "quarters", "q_at_speed", "chunk_growth", "target"]
     rows, rows_on_mixed, table, misses = [], [], [], []
     for label, s in summary.items():
         if "error" in s:
@@ -744,6 +796,10 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
             matching_k = (min(intervals.items(), key=lambda kv: abs((kv[1]["share"] or 0) - (share or 0)))
                           if intervals and not loaded else None)
             quarters_ok = bool(s["share_quarters"]) and all(abs(q - pct / 100) <= tol for q in s["share_quarters"])
+            # each quarter at the step the switch timed in it; not judged (None) where one has no step
+            quarters_at_speed = s["share_quarters_at_speed"]
+            quarters_at_speed_ok = (all(abs(q - pct / 100) <= tol for q in quarters_at_speed)
+                                    if quarters_at_speed and None not in quarters_at_speed else None)
             # the bound on the factor over stock's TTFT, and over the same boot's lone prompt (the load
             # on a shared machine drifts between boots; the in-boot factor does not see that drift)
             bound = 100 / (100 - pct) + TTFT_SLACK
@@ -773,6 +829,7 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
                          "share_at_speed_ok": at_speed_ok,
                          "expected_share": s.get("expected_share"),
                          "share_quarters": s["share_quarters"], "quarters_ok": quarters_ok,
+                         "quarters_at_speed": quarters_at_speed, "quarters_at_speed_ok": quarters_at_speed_ok,
                          "chunk_growth": s["chunk_growth"],
                          "matching_k": matching_k[0] if matching_k else None,
                          "matching_k_share": matching_k[1]["share"] if matching_k else None,
@@ -794,6 +851,7 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
                       "/".join(f(r, ".2f") for r in s["ratio_vs_calibration"]),
                       f(s["rate_before"], ".1f"), f(s["throughput"], ".0f"),
                       "/".join(f(q, ".2f") for q in s["share_quarters"] or []) or "-",
+                      "/".join(f(q, ".2f") for q in s["share_quarters_at_speed"] or []) or "-",
                       "/".join(f(g, ".2f") for g in s["chunk_growth"]), verdict])
     say(_table(table, header))
     load = os.getloadavg()

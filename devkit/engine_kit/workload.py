@@ -165,8 +165,9 @@ def context_share(points: dict[str, tuple[float, float]], edges: list[float], to
     each ``(rate, tokens at its middle)``); a span's reference time is then its tokens times that
     cost at its middle, exact for a linear cost. ``edges``: the span boundaries (the prefill, or
     its quarters); ``tokens_at(t)``: the streams' decoded tokens by ``t``. ``reference_token_s``:
-    that cost at the whole span's middle, what the share values a token at. Nothing without both
-    rates."""
+    that cost at the whole span's middle, what the share values a token at, and
+    ``reference_token_s_quarters`` the cost each span's share values its tokens at. Nothing
+    without both rates."""
     (rate_b, k_b), (rate_a, k_a) = points["before"], points["after"]
     if rate_b <= 0 or rate_a <= 0 or k_a <= k_b:
         return {}
@@ -174,15 +175,16 @@ def context_share(points: dict[str, tuple[float, float]], edges: list[float], to
     def cost(k: float) -> float:  # seconds per decoded token (all streams together) at k tokens
         return 1 / rate_b + (1 / rate_a - 1 / rate_b) * (k - k_b) / (k_a - k_b)
 
-    shares = []
+    shares, costs = [], []
     for a, b in itertools.pairwise(edges):
         ka, kb = tokens_at(a), tokens_at(b)
-        shares.append(round((kb - ka) * cost((ka + kb) / 2) / max(b - a, 1e-9), 4))
+        costs.append(cost((ka + kb) / 2))
+        shares.append(round((kb - ka) * costs[-1] / max(b - a, 1e-9), 4))
     whole_k = tokens_at(edges[-1]) - tokens_at(edges[0])
     middle = cost((tokens_at(edges[0]) + tokens_at(edges[-1])) / 2)
     whole = whole_k * middle / max(edges[-1] - edges[0], 1e-9)
     return {"decode_share_context": round(whole, 4), "share_quarters_context": shares,
-            "reference_token_s": round(middle, 7)}
+            "reference_token_s": round(middle, 7), "reference_token_s_quarters": [round(c, 7) for c in costs]}
 
 
 def reference_noise(points: dict[str, tuple[float, float]], spans: list[tuple[float, float]], tokens_at: Any) -> float:

@@ -115,7 +115,8 @@ def test_the_full_bench_runs_the_closed_loop_uncalibrated_and_the_open_loop_on_t
              "forward_drift": drifts.get(label, [0.0, 0.0])[repeat], "reference_noise": 0.1 * (repeat + 1) + d,
              "admission_s": 0.05 + d, "share_quarters": [share + 0.1, share, share, share - 0.1],
              **({} if label in untimed else {"step_ratio": steps.get(label, [1.0, 1.0])[repeat],
-                                            "share_at_speed": round((share + d) * steps.get(label, [1.0, 1.0])[repeat], 4)})}
+                                            "share_at_speed": round((share + d) * steps.get(label, [1.0, 1.0])[repeat], 4),
+                                            "share_quarters_at_speed": [share + d, share, share, share - d]})}
             for d in (-0.01, 0.01)][:rounds]}
 
     fits = iter(["1", "2"])
@@ -153,6 +154,10 @@ def test_the_full_bench_runs_the_closed_loop_uncalibrated_and_the_open_loop_on_t
     assert result["targets_missed"][0].split(":")[0] == "yield 50"
     assert result["targets_missed"][0].split(": ")[1].split(",")[:2] == ["share", "quarters"]
     assert row["quarters_ok"] is False  # 0.58 / 0.38 at the ends
+    # at the steps the switch timed in each quarter: the median over rounds, judged apart
+    assert row["quarters_at_speed"] == pytest.approx([0.48, 0.48, 0.48, 0.48]) and row["quarters_at_speed_ok"] is True
+    assert result["rows_on_mixed_chunk"][0]["quarters_at_speed"] is None
+    assert result["rows_on_mixed_chunk"][0]["quarters_at_speed_ok"] is None
     assert row["matching_k"] == "interval 1" and row["matching_k_share"] == 0.3
     assert row["matching_k_quarters"] == pytest.approx([0.4, 0.3, 0.3, 0.2])
     # judged apart: the boots whose streams' forward held its reference speed (the second, 0.52)
@@ -245,6 +250,9 @@ def test_the_context_share_times_the_streams_tokens_at_their_rate_alone_at_the_c
     # each span at its own middle: tokens 800-900 at 850 (0.35625 s per 100), 900-1000 at 950
     assert found["share_quarters_context"] == [round(100 * (1 / 400 + (1 / 400) * 450 / 1000), 4),
                                                round(100 * (1 / 400 + (1 / 400) * 550 / 1000), 4)]
+    # and the cost each span's tokens are valued at
+    assert found["reference_token_s_quarters"] == [round(1 / 400 + (1 / 400) * 450 / 1000, 7),
+                                                   round(1 / 400 + (1 / 400) * 550 / 1000, 7)]
     assert context_share({"before": (400.0, 400.0), "after": (0.0, 1400.0)}, [0.0, 2.0], decoded) == {}
 
 
@@ -340,6 +348,31 @@ def test_the_share_at_speed_values_the_streams_tokens_at_the_step_the_switch_tim
     assert bench.speed_figures({"share": 0.65}, 0.0264, 4) == {}  # no rate after the prefill: no reference
 
 
+def test_each_quarter_takes_the_steps_the_switch_timed_in_it_with_the_cycles_laid_from_the_first_chunk():
+    """A 4 s prefill whose first chunk starts 0.2 s after the send. Cycles of 1 s, the window's steps
+    at the end of each: 5 steps of 100 ms (0.7-1.2 s), 2 of 200 ms (1.8-2.2 s), 3 of 100 ms
+    (2.9-3.2 s); the final chunk from 3.2 s to the first token has none. Quarter 1 holds 3 steps in
+    0.3 s; quarter 2 2 steps in 0.2 s and 1 in 0.2 s; quarter 3 1 in 0.2 s and 1 in 0.1 s; quarter
+    4 2 in 0.2 s."""
+    windows = [(1e6, 5e5, 5), (1e6, 4e5, 2), (1e6, 3e5, 3)]
+    assert bench.quarter_steps(windows, 0.2, 4.0) == pytest.approx([0.1, 0.4 / 3, 0.15, 0.1])
+    # an 8 s span: the last two quarters hold no step
+    assert bench.quarter_steps(windows, 0.2, 8.0)[2:] == [None, None]
+
+
+def test_each_quarters_share_at_speed_values_its_tokens_at_the_step_the_switch_timed_in_it():
+    """4 streams; the client's reference values a token at 25 / 4 ms in every quarter; the switch
+    timed the step at 27.5 ms in the first two quarters (10 % slower: 0.30 reads 0.33 at speed),
+    22.5 ms in the third (0.40 reads 0.36), none in the last."""
+    windows = [(1e6, 0.55e6, 20), (1e6, 0.55e6, 20), (1e6, 0.45e6, 20)]
+    phase = {"share_quarters": [0.30, 0.30, 0.40, 0.20], "reference_token_s_quarters": [0.025 / 4] * 4,
+             "measured_s": 4.0, "admission_s": 0.0}
+    found = bench.quarter_speed_figures(phase, windows, 4)
+    assert found["step_ratio_quarters"] == [1.1, 1.1, 0.9, None]
+    assert found["share_quarters_at_speed"] == [0.33, 0.33, 0.36, None]
+    assert bench.quarter_speed_figures({**phase, "reference_token_s_quarters": None}, windows, 4) == {}
+
+
 def test_each_round_is_judged_at_the_step_its_own_prompts_windows_timed_except_on_mixed_chunk(monkeypatch, tmp_path):
     """Round r's prompt is the r-th chunked prompt in the boot's log (the lone prompts have no
     streams beside them, so no windows); on mixed chunk the windows also credit tokens inside
@@ -363,7 +396,9 @@ def test_each_round_is_judged_at_the_step_its_own_prompts_windows_timed_except_o
 
     def serve(server, w, rounds, result, *args):
         for share in (0.6, 0.8)[:rounds]:
-            result["rounds"].append({"share": share, "reference_token_s": 0.005, "times": {}})
+            result["rounds"].append({"share": share, "reference_token_s": 0.005, "times": {},
+                                     "share_quarters": [share] * 4, "reference_token_s_quarters": [0.005] * 4,
+                                     "measured_s": 0.1})
 
     monkeypatch.setattr(fpm, "Recorder", lambda ipc, log: type("R", (), {"start": lambda self: self,
                                                                          "stop": lambda self: None})())
@@ -376,6 +411,9 @@ def test_each_round_is_judged_at_the_step_its_own_prompts_windows_timed_except_o
     rounds = bench.boot_rounds("yield 70", tmp_path, w, 2, say=print, engine=FakeEngine())["rounds"]
     assert [r["step_ratio"] for r in rounds] == [1.1, 0.9]
     assert [r["share_at_speed"] for r in rounds] == [0.66, 0.72]
+    # per quarter of the 0.1 s span: each prompt's one cycle (50 ms, its steps from 6 ms; 30 ms, its
+    # step from 12 ms) has steps in the first two quarters only
+    assert [r["share_quarters_at_speed"] for r in rounds] == [[0.66, 0.66, None, None], [0.72, 0.72, None, None]]
     mixed = bench.boot_rounds("yield 70 + mixed chunk", tmp_path, w, 2, say=print, engine=FakeEngine(),
                               extra=["--enable-mixed-chunk"])["rounds"]
     assert [r.get("step_ratio") for r in mixed] == [None, None]
