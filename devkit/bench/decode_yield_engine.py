@@ -407,6 +407,7 @@ def loop_steps(log: Path) -> list[float | None]:
 
 
 def _windows_step(windows: list[tuple[float, float, int]]) -> float | None:
+    """One prompt's windows: the streams' time over the steps given, in seconds (None: none given)."""
     given = sum(w[2] for w in windows)
     return round(sum(w[1] for w in windows) / given / 1e6, 7) if given else None
 
