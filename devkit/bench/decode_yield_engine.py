@@ -655,6 +655,13 @@ def _quarter_medians(rounds: list[dict[str, Any]], key: str) -> list[float | Non
     return [statistics.median(v) if v else None for v in found]
 
 
+def _all_within(values: list[float | None] | None, target: float, tol: float) -> bool | None:
+    """Every value within ``tol`` of ``target``; None (not judged) where there is none or one is missing."""
+    if not values or None in values:
+        return None
+    return all(abs(v - target) <= tol for v in values)
+
+
 def _table(rows: list[list[str]], header: list[str]) -> str:
     cells = [header, *rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
@@ -790,8 +797,7 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
             # every boot with its tokens valued at the step the switch timed in the prefill (speed_figures);
             # not judged (None) where a boot has no step timed (mixed chunk, no window lines)
             at_speed = s["boot_shares_at_speed"]
-            at_speed_ok = (all(abs(v - pct / 100) <= tol for v in at_speed)
-                           if at_speed and None not in at_speed else None)
+            at_speed_ok = _all_within(at_speed, pct / 100, tol)
             # the interval K whose share is closest to this row's: what a fixed K does per quarter
             intervals = {k: v for k, v in alternatives.items() if k.startswith("interval")}
             matching_k = (min(intervals.items(), key=lambda kv: abs((kv[1]["share"] or 0) - (share or 0)))
@@ -799,8 +805,7 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
             quarters_ok = bool(s["share_quarters"]) and all(abs(q - pct / 100) <= tol for q in s["share_quarters"])
             # each quarter at the step the switch timed in it; not judged (None) where one has no step
             quarters_at_speed = s["share_quarters_at_speed"]
-            quarters_at_speed_ok = (all(abs(q - pct / 100) <= tol for q in quarters_at_speed)
-                                    if quarters_at_speed and None not in quarters_at_speed else None)
+            quarters_at_speed_ok = _all_within(quarters_at_speed, pct / 100, tol)
             # the bound on the factor over stock's TTFT, and over the same boot's lone prompt (the load
             # on a shared machine drifts between boots; the in-boot factor does not see that drift)
             bound = 100 / (100 - pct) + TTFT_SLACK
