@@ -48,6 +48,14 @@ def _num(key: str) -> Callable[[Mapping[str, object]], float]:
     return read
 
 
+def _present(key: str) -> Callable[[Mapping[str, object]], float]:
+    def read(params: Mapping[str, object]) -> float:
+        return 1.0 if key in params else 0.0
+
+    read.__doc__ = f"1 when the event has ``{key}=``"
+    return read
+
+
 def _us_to_s(key: str) -> Callable[[Mapping[str, object]], float]:
     def read(params: Mapping[str, object]) -> float:
         return float(params.get(key, 0) or 0) / 1e6
@@ -86,7 +94,11 @@ METRICS: tuple[Metric, ...] = (
            "Decode-yield windows that ended, by how they ended (served, min_bs, prompt_gone, streams_gone).",
            labels=("ended",)),
     Metric("dsv41_decode_yield_steps_planned_total", "decode_yield", "window",
-           "Decode steps the ended windows planned before the next prefill chunk (n).", amount=_num("n")),
+           "Decode steps the ended windows planned before the next prefill chunk (n; a re-planned window's "
+           "re-planned total).", amount=_num("n")),
+    Metric("dsv41_decode_yield_windows_replanned_total", "decode_yield", "window",
+           "Measured mode: ended windows whose rest was planned again after their first half (planned).",
+           amount=_present("planned")),
     Metric("dsv41_decode_yield_steps_given_total", "decode_yield", "window",
            "Decode steps the ended windows gave before the next prefill chunk (given).", amount=_num("given")),
     Metric("dsv41_decode_yield_cycle_seconds_total", "decode_yield", "window",

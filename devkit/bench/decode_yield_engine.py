@@ -361,6 +361,7 @@ def boot_rounds(label: str, model: Path, w: Any, rounds: int, *, profile: dict[s
         if len(prompts) == len(result["rounds"]):
             phase.update(speed_figures(phase, _windows_step(prompts[r]), w.streams))
             phase.update(quarter_speed_figures(phase, prompts[r], w.streams))
+            phase.update(cycle_quarters(phase, prompts[r], w.streams))
     return result
 
 
@@ -468,6 +469,57 @@ def quarter_speed_figures(phase: dict[str, Any], windows: list[tuple[float, floa
     ratios = [step / (streams * cost) if step and cost else None for step, cost in zip(steps, costs)]
     return {"step_ratio_quarters": [None if r is None else round(r, 4) for r in ratios],
             "share_quarters_at_speed": [None if r is None else round(q * r, 4) for q, r in zip(quarters, ratios)]}
+
+
+def cycle_quarters(phase: dict[str, Any], windows: list[tuple[float, float, int]], streams: int) -> dict[str, Any]:
+    """Each quarter of the prefill over whole cycles, on the client's count and clock.
+
+    A cycle runs its chunk first and its window's steps last, so a quarter edge at an arbitrary
+    instant cuts one: the span before it ends in a chunk more often than in steps, the span after
+    it starts in steps. The client's first quarter (it starts with the first chunk) then reads below
+    pct and its last (it ends with the final chunk, whose share the last windows paid) above, by
+    about pct * (1 - pct) / 2 of a cycle over a quarter (the DSV4 kit: cycles of 1.4-7 s against
+    quarters of 5-17 s, 0.02-0.03; the Mellum kit's 20-90 ms cycles, nothing). Here each interior
+    edge moves to the cycle boundary nearest it (a chunk's start, in the layout of
+    :func:`quarter_steps`), the first to the first chunk's start (``admission_s``: the streams'
+    span alone before it is left out), the last stays at the first token. A quarter's share is the
+    streams' tokens the client counted between its edges, each counted from the middle of the
+    boundary's chunk (no token arrives in a chunk, so the layout may be off by half a chunk) at
+    the switch's step in those windows, over the client's time between the edges.
+    ``share_quarters_cycles``: None without the client's token times or with fewer than four
+    windows."""
+    decoded, span = phase.get("decoded_s"), phase.get("measured_s")
+    if not decoded or not span or len(windows) < 4:
+        return {}
+    start = phase.get("admission_s") or 0.0
+    starts, middles, t = [], [], start  # each non-first cycle's start and its chunk's middle
+    for cycle_us, streams_us, _ in windows:
+        starts.append(t)
+        middles.append(t + (cycle_us - streams_us) / 2e6)
+        t += cycle_us / 1e6
+    starts.append(t)  # the final chunk's
+    middles.append(t + max(span - t, 0.0) / 2)
+    picked = [min(range(1, len(starts)), key=lambda i: abs(starts[i] - span * q / 4)) for q in (1, 2, 3)]
+    if len(set(picked)) < 3:
+        return {}
+    bounds = [0, *picked, len(windows)]  # window indices: quarter q holds windows bounds[q]..bounds[q+1]-1
+
+    def tokens_by(x: float) -> int:
+        return next((k for at, k in reversed(decoded) if at <= x), 0)
+
+    shares = []
+    for q in range(4):
+        a, b = bounds[q], bounds[q + 1]
+        given = sum(w[2] for w in windows[a:b])
+        if not given:
+            shares.append(None)
+            continue
+        step = sum(w[1] for w in windows[a:b]) / given / 1e6
+        count_from = start if q == 0 else middles[a]
+        count_to = span if q == 3 else middles[b]
+        wall = (span if q == 3 else starts[b]) - (start if q == 0 else starts[a])
+        shares.append(round((tokens_by(count_to) - tokens_by(count_from)) * step / (streams * max(wall, 1e-9)), 4))
+    return {"share_quarters_cycles": shares}
 
 
 def _serve_rounds(server: Any, w: Any, rounds: int, result: dict[str, Any], clock: SchedulerClock | None, safe: str,
@@ -760,6 +812,7 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
                            if any(b.get("loop_shares") for b in ran) else None),
             "share_quarters": _quarter_medians(rounds, "share_quarters"),
             "share_quarters_at_speed": _quarter_medians(rounds, "share_quarters_at_speed"),
+            "share_quarters_cycles": _quarter_medians(rounds, "share_quarters_cycles"),
             "chunk_growth": [chunk_growth(b["fpm_log"], w.streams, engine.chunk) for b in ran],
             "cost_ratio": ratios,
             # each boot's ratio over its calibration boot's (the first one's for stock and the alternatives)
@@ -776,7 +829,7 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
     alternatives = {k: v for k, v in summary.items() if not k.startswith("yield") and "error" not in v}
     header = ["boot", "drift", "share", "before_only", "per boot", "fwd_drift", "ref_noise", "step_ratio", "at_speed",
               "loop", "expected", "share_cpu", "ttft_s", "alone_s", "ttft_x", "ttft_x_in_boot",
-              "ttft_cpu_x", "ratio/cal", "rate_before", "tok/s", "quarters", "q_at_speed", "chunk_growth", "target"]
+              "ttft_cpu_x", "ratio/cal", "rate_before", "tok/s", "quarters", "q_at_speed", "q_cycles", "chunk_growth", "target"]
     rows, rows_on_mixed, table, misses = [], [], [], []
     for label, s in summary.items():
         if "error" in s:
@@ -806,6 +859,9 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
             # each quarter at the step the switch timed in it; not judged (None) where one has no step
             quarters_at_speed = s["share_quarters_at_speed"]
             quarters_at_speed_ok = _all_within(quarters_at_speed, pct / 100, tol)
+            # each quarter over whole cycles (cycle_quarters); not judged where one has no step
+            quarters_cycles = s["share_quarters_cycles"]
+            quarters_cycles_ok = _all_within(quarters_cycles, pct / 100, tol)
             # the bound on the factor over stock's TTFT, and over the same boot's lone prompt (the load
             # on a shared machine drifts between boots; the in-boot factor does not see that drift)
             bound = 100 / (100 - pct) + TTFT_SLACK
@@ -836,6 +892,7 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
                          "expected_share": s.get("expected_share"),
                          "share_quarters": s["share_quarters"], "quarters_ok": quarters_ok,
                          "quarters_at_speed": quarters_at_speed, "quarters_at_speed_ok": quarters_at_speed_ok,
+                         "quarters_cycles": quarters_cycles, "quarters_cycles_ok": quarters_cycles_ok,
                          "chunk_growth": s["chunk_growth"],
                          "matching_k": matching_k[0] if matching_k else None,
                          "matching_k_share": matching_k[1]["share"] if matching_k else None,
@@ -858,6 +915,7 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
                       f(s["rate_before"], ".1f"), f(s["throughput"], ".0f"),
                       "/".join(f(q, ".2f") for q in s["share_quarters"] or []) or "-",
                       "/".join(f(q, ".2f") for q in s["share_quarters_at_speed"] or []) or "-",
+                      "/".join(f(q, ".2f") for q in s["share_quarters_cycles"] or []) or "-",
                       "/".join(f(g, ".2f") for g in s["chunk_growth"]), verdict])
     say(_table(table, header))
     load = os.getloadavg()

@@ -1,15 +1,15 @@
 """``python -m adapter bench decode-yield-ranks [--quick]``: two TP ranks that measure differently
-take the same windows, and what the agreement costs per window.
+take the same windows, and what the agreement costs per broadcast.
 
 Two processes, each a real SGLang ``Scheduler`` on the CPU harness with decode yield in measured
 mode, joined by a torch.distributed gloo group that stands where SGLang's ``Scheduler.tp_cpu_group``
-stands (``tp_size`` 2): the switch broadcasts rank 0's window on it
-(:mod:`adapter.switches.decode_yield.agreement`). Each rank's forwards take scripted wall times,
+stands (``tp_size`` 2): the switch broadcasts rank 0's window on it, and the re-planned rest of a
+window of 4 steps or more (:mod:`adapter.switches.decode_yield.agreement`). Each rank's forwards take scripted wall times,
 and rank 1's differ (its decode steps 30 % slower, its chunks 20 % faster), as two ranks' clocks
 never agree. Rows: with the agreement (the switch as it is) and without it (each rank keeps its own
 window, what a clock-reading controller would do alone): the windows of each rank and whether
-every scheduler decision of the two ranks is equal; the agreement's cost per window (median wall
-time of the switch's ``agree`` call, one int64 broadcast, on each rank, timed after an untimed
+every scheduler decision of the two ranks is equal; the agreement's cost per broadcast (median
+wall time of the switch's ``agree`` call, one int64 broadcast, on each rank, timed after an untimed
 barrier: the harness's ranks run no forward collectives that would keep them in step as an
 engine's all-reduces do) and of a bare
 int64 broadcast on the same group (median of 2,000, after 200 warm-up).
@@ -118,7 +118,7 @@ def run(quick: bool) -> dict[str, Any]:
             "identical_decisions": r[0]["decisions"] == r[1]["decisions"],
             "share_rank0_clock": r[0]["share"], "share_rank1_clock": r[1]["share"],
             "agree_us_rank0": _us(r[0]["agree_ns"]), "agree_us_rank1": _us(r[1]["agree_ns"]),
-            "windows_agreed": len(r[0]["agree_ns"]),
+            "windows": len(r[0]["windows"]), "broadcasts": len(r[0]["agree_ns"]),
             "bare_broadcast_us_rank0": _us(r[0]["bare_ns"]), "bare_broadcast_us_rank1": _us(r[1]["bare_ns"]),
         }
     load = os.getloadavg()
@@ -128,7 +128,7 @@ def run(quick: bool) -> dict[str, Any]:
         print(f"  {name}: windows identical {row['identical_windows']}, decisions identical "
               f"{row['identical_decisions']}; rank 0 {row['windows_rank0'][:12]}..., rank 1 "
               f"{row['windows_rank1'][:12]}...; share on rank 0's clock {row['share_rank0_clock']}, on rank 1's "
-              f"{row['share_rank1_clock']}; agree per window {row['agree_us_rank0']} / {row['agree_us_rank1']} µs "
-              f"({row['windows_agreed']} windows), bare int64 broadcast {row['bare_broadcast_us_rank0']} / "
+              f"{row['share_rank1_clock']}; agree per broadcast {row['agree_us_rank0']} / {row['agree_us_rank1']} µs "
+              f"({row['broadcasts']} broadcasts, {row['windows']} windows), bare int64 broadcast {row['bare_broadcast_us_rank0']} / "
               f"{row['bare_broadcast_us_rank1']} µs")
     return {"rows": rows, "load_average": [round(x, 2) for x in load]}

@@ -133,7 +133,8 @@ def quarters(found: list[Cycle]) -> list[float]:
 
 # The bench's scenarios: (name, pct, script factory, what it shows, cycles left out of the quarters).
 # A step change in the step's cost lands inside a window planned on the old cost: that window gives
-# more than the share and the next one repays it (0.71 then 0.00 at pct 50); the two are the
+# more than the share (0.67 at pct 50: its rest is re-planned after two steps, its first valued at
+# the old step) and the next one repays it (0.00); the two are the
 # transition, left out of the per-quarter figures and kept in the share over the prompt.
 SCENARIOS: tuple[tuple[str, int, Callable[[], Script], str, tuple[int, ...]], ...] = (
     ("steady", 33, lambda: Script(lambda k: 10 * MS, lambda k: 2 * MS), "chunk 10 ms, step 2 ms", ()),

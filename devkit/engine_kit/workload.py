@@ -202,6 +202,24 @@ def reference_noise(points: dict[str, tuple[float, float]], spans: list[tuple[fl
     return round(spread, 4)
 
 
+def decoded_since(streams: list[Any], t0: float, t1: float) -> list[tuple[float, int]]:
+    """The streams' tokens together as a step function of time in ``(t0, t1]``: at each instant a
+    token count arrived, (seconds after ``t0``, tokens since ``t0``)."""
+    arrivals: list[tuple[float, int]] = []
+    for s in streams:
+        seen = s.tokens_at(t0)
+        for when, count in s.ticks:
+            if t0 < when <= t1 and count > seen:
+                arrivals.append((when, count - seen))
+                seen = count
+    arrivals.sort()
+    total, out = 0, []
+    for when, added in arrivals:
+        total += added
+        out.append((round(when - t0, 6), total))
+    return out
+
+
 def run_yield_phase(base_url: str, w: Workload, tag: str) -> dict[str, Any]:
     """Phase 3: decode share of running streams while a long prompt prefills in chunks."""
     client.flush_cache(base_url)
@@ -271,6 +289,9 @@ def run_yield_phase(base_url: str, w: Workload, tag: str) -> dict[str, Any]:
         "times": {"before": t_before, "send": t_send, "first": t_first, "end": t_end,
                   **({"after": t_after, "after_end": t_after_end} if after is not None else {})},
         "stream_tokens_compared": shortest,
+        # the streams' tokens by each instant of the prefill they arrived at: (seconds after the send,
+        # tokens since the send), for readers that count over other spans
+        "decoded_s": decoded_since(streams, t_send, t_end),
         "decode_rate_quarters": [round(q, 2) for q in quarters],
         **bracket,
         **in_context,

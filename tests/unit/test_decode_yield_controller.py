@@ -246,3 +246,39 @@ def test_a_descheduled_step_in_a_window_counts_for_the_streams_at_most_a_few_ste
     assert cycle is not None
     assert cycle.streams_ns == 2 * MS * (4 + controller.SPIKE)
     assert cycle.overhead_ns == 10 * MS + (100 - 2 * controller.SPIKE) * MS
+
+
+def test_a_window_plans_its_rest_again_after_half_its_steps_once_they_hold_a_step_alone():
+    ctl = controller.Controller(50, 128)
+    _stepped(ctl, 2 * MS)  # the normal loop: the second step after the chunk is a step alone
+    assert ctl.replan_at(4) == 2 and ctl.replan_at(9) == 4 and ctl.replan_at(3) is None
+    ctl.on_pass(20 * MS, 3)  # the overlap loop: the third
+    assert ctl.replan_at(6) == 3 and ctl.replan_at(5) is None
+
+
+def test_the_rest_of_a_window_is_planned_on_its_chunks_measured_cost():
+    """The estimates say a 10 ms chunk and 2 ms steps (5 steps at pct 50); this chunk took 20 ms.
+    After two steps of 2 ms the overhead so far is 24 - 4 = 20 ms, so the streams are owed 16 ms
+    more at the 2 ms their steps take: 8 steps, and the cycle closes the balance at once."""
+    ctl = controller.Controller(50, 128)
+    t = _stepped(ctl, 2 * MS)
+    ctl.plan(t, PROMPT, 512, 0, 0, (10, 10))
+    t = _cycle(ctl, t, 5, 10, 2, 2)  # a cycle as estimated: 10 ms of chunk, 5 steps of 2 ms
+    assert ctl.balance == 0 and ctl.plan(t, PROMPT, 512, 0, 0, (10, 10)).n == 5
+    assert ctl.replan(t, 0) is None  # no step of the window timed yet
+    ctl.ran(False)
+    t += 20 * MS  # the chunk
+    for _ in range(2):
+        ctl.on_pass(t, 2)
+        ctl.ran(True)
+        t += 2 * MS
+    ctl.on_pass(t, 2)
+    assert ctl.replan(t, 2) == 8
+    for _ in range(8):
+        ctl.ran(True)
+        t += 2 * MS
+        ctl.on_pass(t, 2)
+    ctl.ran(False)
+    cycle = ctl.served(t, 10)
+    assert cycle is not None and cycle.elapsed_ns == 40 * MS and cycle.streams_ns == 20 * MS
+    assert ctl.balance == 0 and cycle.share == 0.5

@@ -117,7 +117,9 @@ def test_the_full_bench_runs_the_closed_loop_uncalibrated_and_the_open_loop_on_t
              **({} if label in untimed else {"step_ratio": steps.get(label, [1.0, 1.0])[repeat],
                                             "share_at_speed": round((share + d) * steps.get(label, [1.0, 1.0])[repeat], 4),
                                             "share_quarters_at_speed": [share + d, share, share,
-                                                                        None if "load" in label else share - d]})}
+                                                                        None if "load" in label else share - d],
+                                            "share_quarters_cycles": [share + 3 * d, share, share,
+                                                                      share + (0.1 if "load" in label else 0)]})}
             for d in (-0.01, 0.01)][:rounds]}
 
     fits = iter(["1", "2"])
@@ -161,6 +163,11 @@ def test_the_full_bench_runs_the_closed_loop_uncalibrated_and_the_open_loop_on_t
     assert result["rows_on_mixed_chunk"][0]["quarters_at_speed_ok"] is None
     # a quarter without a step (here the under-load boot's last): shown as None, the row not judged
     assert result["rows"][1]["quarters_at_speed"][3] is None and result["rows"][1]["quarters_at_speed_ok"] is None
+    # over whole cycles: the median over rounds, judged apart (the under-load boot's last quarter 0.1
+    # over; the yield 70 row on mixed chunk has none)
+    assert row["quarters_cycles"] == pytest.approx([0.48] * 4) and row["quarters_cycles_ok"] is True
+    assert result["rows"][1]["quarters_cycles"][3] == pytest.approx(0.4) and result["rows"][1]["quarters_cycles_ok"] is False
+    assert result["rows_on_mixed_chunk"][0]["quarters_cycles_ok"] is None
     assert row["matching_k"] == "interval 1" and row["matching_k_share"] == 0.3
     assert row["matching_k_quarters"] == pytest.approx([0.4, 0.3, 0.3, 0.2])
     # judged apart: the boots whose streams' forward held its reference speed (the second, 0.52)
@@ -376,6 +383,41 @@ def test_each_quarters_share_at_speed_values_its_tokens_at_the_step_the_switch_t
     assert bench.quarter_speed_figures({**phase, "reference_token_s_quarters": None}, windows, 4) == {}
 
 
+def _tokens_of(windows, admission, late=0.0, alone=(0.05, 0.15), streams=2):
+    """The client's count: ``streams`` tokens at the end of each step (its windows' steps last in each
+    cycle, cycles laid from ``admission``), arriving ``late`` s after it, and the steps the streams
+    ran alone before the first chunk."""
+    times, t = list(alone), admission
+    for cycle_us, streams_us, given in windows:
+        end = t + cycle_us / 1e6
+        times += [end - streams_us / 1e6 + (k + 1) * streams_us / 1e6 / given + late for k in range(given)]
+        t = end
+    return [(round(x, 6), streams * (i + 1)) for i, x in enumerate(sorted(times))]
+
+
+def test_the_quarters_over_whole_cycles_move_each_edge_to_the_nearest_chunk_start():
+    """Eight 1 s cycles from 0.2 s after the send (a 0.5 s chunk, then 5 steps of 0.1 s for 2 streams),
+    the final chunk to 8.7 s. The client's edges at 2.175 / 4.35 / 6.525 s move to the chunk starts
+    at 2.2 / 4.2 / 6.2 s: two whole cycles a quarter, 0.5 each, the last with the final chunk (0.4);
+    the first leaves out the streams' steps alone before the first chunk."""
+    windows = [(1e6, 5e5, 5)] * 8
+    phase = {"measured_s": 8.7, "admission_s": 0.2, "decoded_s": _tokens_of(windows, 0.2)}
+    assert bench.cycle_quarters(phase, windows, 2) == {"share_quarters_cycles": [0.5, 0.5, 0.5, 0.4]}
+    # tokens arriving up to half a chunk after their step (a layout off by as much) count alike
+    late = {**phase, "decoded_s": _tokens_of(windows, 0.2, late=0.2)}
+    assert bench.cycle_quarters(late, windows, 2) == {"share_quarters_cycles": [0.5, 0.5, 0.5, 0.4]}
+    assert bench.cycle_quarters({**phase, "decoded_s": None}, windows, 2) == {}
+    assert bench.cycle_quarters(phase, windows[:3], 2) == {}
+
+
+def test_a_quarter_over_whole_cycles_takes_the_step_the_switch_timed_in_its_own_windows():
+    """The same cycles, the second quarter's windows timed at 0.125 s a step (5 steps in 0.625 s of
+    a 1 s cycle: its chunk 0.375 s): its tokens are valued at that step."""
+    windows = [(1e6, 5e5, 5)] * 2 + [(1e6, 6.25e5, 5)] * 2 + [(1e6, 5e5, 5)] * 4
+    phase = {"measured_s": 8.7, "admission_s": 0.2, "decoded_s": _tokens_of(windows, 0.2)}
+    assert bench.cycle_quarters(phase, windows, 2)["share_quarters_cycles"] == [0.5, 0.625, 0.5, 0.4]
+
+
 def test_each_round_is_judged_at_the_step_its_own_prompts_windows_timed_except_on_mixed_chunk(monkeypatch, tmp_path):
     """Round r's prompt is the r-th chunked prompt in the boot's log (the lone prompts have no
     streams beside them, so no windows); on mixed chunk the windows also credit tokens inside
@@ -417,6 +459,8 @@ def test_each_round_is_judged_at_the_step_its_own_prompts_windows_timed_except_o
     # per quarter of the 0.1 s span: each prompt's one cycle (50 ms, its steps from 6 ms; 30 ms, its
     # step from 12 ms) has steps in the first two quarters only
     assert [r["share_quarters_at_speed"] for r in rounds] == [[0.66, 0.66, None, None], [0.72, 0.72, None, None]]
+    # a prompt of fewer than four windows has no quarters over whole cycles
+    assert [r.get("share_quarters_cycles") for r in rounds] == [None, None]
     mixed = bench.boot_rounds("yield 70 + mixed chunk", tmp_path, w, 2, say=print, engine=FakeEngine(),
                               extra=["--enable-mixed-chunk"])["rounds"]
     assert [r.get("step_ratio") for r in mixed] == [None, None]

@@ -88,3 +88,14 @@ def test_the_yield_phase_refuses_a_round_whose_streams_did_not_decode_together(m
     with pytest.raises(RuntimeError, match=r"streams \['r-s0'\] finished their 100 tokens before the long prompt"):
         wl.run_yield_phase("http://x", w, "r")
     assert stopped == [2]  # the streams are stopped on the way out
+
+
+def test_the_streams_tokens_since_the_send_merge_every_streams_arrivals_in_time_order():
+    """Two streams' arrivals (a chunk of 2 tokens in one message counts 2): those in (send, end] only,
+    counted from the tokens each had at the send."""
+    from devkit.engine_kit.client import Stream
+
+    a = Stream("http://x", "a", [7], 10, ticks=[(0.5, 1), (1.2, 2), (1.9, 4), (3.1, 5)])
+    b = Stream("http://x", "b", [7], 10, ticks=[(0.9, 1), (1.5, 2), (2.5, 3)])
+    assert wl.decoded_since([a, b], 1.0, 3.0) == [(0.2, 1), (0.5, 2), (0.9, 4), (1.5, 5)]
+    assert wl.decoded_since([a, b], 3.5, 4.0) == []

@@ -478,6 +478,23 @@ def test_the_window_line_names_the_mode_target_measured_share_and_n(debug_lines)
     assert abs(float(windows[-1]["prompt_share"]) - 0.33) <= 0.02
 
 
+def test_a_window_whose_rest_was_re_planned_names_the_n_it_was_armed_with(debug_lines):
+    """Steps of 2 ms, then 5 ms from chunk 20 at pct 50: window 20 was armed at 5 steps and gave 4
+    once its rest was planned on the 5 ms its steps took; a window re-planned to its own N (the
+    steady 5s) names nothing more."""
+    from devkit.bench.decode_yield_scripted import MS, Script
+    from devkit.bench.decode_yield_scripted import run as scripted_run
+
+    found = scripted_run(50, Script(lambda k: 10 * MS, lambda k: 2 * MS if k < 20 else 5 * MS),
+                         on_ready=debug_lines.clear)
+    windows = [receipts.parse_line(line).params for line in debug_lines if " window " in line]
+    assert len(windows) == len(found)
+    replanned = {i: (w["planned"], w["n"], w["given"]) for i, w in enumerate(windows) if "planned" in w}
+    assert replanned[20] == ("5", "4", "4")
+    # the others: the first measured window, after the boot's first (the model's ratio), which it repays
+    assert set(replanned) == {1, 20} and replanned[1][0] == "5" and int(replanned[1][1]) > 5
+
+
 def test_in_model_mode_the_window_line_ends_at_how_the_window_ended(debug_lines):
     _install(33, DSV41_DECODE_YIELD_MODE="model")
     _scenario(_harness(), ready=debug_lines.clear)

@@ -34,9 +34,11 @@ def test_a_step_change_in_decode_cost_mid_prompt_is_followed():
     before, after = found[:20], found[22:-LAST]
     assert abs(_share(before) - 0.50) <= 0.03 and abs(_share(after) - 0.50) <= 0.03
     assert {c[1] for c in before[3:]} == {5} and {c[1] for c in after[1:]} == {2}
-    # the 5 ms steps of the window before gave more than the share: repaid by the next window, and
-    # the fraction of a step left over by the one after it
-    assert found[21][1] == 0 and found[22][1] == 1
+    # the change lands in window 20, planned at 5 steps of 2 ms: its rest is planned again after two
+    # steps on the 5 ms its timed step took (4 steps, 0.67 of its cycle, where the 5 planned gave
+    # 0.71: its first step is valued at the step alone before it, 2 ms), and the next window repays
+    # what is left over
+    assert found[20][1] == 4 and found[21][1] == 0
     # the open-loop model with the first half's costs (chunk 10 ms, step 2 ms): 0.71 once the step is 5 ms
     model = _run(50, script(), mode="model", env=MODEL_10_2)
     assert abs(_share(model[2:20]) - 0.50) <= 0.03 and _share(model[22:]) > 0.65
@@ -118,3 +120,29 @@ def test_the_windows_of_the_last_quarter_also_give_the_streams_their_share_of_th
     assert sum(c[1] for c in last) == pytest.approx(2.5 * LAST + 2.5, abs=1)  # ... and 2.5 more for the final one
     assert abs(_share(found) - 0.50) <= 0.004, _share(found)
     assert abs(quarters(found)[3] - 0.50) <= 0.01, quarters(found)
+
+
+def test_a_long_window_plans_its_rest_again_on_what_its_chunk_and_first_steps_took():
+    """pct 70 with a 10 ms chunk and 1 ms steps: windows of about 23 steps, each planned again after
+    its first half. Chunk 10 costs 3x the others: its own window gives the streams that cycle's
+    share (the rest planned on the chunk's measured cost) where, planned once on the estimate, it
+    fell short and the next window repaid it."""
+    def script() -> Script:
+        return Script(lambda k: 30 * MS if k == 10 else 10 * MS, lambda k: 1 * MS)
+
+    found = _run(70, script())
+    share_of = [c[3] / c[2] for c in found]
+    assert abs(share_of[10] - 0.70) <= 0.02, share_of[10]
+    assert all(abs(s - 0.70) <= 0.03 for s in share_of[3:-LAST]), share_of
+    # the control: the same script with every window planned once
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(controller.Controller, "replan_at", lambda self, n: None)
+        once = [c[3] / c[2] for c in _run(70, script())]
+    assert once[10] < 0.50 and once[11] > 0.80, (once[10], once[11])
+
+
+def test_a_re_planned_window_never_gives_fewer_steps_than_the_configured_interval():
+    """pct 20 with --prefill-decode-interval 6: every window is planned at the floor of 6 (the share
+    asks for about 3), and its re-planned rest, which would end it at once, is held to the floor."""
+    found = _run(20, Script(lambda k: 10 * MS, lambda k: 1 * MS), interval=6)
+    assert {c[1] for c in found} == {6}

@@ -33,6 +33,17 @@ The scheduler's own passes are the clock's samples. Every pass stamps the time i
   times the next chunk's tokens is the next cycle's estimate ``O_est``.
 * **The share** of a cycle is what the bench and an operator measure: the streams' tokens at their
   rate alone over the wall time, ``S / E``.
+* **The window's second half** (:meth:`Controller.replan`): a window long enough to time its own
+  steps (``N`` of at least twice the run a step alone needs: 4 in the normal loop, 6 in the overlap
+  loop) is planned again after half its steps, on what its cycle measured so far: the chunk's own
+  overhead (the time since the chunk's pass less the streams' part) instead of the estimate, and
+  the window's own steps alone instead of the step before it. An estimate's error then costs the
+  streams half a window at most, not a whole window that the next one repays (the DSV4 kit's
+  windows of 10-65 steps, planned once: their steps took 0.71-1.33 of the plan and their chunks
+  0.70-1.16 of the estimate, first to ninth deciles over a pct 50 and a pct 70 boot, so a cycle's
+  share swung up to 0.2 either side of pct, and a quarter of the prompt, about four cycles,
+  carried its last cycle's swing). Short windows (the Mellum kit's 1-4 steps) are planned once.
+  Under tensor parallelism the second half is rank 0's too: a second broadcast for such a window.
 * **The closed loop**: ``balance`` holds what the streams got beyond their share over the prompt's
   served cycles, ``sum((100-pct)*S - pct*O)`` (ns, scaled by 100). The
   next window is the smallest ``N`` that brings it back to zero after the next cycle::
@@ -231,6 +242,31 @@ class Controller:
             need = self._need_run
         return Plan(max(floor, min(self.cap, need)), source, step, overhead)
 
+    def replan_at(self, n: int) -> int | None:
+        """After how many of a window's ``n`` planned steps its rest is planned again
+        (:meth:`replan`): half of it, once its steps hold a step alone of their own (the first
+        ``need_run - 1`` after the chunk are not); None for a window too short to hold one."""
+        half = n // 2
+        return half if half >= self._need_run else None
+
+    def replan(self, t: int, given: int) -> int | None:
+        """The steps the open window still gives, planned again at ``t`` after ``given`` steps on
+        what the cycle measured so far: its chunk's own overhead (the time since the chunk's pass
+        less the streams' part) instead of the estimate, and the mean of the window's own steps
+        alone instead of the step before it for the steps still to give. The balance of
+        :meth:`served` then closes at the cycle's end if the rest of the steps run as the first
+        did. None when the window timed no step."""
+        if self._cycle is None or not self._window_steps:
+            return None
+        start, _, rode_along, final_part = self._cycle
+        own = self._window_ns // self._window_steps  # what its steps take: the rest as the first
+        # its untimed tokens as served() values them, so the balance it closes is served()'s
+        got = self._streams_ns(given + rode_along, self.step_ns() or own)
+        overhead = max(0, t - start - got)
+        rest = 100 - self.pct
+        owed = self.pct * (overhead + final_part) - self.balance - rest * got
+        return max(0, -(-owed // (rest * own)))
+
     def served(self, t: int, given: int) -> Cycle | None:
         """The window of the last plan gave ``given`` steps and the next chunk runs at ``t``."""
         if self._cycle is None:
@@ -241,9 +277,7 @@ class Controller:
         step = self.step_ns()
         if step is None or elapsed <= 0:  # nothing to weigh the streams' tokens by
             return None
-        # the window's steps alone as they ran; its other tokens at the step alone
-        timed = min(self._window_steps, given + rode_along)
-        got = self._window_ns * timed // max(self._window_steps, 1) + (given + rode_along - timed) * step
+        got = self._streams_ns(given + rode_along, step)
         overhead = max(0, elapsed - got)
         self.overhead_per_token.add(overhead * 1000 // max(tokens, 1))
         # the share is owed on the cycle's overhead and on its planned part of the final chunk
@@ -257,6 +291,12 @@ class Controller:
         self._given_ns += got
         self._elapsed_ns += elapsed
         return Cycle(elapsed, got, overhead, round(got / elapsed, 4), round(self._given_ns / self._elapsed_ns, 4))
+
+    def _streams_ns(self, tokens: int, step: int) -> int:
+        """The streams' part of the open cycle after ``tokens`` of theirs (steps given and a token
+        that rode along): the window's steps alone as they ran, its other tokens at ``step``."""
+        timed = min(self._window_steps, tokens)
+        return self._window_ns * timed // max(self._window_steps, 1) + (tokens - timed) * step
 
     def abandoned(self) -> None:
         """The window did not give what it planned: no cycle, and the prompt's balance starts over."""

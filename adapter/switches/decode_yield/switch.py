@@ -12,10 +12,12 @@ changes: chunk boundaries, batch contents and outputs stay the engine's own.
 * ``measured`` (the default): a closed loop on this boot's measured iteration wall times
   (:mod:`adapter.switches.decode_yield.controller`): the streams' step alone and each chunk cycle's
   overhead, measured from the scheduler's own passes, and the share the streams got in the
-  prompt's earlier windows corrects the next one (rounding carried). The boot's first windows,
-  before anything is measured, use the cost model's ratio. Under tensor parallelism rank 0 decides
-  and broadcasts ``N`` on ``Scheduler.tp_cpu_group`` (:mod:`adapter.switches.decode_yield.agreement`):
-  ranks' clocks differ, and every rank must defer the same passes.
+  prompt's earlier windows corrects the next one (rounding carried). A window of at least 4 steps
+  (6 in the overlap loop) is planned again after half its steps, on its chunk's measured cost and
+  its own steps. The boot's first windows, before anything is measured, use the cost model's
+  ratio. Under tensor parallelism rank 0 decides and broadcasts ``N`` (and the re-planned rest) on
+  ``Scheduler.tp_cpu_group`` (:mod:`adapter.switches.decode_yield.agreement`): ranks' clocks differ,
+  and every rank must defer the same passes.
 * ``model``: the open-loop integer cost model alone (:mod:`adapter.switches.decode_yield.cost_model`,
   ``N = ceil((pct*window_cost - carry) / ((100-pct)*step_cost))`` from the chunk's and the
   streams' shapes and the ``DSV41_DECODE_YIELD_*`` coefficients; clock-free, so every rank decides
@@ -40,13 +42,15 @@ tests/upstream/test_decode_yield_closed_loop.py; two ranks: tests/upstream/test_
   gone (finished, aborted, retracted by a pause): no idle pass, and never shorter than the
   configured interval. The engine's ``--prefill-decode-interval-min-bs`` rule still applies.
 * Arming is decided on replicated scheduler state (a non-final chunk in the batch, running rows),
-  so every TP rank reaches the broadcast on the same pass; ``N`` itself is rank 0's.
+  so every TP rank reaches the broadcast on the same pass; ``N`` itself is rank 0's, and so is
+  a re-planned rest (reached after a count of steps from the agreed ``N``), which keeps the
+  window between the configured interval and the cap.
 * DP attention, pipeline parallelism, PD disaggregation and dLLM are refused (stock path stays).
 
 Hooks: ``Scheduler.get_next_batch_to_run`` (before the call, measured mode: stamp the pass; after
 it: arm the window when the batch about to run holds a non-final chunk) and
-``Scheduler._should_defer_prefill`` (before the call: end the window early; after it: close the
-measured cycle). ``_arm_prefill_decode_interval`` (whose counter is the floor),
+``Scheduler._should_defer_prefill`` (before the call: end the window early, or plan its rest again
+by setting the engine's counter; after it: close the measured cycle). ``_arm_prefill_decode_interval`` (whose counter is the floor),
 ``_reqs_finishing_inflight`` (rows the overlap loop's in-flight result finishes) and
 ``init_model_worker`` (which sets ``tp_cpu_group``) are read or called, not wrapped; they are pinned
 beside the wrapped two (registry ``relies_on``), so drift refuses the switch.
@@ -72,12 +76,14 @@ DLLM = "dLLM: diffusion decoding does not use the chunked-prefill deferral path"
 class _Window:
     """One open yield window: the chunked prompt it waits for and what it was armed with."""
 
-    __slots__ = ("chunk", "floor", "n", "plan", "prefix", "req", "rows")
+    __slots__ = ("chunk", "floor", "n", "plan", "planned", "prefix", "replan_at", "req", "rows")
 
     def __init__(self, req: Any, n: int, floor: int, chunk: int, prefix: int, rows: int,
-                 plan: controller.Plan | None):
+                 plan: controller.Plan | None, replan_at: int | None = None):
         self.req, self.n, self.floor = req, n, floor
         self.chunk, self.prefix, self.rows, self.plan = chunk, prefix, rows, plan
+        self.planned = n  # N as armed; ``n`` is what the window gives once its rest is planned again
+        self.replan_at = replan_at  # measured mode: after this many steps its rest is planned again
 
 
 class _State:
@@ -205,7 +211,10 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
             n, state.carry = cost_model.yield_window(pct, chunk_fs, step_fs, floor, carry, cap, rode_along)
             state.carry_req = chunked
         instance._prefill_decode_interval_remaining = n
-        state.window = _Window(chunked, n, floor, batch.extend_lens[index], batch.prefix_lens[index], rows, decided)
+        # on the agreed n (replicated), so every rank plans the rest on the same pass
+        replan_at = ctl.replan_at(n) if ctl is not None else None
+        state.window = _Window(chunked, n, floor, batch.extend_lens[index], batch.prefix_lens[index], rows, decided,
+                               replan_at)
         return plan
 
     def _should_defer_prefill(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
@@ -229,6 +238,8 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
         if ended is not None:  # end now, but never shorter than the configured interval
             given = window.n - remaining
             instance._prefill_decode_interval_remaining = min(remaining, max(0, window.floor - given))
+        elif window.replan_at is not None and window.n - remaining == window.replan_at:
+            remaining = _replan(instance, state.ctl, state.pass_t, window, cap)
         defer = wrapped(*args, **kwargs)
         if ended is None and not defer:
             ended = "served" if remaining == 0 else "min_bs"
@@ -252,6 +263,21 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
             "mode_check": "install" if published is not None else "first_pass"}
 
 
+def _replan(scheduler: Any, ctl: controller.Controller, t: int, window: _Window, cap: int) -> int:
+    """The window's rest planned again on what its first half measured (rank 0's, on every TP
+    rank: the pass is reached alike, ``replan_at`` and the counter being replicated), bounded as
+    the plan (the floor, the cap); sets the engine's counter and returns it."""
+    given = window.replan_at
+    left = ctl.replan(t, given)
+    # every rank reaches this pass: each takes part in the broadcast, even when its own clock timed no step
+    left = agreement.agree(scheduler, window.n - given if left is None else left)
+    left = max(window.floor - given, min(cap - given, left), 0)
+    window.n = given + left
+    window.replan_at = None
+    scheduler._prefill_decode_interval_remaining = left
+    return left
+
+
 def _window_fields(mode: str, pct: int, window: _Window, given: int, ended: str,
                    cycle: controller.Cycle | None) -> dict[str, Any]:
     """The ``window`` line: what was planned and given; in measured mode what it was planned from
@@ -260,6 +286,8 @@ def _window_fields(mode: str, pct: int, window: _Window, given: int, ended: str,
     fields: dict[str, Any] = {"mode": mode, "target": pct, "chunk": window.chunk, "prefix": window.prefix,
                               "rows": window.rows, "n": window.n, "floor": window.floor, "given": given,
                               "ended": ended}
+    if window.planned != window.n:  # its rest was planned again after its first half
+        fields["planned"] = window.planned
     plan = window.plan
     if plan is not None:
         fields["source"] = plan.source
