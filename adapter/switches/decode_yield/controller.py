@@ -42,7 +42,7 @@ The scheduler's own passes are the clock's samples. Every pass stamps the time i
   windows of 10-65 steps, planned once: their steps took 0.71-1.33 of the plan and their chunks
   0.70-1.16 of the estimate, first to ninth deciles over a pct 50 and a pct 70 boot, so a cycle's
   share swung up to 0.2 either side of pct, and a quarter of the prompt, about four cycles,
-  carried its last cycle's swing). Short windows (the Mellum kit's 1-4 steps) are planned once.
+  carried its last cycle's swing). Short windows (most of the Mellum kit's, 1-4 steps) are planned once.
   Under tensor parallelism the second half is rank 0's too: a second broadcast for such a window.
 * **The closed loop**: ``balance`` holds what the streams got beyond their share over the prompt's
   served cycles, ``sum((100-pct)*S - pct*O)`` (ns, scaled by 100). The
