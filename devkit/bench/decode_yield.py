@@ -3,10 +3,11 @@
 A long prompt arrives while streams decode; the real ``Scheduler`` (devkit.testkit.scheduler)
 schedules it in 8192-token chunks on a page-64 pool, with the switch off (pct 0, stock) and on.
 Per row: decode steps between chunks (min/mean/max); the modelled decode share while the prompt
-prefills, over its chunk-and-window cycles (first chunk to the start of the final chunk, which by
-design arms no window): cost of the decode steps / (that + cost of the non-final chunks), costs
-from :mod:`adapter.switches.decode_yield.cost_model` defaults; the modelled TTFT factor of the long prompt (first chunk
-to the end of the final chunk, against the stock run of the same row); whether the 128-step cap
+prefills, from its first chunk to the end of its final chunk (the span a client times as the
+prompt's TTFT, over which the switch holds the share: no window follows the final chunk, so the
+windows before it pay the final chunk's part): cost of the decode steps / (that + cost of all the
+prompt's chunks), costs from :mod:`adapter.switches.decode_yield.cost_model` defaults; the modelled
+TTFT factor of the long prompt (the same span, against the stock run of the same row); whether the 128-step cap
 bound a window; idle passes; streams retracted (pool pressure; 0 means the pool was sized right).
 
 Overhead: the wrappers' cost per scheduler pass, measured A/B interleaved in one run: the same
@@ -68,18 +69,19 @@ class PromptTimes:
 
     @property
     def share(self) -> float:
-        """Decode share of the chunk-and-window cycles (first chunk to the start of the final one)."""
-        total = self.cycle_chunk_fs + self.cycle_decode_fs
+        """Decode share of the prefill, first chunk to the end of the final one (the final chunk's
+        part is paid by the windows before it, so the cycles alone read above pct)."""
+        total = self.prefill_fs
         return self.cycle_decode_fs / total if total else 0.0
 
     def rate_share(self, rode_along: int) -> float:
-        """The rows' token rate over the cycles, over their rate alone at the cycles' mean step cost:
-        one token a decode step plus ``rode_along`` a chunk (1 under ``--enable-mixed-chunk``)."""
+        """The rows' token rate over the prefill, over their rate alone at its mean step cost: one
+        token a decode step plus ``rode_along`` a chunk, the final one too (1 under ``--enable-mixed-chunk``)."""
         steps = sum(self.gaps)
-        total = self.cycle_chunk_fs + self.cycle_decode_fs
+        total = self.prefill_fs
         if not steps or not total:
             return 0.0
-        tokens = steps + rode_along * len(self.gaps)
+        tokens = steps + rode_along * (len(self.gaps) + 1)
         return tokens * (self.cycle_decode_fs / steps) / total
 
     @property

@@ -187,6 +187,17 @@ def test_running_streams_keep_their_share_of_modelled_time(pct, mode):
     assert abs(_share(steps, long.rid) - pct / 100) <= 0.03
 
 
+def test_an_eight_chunk_prompts_share_holds_over_its_whole_prefill_as_its_last_window_pays_the_final_chunk():
+    _install(50)
+    _, long, steps = _scenario(_harness(), streams=4)  # 64K: 8 chunks, 7 windows
+    times = prompt_times(steps, long.rid)
+    assert len(times.gaps) == 7
+    assert abs(times.share - 0.50) <= 0.01  # first chunk to the end of the final chunk, as a client times it
+    # the cycles alone (to the final chunk's start) also hold the final chunk's part, so they read above
+    cycles = times.cycle_decode_fs / (times.cycle_chunk_fs + times.cycle_decode_fs)
+    assert 0.52 < cycles < 0.55
+
+
 def test_a_lone_prompt_prefills_exactly_as_stock_with_no_idle_pass():
     stock = _stock_trace(streams=0, warm=0)
     _install(50)
