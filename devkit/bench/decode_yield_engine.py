@@ -59,7 +59,11 @@ targets, not instead of them: ``steady_share_ok``, the share of the boots whose 
 is within :data:`STEADY` (the machine held its speed) within the same tolerance, and
 ``share_at_speed_ok``, every boot's ``share_at_speed`` within it, and ``quarters_at_speed_ok``, each
 quarter's median ``share_quarters_at_speed`` within it (null where a boot or a quarter has no step
-timed: mixed chunk, a boot without window lines). Slow (about a minute
+timed: mixed chunk, a boot without window lines); and on the engine's own forward times
+(:func:`prefill_forwards`, free of the boots' speeds, which move the client's share and the lone
+prompt's TTFT between boots of one run) ``forward_shares`` per boot, ``ttft_forward``, and
+``forward_rival`` / ``forward_rival_ok``: the alternative of the closest forward share (within
+0.05) and whether the row's ``ttft_forward`` is no worse than 1.05x its. Slow (about a minute
 per boot on 2 cores, 24 boots): a benchmark, never a timed test. ``--quick``: a 2,048-token prompt,
 pct 50 only, one repetition, one round, alternatives interval 1. ``decode-yield-engine-dsv4``: the
 same on the DSV4 kit (:class:`Dsv4Engine`).
@@ -358,6 +362,7 @@ def boot_rounds(label: str, model: Path, w: Any, rounds: int, *, profile: dict[s
     prompts = [] if "--enable-mixed-chunk" in (extra or []) else _prompt_windows(engine.out / f"{safe}.log")
     for r, phase in enumerate(result["rounds"]):  # the whole log is written now: the span after the last round too
         phase.update(stream_forwards(fpm_log, phase["times"], w.streams))
+        phase.update(prefill_forwards(fpm_log, phase["times"], w.streams))
         if len(prompts) == len(result["rounds"]):
             phase.update(speed_figures(phase, _windows_step(prompts[r]), w.streams))
             phase.update(quarter_speed_figures(phase, prompts[r], w.streams))
@@ -620,6 +625,32 @@ def stream_forwards(fpm_log: Path, times: dict[str, float], streams: int) -> dic
             "admission_s": admission}
 
 
+def prefill_forwards(fpm_log: Path, times: dict[str, float], streams: int) -> dict[str, Any]:
+    """The prefill on the engine's own forward times, a same-share comparison free of the boot's
+    speed: over the records that arrive between the client's send and its first token,
+    ``forward_share``, the streams' decode-only forwards over those and the prompt's chunk forwards
+    (prefill-only batches); ``ttft_forward``, the client's TTFT over the chunk forwards (TTFT in
+    units of the prompt's own prefill work in that boot). The client's share and in-boot TTFT
+    value the prefill at the streams' rate and the lone prompt's TTFT of that boot, which move
+    between boots of one run (the Mellum kit: a lone chunk 11-21 ms, the streams 519-629 tok/s
+    alone); every pass, the switch's or ``--prefill-decode-interval``'s, costs the same work on
+    these. None on mixed chunk (the streams ride inside the chunks) or where a span has no record."""
+    chunks = steps = 0.0
+    for batch, forward, arrived in _records(fpm_log):
+        if arrived is None or not times.get("send", 0) < arrived <= times.get("first", 0):
+            continue
+        if batch["num_prefill_requests"] and batch["num_decode_requests"]:
+            return {"forward_share": None, "ttft_forward": None}
+        if batch["num_prefill_requests"]:
+            chunks += forward
+        elif _streams_step(batch, streams):
+            steps += forward
+    if not chunks:
+        return {"forward_share": None, "ttft_forward": None}
+    return {"forward_share": round(steps / (steps + chunks), 4),
+            "ttft_forward": round((times["first"] - times["send"]) / chunks, 3)}
+
+
 def _forwards(fpm_log: Path, streams: int, chunk: int) -> tuple[list[float], list[float]]:
     """From a forward-pass-metrics log: the forwards of the decode-only batches of the ``streams``
     rows, and those of the lone prompt's chunks: the last of the longest runs of back-to-back chunks
@@ -677,6 +708,29 @@ def expected_share(pct: int, ratio: float | None, calibration_ratio: float | Non
 def _median(rounds: list[dict[str, Any]], key: str) -> float | None:
     values = [r[key] for r in rounds if r.get(key) is not None]
     return statistics.median(values) if values else None
+
+
+def _forward_rival(row: dict[str, Any], alternatives: dict[str, dict[str, Any]],
+                   loaded: bool) -> tuple[str | None, bool | None]:
+    """The alternative whose forward share (the median over its boots) is closest to the row's,
+    within :data:`SAME_SHARE`, and whether the row's ``ttft_forward`` is no worse than 1.05x its;
+    (None, None) under load (the alternatives ran without the competing process), on mixed chunk,
+    or where no alternative comes that close."""
+    def share_of(summary: dict[str, Any]) -> float | None:
+        values = [v for v in summary["forward_shares"] if v is not None]
+        return statistics.median(values) if values else None
+
+    share = share_of(row)
+    if loaded or share is None or row["ttft_forward"] is None:
+        return None, None
+    timed = {name: (share_of(v), v["ttft_forward"]) for name, v in alternatives.items()}
+    timed = {name: v for name, v in timed.items() if v[0] is not None and v[1] is not None}
+    if not timed:
+        return None, None
+    name, (rival_share, rival_ttft) = min(timed.items(), key=lambda kv: abs(kv[1][0] - share))
+    if abs(rival_share - share) > SAME_SHARE:
+        return None, None
+    return name, row["ttft_forward"] <= rival_ttft * 1.05
 
 
 def _fit(fpm_log: Path) -> tuple[dict[str, str], str]:
@@ -807,6 +861,10 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
             "step_ratios": [_median(b["rounds"], "step_ratio") for b in ran],
             "boot_shares_at_speed": [_median(b["rounds"], "share_at_speed") for b in ran],
             "admission_s": _median(rounds, "admission_s"),
+            # the prefill on the engine's forward times (prefill_forwards): a same-share comparison free
+            # of the boots' speeds
+            "forward_shares": [_median(b["rounds"], "forward_share") for b in ran],
+            "ttft_forward": _median(rounds, "ttft_forward"),
             # the loop's own measure of each prompt (the switch's window lines), all boots
             "share_loop": (statistics.median(v for b in ran for v in b.get("loop_shares") or [])
                            if any(b.get("loop_shares") for b in ran) else None),
@@ -829,7 +887,8 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
     alternatives = {k: v for k, v in summary.items() if not k.startswith("yield") and "error" not in v}
     header = ["boot", "drift", "share", "before_only", "per boot", "fwd_drift", "ref_noise", "step_ratio", "at_speed",
               "loop", "expected", "share_cpu", "ttft_s", "alone_s", "ttft_x", "ttft_x_in_boot",
-              "ttft_cpu_x", "ratio/cal", "rate_before", "tok/s", "quarters", "q_at_speed", "q_cycles", "chunk_growth", "target"]
+              "ttft_cpu_x", "ratio/cal", "rate_before", "tok/s", "quarters", "q_at_speed", "q_cycles", "chunk_growth",
+              "fwd_share", "ttft/fwd", "target"]
     rows, rows_on_mixed, table, misses = [], [], [], []
     for label, s in summary.items():
         if "error" in s:
@@ -870,6 +929,7 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
             rival = min(alternatives.items(), key=lambda kv: abs((kv[1]["share"] or 0) - (share or 0)))
             near = not loaded and abs((rival[1]["share"] or 0) - (share or 0)) <= SAME_SHARE
             rival_ok = not near or s["ttft_factor_in_boot"] <= rival[1]["ttft_factor_in_boot"] * 1.05
+            forward_rival, forward_rival_ok = _forward_rival(s, alternatives, loaded)
             failed = [name for name, ok in (("share", share_ok), ("quarters", quarters_ok), ("ttft", ttft_ok),
                                             ("ttft_in_boot", ttft_in_boot_ok), ("vs " + rival[0], rival_ok)) if not ok]
             verdict = "ok" if not failed else "MISS " + ",".join(failed)
@@ -894,6 +954,8 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
                          "quarters_at_speed": quarters_at_speed, "quarters_at_speed_ok": quarters_at_speed_ok,
                          "quarters_cycles": quarters_cycles, "quarters_cycles_ok": quarters_cycles_ok,
                          "chunk_growth": s["chunk_growth"],
+                         "forward_shares": s["forward_shares"], "ttft_forward": s["ttft_forward"],
+                         "forward_rival": forward_rival, "forward_rival_ok": forward_rival_ok,
                          "matching_k": matching_k[0] if matching_k else None,
                          "matching_k_share": matching_k[1]["share"] if matching_k else None,
                          "matching_k_quarters": matching_k[1]["share_quarters"] if matching_k else None,
@@ -916,7 +978,8 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
                       "/".join(f(q, ".2f") for q in s["share_quarters"] or []) or "-",
                       "/".join(f(q, ".2f") for q in s["share_quarters_at_speed"] or []) or "-",
                       "/".join(f(q, ".2f") for q in s["share_quarters_cycles"] or []) or "-",
-                      "/".join(f(g, ".2f") for g in s["chunk_growth"]), verdict])
+                      "/".join(f(g, ".2f") for g in s["chunk_growth"]),
+                      "/".join(f(v, ".2f") for v in s["forward_shares"]), f(s["ttft_forward"], ".2f"), verdict])
     say(_table(table, header))
     load = os.getloadavg()
     return {

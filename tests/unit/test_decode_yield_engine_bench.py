@@ -100,6 +100,8 @@ def test_the_full_bench_runs_the_closed_loop_uncalibrated_and_the_open_loop_on_t
     steps = {"yield 50": [1.12, 1.0]}  # and its step, as the switch timed it, 12 % slower
     untimed = {"yield 70 + mixed chunk", "yield 50 open loop under load"}  # no step the bench can take there
     ratios = {"stock-0": 0.5, "stock-1": 0.4, "yield 50 open loop under load-0": 0.4}
+    # (forward share, TTFT over the chunk forwards): on the engine's forward times (prefill_forwards)
+    forward = {"yield 50": (0.5, 2.6), "interval 1": (0.52, 2.6), "yield 50 under load": (0.5, 2.0)}
 
     def fake_boot(label, model, w, rounds, *, repeat=0, profile=None, calibrate=False, load=False, **kwargs):
         profile = profile or {}
@@ -114,6 +116,7 @@ def test_the_full_bench_runs_the_closed_loop_uncalibrated_and_the_open_loop_on_t
              "ttft_in_boot": 1.2, "throughput": 900.0, "decode_rate_before": 150.0,
              "forward_drift": drifts.get(label, [0.0, 0.0])[repeat], "reference_noise": 0.1 * (repeat + 1) + d,
              "admission_s": 0.05 + d, "share_quarters": [share + 0.1, share, share, share - 0.1],
+             "forward_share": forward.get(label, (None, None))[0], "ttft_forward": forward.get(label, (None, None))[1],
              **({} if label in untimed else {"step_ratio": steps.get(label, [1.0, 1.0])[repeat],
                                             "share_at_speed": round((share + d) * steps.get(label, [1.0, 1.0])[repeat], 4),
                                             "share_quarters_at_speed": [share + d, share, share,
@@ -169,6 +172,11 @@ def test_the_full_bench_runs_the_closed_loop_uncalibrated_and_the_open_loop_on_t
     assert result["rows"][1]["quarters_cycles"][3] == pytest.approx(0.4) and result["rows"][1]["quarters_cycles_ok"] is False
     assert result["rows_on_mixed_chunk"][0]["quarters_cycles_ok"] is None
     assert row["matching_k"] == "interval 1" and row["matching_k_share"] == 0.3
+    # on the engine's forward times: the alternative of the closest forward share, judged apart
+    assert row["forward_shares"] == [0.5, 0.5] and row["ttft_forward"] == 2.6
+    assert (row["forward_rival"], row["forward_rival_ok"]) == ("interval 1", True)
+    assert (result["rows"][1]["forward_rival"], result["rows"][1]["forward_rival_ok"]) == (None, None)  # under load
+    assert result["rows_on_mixed_chunk"][0]["forward_rival"] is None  # no forward share on mixed chunk
     assert row["matching_k_quarters"] == pytest.approx([0.4, 0.3, 0.3, 0.2])
     # judged apart: the boots whose streams' forward held its reference speed (the second, 0.52)
     assert row["forward_drifts"] == [0.3, -0.02] and row["steady_boot_shares"] == [0.52]
@@ -473,6 +481,37 @@ def _timed_fpm_line(prefill_requests: int, decode_requests: int, forward_s: floa
 
     line = json.loads(_fpm_line(prefill_requests, 64 * prefill_requests, decode_requests, forward_s))
     return json.dumps({**line, "recv_time": arrived})
+
+
+def test_the_prefill_on_forward_times_takes_the_streams_steps_and_the_prompts_chunks_between_send_and_first_token(
+        tmp_path):
+    """Between the send (2.0) and the first token (3.0): chunks of 40 ms twice, the streams' steps
+    (4 rows) of 20 ms twice, a 3-row step left out; a chunk before the send and a step after the
+    first token left out. A mixed batch (decode rows in a chunk) gives no figure."""
+    log = tmp_path / "fpm.jsonl"
+    lines = [
+        _timed_fpm_line(1, 0, 0.500, 1.9),  # before the send
+        _timed_fpm_line(1, 0, 0.040, 2.1), _timed_fpm_line(0, 4, 0.020, 2.2), _timed_fpm_line(0, 3, 0.100, 2.3),
+        _timed_fpm_line(1, 0, 0.040, 2.5), _timed_fpm_line(0, 4, 0.020, 2.6),
+        _timed_fpm_line(0, 4, 0.500, 3.2),  # after the first token
+    ]
+    log.write_text("\n".join(lines))
+    times = {"before": 1.0, "send": 2.0, "first": 3.0, "end": 3.0}
+    assert bench.prefill_forwards(log, times, streams=4) == {"forward_share": pytest.approx(1 / 3, abs=1e-4),
+                                                              "ttft_forward": 12.5}
+    log.write_text("\n".join([*lines, _timed_fpm_line(1, 4, 0.040, 2.7)]))
+    assert bench.prefill_forwards(log, times, streams=4) == {"forward_share": None, "ttft_forward": None}
+
+
+def test_the_forward_rival_is_the_alternative_of_the_closest_forward_share_and_judges_ttft_over_forwards():
+    row = {"forward_shares": [0.48, 0.52, None], "ttft_forward": 2.7}
+    alternatives = {"interval 1": {"forward_shares": [0.27], "ttft_forward": 1.6},
+                    "interval 2": {"forward_shares": [0.51], "ttft_forward": 2.6},
+                    "mixed chunk": {"forward_shares": [None], "ttft_forward": None}}
+    assert bench._forward_rival(row, alternatives, loaded=False) == ("interval 2", True)  # 2.7 <= 2.6 x 1.05
+    assert bench._forward_rival({**row, "ttft_forward": 2.8}, alternatives, loaded=False) == ("interval 2", False)
+    assert bench._forward_rival({**row, "forward_shares": [0.7]}, alternatives, loaded=False) == (None, None)
+    assert bench._forward_rival(row, alternatives, loaded=True) == (None, None)
 
 
 def test_the_streams_forward_is_timed_in_the_reference_spans_and_in_the_prefill_on_the_clients_clock(tmp_path):
