@@ -61,9 +61,10 @@ is within :data:`STEADY` (the machine held its speed) within the same tolerance,
 quarter's median ``share_quarters_at_speed`` within it (null where a boot or a quarter has no step
 timed: mixed chunk, a boot without window lines); and on the engine's own forward times
 (:func:`prefill_forwards`, free of the boots' speeds, which move the client's share and the lone
-prompt's TTFT between boots of one run) ``forward_shares`` per boot, ``ttft_forward``, and
-``forward_rival`` / ``forward_rival_ok``: the alternative of the closest forward share (within
-0.05) and whether the row's ``ttft_forward`` is no worse than 1.05x its. Slow (about a minute
+prompt's TTFT between boots of one run) ``forward_shares`` and ``spans_forwards`` per boot,
+``ttft_forward``, and ``forward_rival`` / ``forward_rival_ttft`` / ``forward_rival_ok``: the
+alternative of the closest forward share (within 0.15), its TTFT over chunk forwards at the row's
+own share, and whether the row's is no worse than 1.05x that (:func:`_forward_rival`). Slow (about a minute
 per boot on 2 cores, 24 boots): a benchmark, never a timed test. ``--quick``: a 2,048-token prompt,
 pct 50 only, one repetition, one round, alternatives interval 1. ``decode-yield-engine-dsv4``: the
 same on the DSV4 kit (:class:`Dsv4Engine`).
@@ -625,12 +626,21 @@ def stream_forwards(fpm_log: Path, times: dict[str, float], streams: int) -> dic
             "admission_s": admission}
 
 
+NO_FORWARDS = {"forward_share": None, "ttft_forward": None, "span_forwards": None}
+# how far from a row's forward share an alternative is set beside it (_forward_rival): on the Mellum
+# kit the span over all forwards held 1.19-1.32 in every boot of a run, stock's at share 0 included
+RIVAL_SHARE = 0.15
+
+
 def prefill_forwards(fpm_log: Path, times: dict[str, float], streams: int) -> dict[str, Any]:
     """The prefill on the engine's own forward times, a same-share comparison free of the boot's
     speed: over the records that arrive between the client's send and its first token,
     ``forward_share``, the streams' decode-only forwards over those and the prompt's chunk forwards
     (prefill-only batches); ``ttft_forward``, the client's TTFT over the chunk forwards (TTFT in
-    units of the prompt's own prefill work in that boot). The client's share and in-boot TTFT
+    units of the prompt's own prefill work in that boot); ``span_forwards``, the TTFT over both
+    (1 / (1 - rest), rest the span's time outside those forwards: scheduling, sampling, output
+    processing), so that ``ttft_forward`` = ``span_forwards`` / (1 - ``forward_share``) and a TTFT
+    can be set beside another's at one share (:func:`_forward_rival`). The client's share and in-boot TTFT
     value the prefill at the streams' rate and the lone prompt's TTFT of that boot, which move
     between boots of one run (the Mellum kit: a lone chunk 11-21 ms, the streams 519-629 tok/s
     alone); every pass, the switch's or ``--prefill-decode-interval``'s, costs the same work on
@@ -640,15 +650,16 @@ def prefill_forwards(fpm_log: Path, times: dict[str, float], streams: int) -> di
         if arrived is None or not times.get("send", 0) < arrived <= times.get("first", 0):
             continue
         if batch["num_prefill_requests"] and batch["num_decode_requests"]:
-            return {"forward_share": None, "ttft_forward": None}
+            return dict(NO_FORWARDS)
         if batch["num_prefill_requests"]:
             chunks += forward
         elif _streams_step(batch, streams):
             steps += forward
     if not chunks:
-        return {"forward_share": None, "ttft_forward": None}
-    return {"forward_share": round(steps / (steps + chunks), 4),
-            "ttft_forward": round((times["first"] - times["send"]) / chunks, 3)}
+        return dict(NO_FORWARDS)
+    span = times["first"] - times["send"]
+    return {"forward_share": round(steps / (steps + chunks), 4), "ttft_forward": round(span / chunks, 3),
+            "span_forwards": round(span / (steps + chunks), 3)}
 
 
 def _forwards(fpm_log: Path, streams: int, chunk: int) -> tuple[list[float], list[float]]:
@@ -711,26 +722,32 @@ def _median(rounds: list[dict[str, Any]], key: str) -> float | None:
 
 
 def _forward_rival(row: dict[str, Any], alternatives: dict[str, dict[str, Any]],
-                   loaded: bool) -> tuple[str | None, bool | None]:
+                   loaded: bool) -> dict[str, Any]:
     """The alternative whose forward share (the median over its boots) is closest to the row's,
-    within :data:`SAME_SHARE`, and whether the row's ``ttft_forward`` is no worse than 1.05x its;
-    (None, None) under load (the alternatives ran without the competing process), on mixed chunk,
-    or where no alternative comes that close."""
-    def share_of(summary: dict[str, Any]) -> float | None:
-        values = [v for v in summary["forward_shares"] if v is not None]
+    within :data:`RIVAL_SHARE`, set beside the row at the row's own share: its TTFT over chunk
+    forwards there is its ``span_forwards`` / (1 - the row's share) (:func:`prefill_forwards`; no K
+    lands on yield's share, and near pct 70 a 0.04 lower share is 14 % less TTFT by that alone).
+    ``forward_rival_ok``: the row's ``ttft_forward`` no worse than 1.05x that. None under load (the
+    alternatives ran without the competing process), on mixed chunk, or where no alternative comes
+    that close."""
+    def median_of(summary: dict[str, Any], key: str) -> float | None:
+        values = [v for v in summary[key] if v is not None]
         return statistics.median(values) if values else None
 
-    share = share_of(row)
+    none = {"forward_rival": None, "forward_rival_share": None, "forward_rival_ttft": None, "forward_rival_ok": None}
+    share = median_of(row, "forward_shares")
     if loaded or share is None or row["ttft_forward"] is None:
-        return None, None
-    timed = {name: (share_of(v), v["ttft_forward"]) for name, v in alternatives.items()}
+        return none
+    timed = {name: (median_of(v, "forward_shares"), median_of(v, "spans_forwards")) for name, v in alternatives.items()}
     timed = {name: v for name, v in timed.items() if v[0] is not None and v[1] is not None}
     if not timed:
-        return None, None
-    name, (rival_share, rival_ttft) = min(timed.items(), key=lambda kv: abs(kv[1][0] - share))
-    if abs(rival_share - share) > SAME_SHARE:
-        return None, None
-    return name, row["ttft_forward"] <= rival_ttft * 1.05
+        return none
+    name, (rival_share, rival_span) = min(timed.items(), key=lambda kv: abs(kv[1][0] - share))
+    if abs(rival_share - share) > RIVAL_SHARE:
+        return none
+    at_share = round(rival_span / (1 - share), 3)
+    return {"forward_rival": name, "forward_rival_share": rival_share, "forward_rival_ttft": at_share,
+            "forward_rival_ok": row["ttft_forward"] <= at_share * 1.05}
 
 
 def _fit(fpm_log: Path) -> tuple[dict[str, str], str]:
@@ -864,6 +881,7 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
             # the prefill on the engine's forward times (prefill_forwards): a same-share comparison free
             # of the boots' speeds
             "forward_shares": [_median(b["rounds"], "forward_share") for b in ran],
+            "spans_forwards": [_median(b["rounds"], "span_forwards") for b in ran],
             "ttft_forward": _median(rounds, "ttft_forward"),
             # the loop's own measure of each prompt (the switch's window lines), all boots
             "share_loop": (statistics.median(v for b in ran for v in b.get("loop_shares") or [])
@@ -888,13 +906,13 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
     header = ["boot", "drift", "share", "before_only", "per boot", "fwd_drift", "ref_noise", "step_ratio", "at_speed",
               "loop", "expected", "share_cpu", "ttft_s", "alone_s", "ttft_x", "ttft_x_in_boot",
               "ttft_cpu_x", "ratio/cal", "rate_before", "tok/s", "quarters", "q_at_speed", "q_cycles", "chunk_growth",
-              "fwd_share", "ttft/fwd", "target"]
+              "fwd_share", "ttft/fwd", "span/fwd", "rival at share", "target"]
     rows, rows_on_mixed, table, misses = [], [], [], []
     for label, s in summary.items():
         if "error" in s:
             table.append([label, *["-"] * (len(header) - 2), f"did not run: {s['error'][:80]}"])
             continue
-        verdict = ""
+        verdict, rival_at_share = "", "-"
         if label.startswith("yield"):
             pct = int(label.split()[1])
             share, factor = s["share"], s["ttft_factor"]
@@ -929,7 +947,10 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
             rival = min(alternatives.items(), key=lambda kv: abs((kv[1]["share"] or 0) - (share or 0)))
             near = not loaded and abs((rival[1]["share"] or 0) - (share or 0)) <= SAME_SHARE
             rival_ok = not near or s["ttft_factor_in_boot"] <= rival[1]["ttft_factor_in_boot"] * 1.05
-            forward_rival, forward_rival_ok = _forward_rival(s, alternatives, loaded)
+            forward_rival = _forward_rival(s, alternatives, loaded)
+            if forward_rival["forward_rival"]:
+                rival_at_share = (f"{forward_rival['forward_rival']} {forward_rival['forward_rival_ttft']:.2f} "
+                                  + ("ok" if forward_rival["forward_rival_ok"] else "worse"))
             failed = [name for name, ok in (("share", share_ok), ("quarters", quarters_ok), ("ttft", ttft_ok),
                                             ("ttft_in_boot", ttft_in_boot_ok), ("vs " + rival[0], rival_ok)) if not ok]
             verdict = "ok" if not failed else "MISS " + ",".join(failed)
@@ -955,7 +976,7 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
                          "quarters_cycles": quarters_cycles, "quarters_cycles_ok": quarters_cycles_ok,
                          "chunk_growth": s["chunk_growth"],
                          "forward_shares": s["forward_shares"], "ttft_forward": s["ttft_forward"],
-                         "forward_rival": forward_rival, "forward_rival_ok": forward_rival_ok,
+                         "spans_forwards": s["spans_forwards"], **forward_rival,
                          "matching_k": matching_k[0] if matching_k else None,
                          "matching_k_share": matching_k[1]["share"] if matching_k else None,
                          "matching_k_quarters": matching_k[1]["share_quarters"] if matching_k else None,
@@ -979,7 +1000,8 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
                       "/".join(f(q, ".2f") for q in s["share_quarters_at_speed"] or []) or "-",
                       "/".join(f(q, ".2f") for q in s["share_quarters_cycles"] or []) or "-",
                       "/".join(f(g, ".2f") for g in s["chunk_growth"]),
-                      "/".join(f(v, ".2f") for v in s["forward_shares"]), f(s["ttft_forward"], ".2f"), verdict])
+                      "/".join(f(v, ".2f") for v in s["forward_shares"]), f(s["ttft_forward"], ".2f"),
+                      "/".join(f(v, ".2f") for v in s["spans_forwards"]), rival_at_share, verdict])
     say(_table(table, header))
     load = os.getloadavg()
     return {

@@ -101,7 +101,9 @@ def test_the_full_bench_runs_the_closed_loop_uncalibrated_and_the_open_loop_on_t
     untimed = {"yield 70 + mixed chunk", "yield 50 open loop under load"}  # no step the bench can take there
     ratios = {"stock-0": 0.5, "stock-1": 0.4, "yield 50 open loop under load-0": 0.4}
     # (forward share, TTFT over the chunk forwards): on the engine's forward times (prefill_forwards)
-    forward = {"yield 50": (0.5, 2.6), "interval 1": (0.52, 2.6), "yield 50 under load": (0.5, 2.0)}
+    # (forward share, TTFT over the chunk forwards, over all forwards): on the engine's forward times
+    # (prefill_forwards)
+    forward = {"yield 50": (0.5, 2.6, 1.3), "interval 1": (0.52, 2.6, 1.25), "yield 50 under load": (0.5, 2.0, 1.0)}
 
     def fake_boot(label, model, w, rounds, *, repeat=0, profile=None, calibrate=False, load=False, **kwargs):
         profile = profile or {}
@@ -116,7 +118,7 @@ def test_the_full_bench_runs_the_closed_loop_uncalibrated_and_the_open_loop_on_t
              "ttft_in_boot": 1.2, "throughput": 900.0, "decode_rate_before": 150.0,
              "forward_drift": drifts.get(label, [0.0, 0.0])[repeat], "reference_noise": 0.1 * (repeat + 1) + d,
              "admission_s": 0.05 + d, "share_quarters": [share + 0.1, share, share, share - 0.1],
-             "forward_share": forward.get(label, (None, None))[0], "ttft_forward": forward.get(label, (None, None))[1],
+             **dict(zip(("forward_share", "ttft_forward", "span_forwards"), forward.get(label, (None,) * 3))),
              **({} if label in untimed else {"step_ratio": steps.get(label, [1.0, 1.0])[repeat],
                                             "share_at_speed": round((share + d) * steps.get(label, [1.0, 1.0])[repeat], 4),
                                             "share_quarters_at_speed": [share + d, share, share,
@@ -173,8 +175,9 @@ def test_the_full_bench_runs_the_closed_loop_uncalibrated_and_the_open_loop_on_t
     assert result["rows_on_mixed_chunk"][0]["quarters_cycles_ok"] is None
     assert row["matching_k"] == "interval 1" and row["matching_k_share"] == 0.3
     # on the engine's forward times: the alternative of the closest forward share, judged apart
-    assert row["forward_shares"] == [0.5, 0.5] and row["ttft_forward"] == 2.6
-    assert (row["forward_rival"], row["forward_rival_ok"]) == ("interval 1", True)
+    assert row["forward_shares"] == [0.5, 0.5] and row["ttft_forward"] == 2.6 and row["spans_forwards"] == [1.3, 1.3]
+    # interval 1 at yield's share 0.5: 1.25 / 0.5 = 2.5, and 2.6 is within 1.05x of it
+    assert (row["forward_rival"], row["forward_rival_ttft"], row["forward_rival_ok"]) == ("interval 1", 2.5, True)
     assert (result["rows"][1]["forward_rival"], result["rows"][1]["forward_rival_ok"]) == (None, None)  # under load
     assert result["rows_on_mixed_chunk"][0]["forward_rival"] is None  # no forward share on mixed chunk
     assert row["matching_k_quarters"] == pytest.approx([0.4, 0.3, 0.3, 0.2])
@@ -497,21 +500,28 @@ def test_the_prefill_on_forward_times_takes_the_streams_steps_and_the_prompts_ch
     ]
     log.write_text("\n".join(lines))
     times = {"before": 1.0, "send": 2.0, "first": 3.0, "end": 3.0}
+    # the span of 1 s over 80 ms of chunks, and over their 120 ms with the steps': 1 / (1 - rest)
     assert bench.prefill_forwards(log, times, streams=4) == {"forward_share": pytest.approx(1 / 3, abs=1e-4),
-                                                              "ttft_forward": 12.5}
+                                                              "ttft_forward": 12.5, "span_forwards": 8.333}
     log.write_text("\n".join([*lines, _timed_fpm_line(1, 4, 0.040, 2.7)]))
-    assert bench.prefill_forwards(log, times, streams=4) == {"forward_share": None, "ttft_forward": None}
+    assert bench.prefill_forwards(log, times, streams=4) == {"forward_share": None, "ttft_forward": None,
+                                                              "span_forwards": None}
 
 
-def test_the_forward_rival_is_the_alternative_of_the_closest_forward_share_and_judges_ttft_over_forwards():
-    row = {"forward_shares": [0.48, 0.52, None], "ttft_forward": 2.7}
-    alternatives = {"interval 1": {"forward_shares": [0.27], "ttft_forward": 1.6},
-                    "interval 2": {"forward_shares": [0.51], "ttft_forward": 2.6},
-                    "mixed chunk": {"forward_shares": [None], "ttft_forward": None}}
-    assert bench._forward_rival(row, alternatives, loaded=False) == ("interval 2", True)  # 2.7 <= 2.6 x 1.05
-    assert bench._forward_rival({**row, "ttft_forward": 2.8}, alternatives, loaded=False) == ("interval 2", False)
-    assert bench._forward_rival({**row, "forward_shares": [0.7]}, alternatives, loaded=False) == (None, None)
-    assert bench._forward_rival(row, alternatives, loaded=True) == (None, None)
+def test_the_forward_rival_is_the_alternative_of_the_closest_forward_share_set_beside_the_row_at_the_rows_share():
+    """Yield at forward share 0.72 against interval 4 at 0.67: interval 4's span over its forwards,
+    1.25, gives 1.25 / (1 - 0.72) = 4.46 over chunk forwards at 0.72, not its own 3.79 at 0.67."""
+    row = {"forward_shares": [0.71, 0.72, 0.73, None], "ttft_forward": 4.3}
+    alternatives = {"interval 1": {"forward_shares": [0.36], "spans_forwards": [1.2]},
+                    "interval 4": {"forward_shares": [0.67], "spans_forwards": [1.25]},
+                    "mixed chunk": {"forward_shares": [None], "spans_forwards": [None]}}
+    rival = bench._forward_rival(row, alternatives, loaded=False)
+    assert rival == {"forward_rival": "interval 4", "forward_rival_share": 0.67,
+                     "forward_rival_ttft": pytest.approx(4.464, abs=1e-3), "forward_rival_ok": True}
+    assert bench._forward_rival({**row, "ttft_forward": 4.7}, alternatives, loaded=False)["forward_rival_ok"] is False
+    none = {"forward_rival": None, "forward_rival_share": None, "forward_rival_ttft": None, "forward_rival_ok": None}
+    assert bench._forward_rival({**row, "forward_shares": [0.9]}, alternatives, loaded=False) == none  # 0.23 away
+    assert bench._forward_rival(row, alternatives, loaded=True) == none
 
 
 def test_the_streams_forward_is_timed_in_the_reference_spans_and_in_the_prefill_on_the_clients_clock(tmp_path):
