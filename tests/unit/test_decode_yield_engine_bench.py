@@ -103,7 +103,8 @@ def test_the_full_bench_runs_the_closed_loop_uncalibrated_and_the_open_loop_on_t
     # (forward share, TTFT over the chunk forwards): on the engine's forward times (prefill_forwards)
     # (forward share, TTFT over the chunk forwards, over all forwards): on the engine's forward times
     # (prefill_forwards)
-    forward = {"yield 50": (0.5, 2.6, 1.3), "interval 1": (0.52, 2.6, 1.25), "yield 50 under load": (0.5, 2.0, 1.0)}
+    forward = {"stock": (0.01, 1.25, 1.24), "yield 50": (0.5, 2.6, 1.3), "interval 1": (0.52, 2.6, 1.25),
+               "yield 50 under load": (0.5, 2.7, 1.0)}
 
     def fake_boot(label, model, w, rounds, *, repeat=0, profile=None, calibrate=False, load=False, **kwargs):
         profile = profile or {}
@@ -179,6 +180,10 @@ def test_the_full_bench_runs_the_closed_loop_uncalibrated_and_the_open_loop_on_t
     # interval 1 at yield's share 0.5: 1.25 / 0.5 = 2.5, and 2.6 is within 1.05x of it
     assert (row["forward_rival"], row["forward_rival_ttft"], row["forward_rival_ok"]) == ("interval 1", 2.5, True)
     assert (result["rows"][1]["forward_rival"], result["rows"][1]["forward_rival_ok"]) == (None, None)  # under load
+    # the TTFT bound on forward times: over stock's 1.25, 2.6 gives 2.08 (bound 2.10), 2.7 gives 2.16
+    assert (row["ttft_factor_forward"], row["ttft_forward_ok"]) == (2.08, True)
+    assert (result["rows"][1]["ttft_factor_forward"], result["rows"][1]["ttft_forward_ok"]) == (2.16, False)
+    assert result["rows"][2]["ttft_forward_ok"] is None  # the open loop's boot has no forward figures here
     assert result["rows_on_mixed_chunk"][0]["forward_rival"] is None  # no forward share on mixed chunk
     assert row["matching_k_quarters"] == pytest.approx([0.4, 0.3, 0.3, 0.2])
     # judged apart: the boots whose streams' forward held its reference speed (the second, 0.52)
