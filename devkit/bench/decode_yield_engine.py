@@ -364,7 +364,7 @@ def boot_rounds(label: str, model: Path, w: Any, rounds: int, *, profile: dict[s
     prompts = [] if "--enable-mixed-chunk" in (extra or []) else _prompt_windows(engine.out / f"{safe}.log")
     for r, phase in enumerate(result["rounds"]):  # the whole log is written now: the span after the last round too
         phase.update(stream_forwards(fpm_log, phase["times"], w.streams))
-        phase.update(prefill_forwards(fpm_log, phase["times"], w.streams))
+        phase.update(prefill_forwards(fpm_log, phase["times"], w.streams, w.long_prompt_tokens))
         if len(prompts) == len(result["rounds"]):
             phase.update(speed_figures(phase, _windows_step(prompts[r]), w.streams))
             phase.update(quarter_speed_figures(phase, prompts[r], w.streams))
@@ -633,9 +633,12 @@ NO_FORWARDS = {"forward_share": None, "ttft_forward": None, "span_forwards": Non
 RIVAL_SHARE = 0.15
 
 
-def prefill_forwards(fpm_log: Path, times: dict[str, float], streams: int) -> dict[str, Any]:
+def prefill_forwards(fpm_log: Path, times: dict[str, float], streams: int, prompt_tokens: int) -> dict[str, Any]:
     """The prefill on the engine's own forward times, a same-share comparison free of the boot's
-    speed: over the records that arrive between the client's send and its first token,
+    speed: over the records that arrive after the client's send, up to the prompt's final chunk (the
+    first prefill-only record whose prefix and tokens reach ``prompt_tokens``; under the overlap
+    loop its record can arrive after the client's first token, and on the DSV4 kit it is a 16th of
+    the prompt's chunks),
     ``forward_share``, the streams' decode-only forwards over those and the prompt's chunk forwards
     (prefill-only batches); ``ttft_forward``, the client's TTFT over the chunk forwards (TTFT in
     units of the prompt's own prefill work in that boot); ``span_forwards``, the TTFT over both
@@ -648,15 +651,17 @@ def prefill_forwards(fpm_log: Path, times: dict[str, float], streams: int) -> di
     these. None on mixed chunk (the streams ride inside the chunks) or where a span has no record."""
     chunks = steps = 0.0
     for batch, forward, arrived in _records(fpm_log):
-        if arrived is None or not times.get("send", 0) < arrived <= times.get("first", 0):
+        if arrived is None or arrived <= times.get("send", 0):
             continue
         if batch["num_prefill_requests"] and batch["num_decode_requests"]:
             return dict(NO_FORWARDS)
         if batch["num_prefill_requests"]:
             chunks += forward
+            if batch.get("sum_prefill_kv_tokens", 0) + batch["sum_prefill_tokens"] >= prompt_tokens:
+                break
         elif _streams_step(batch, streams):
             steps += forward
-    if not chunks:
+    else:  # no final chunk after the send
         return dict(NO_FORWARDS)
     span = times["first"] - times["send"]
     return {"forward_share": round(steps / (steps + chunks), 4), "ttft_forward": round(span / chunks, 3),

@@ -465,7 +465,7 @@ def test_each_round_is_judged_at_the_step_its_own_prompts_windows_timed_except_o
                                                                          "stop": lambda self: None})())
     monkeypatch.setattr(bench.SchedulerClock, "find", staticmethod(lambda group: None))
     monkeypatch.setattr(bench, "_serve_rounds", serve)
-    w = type("W", (), {"streams": 4})()
+    w = type("W", (), {"streams": 4, "long_prompt_tokens": 6000})()
     for name in ("yield-70.log", "yield-70-+-mixed-chunk.log"):  # prompts of 22 ms then 18 ms steps
         (tmp_path / name).write_text("\n".join([WINDOW.format(0, 50000.0, 44000.0, n=2),
                                                 WINDOW.format(0, 30000.0, 18000.0, n=1)]))
@@ -484,33 +484,38 @@ def test_each_round_is_judged_at_the_step_its_own_prompts_windows_timed_except_o
     assert "step_ratio" not in one[0]  # two prompts for one round: which is whose is not known
 
 
-def _timed_fpm_line(prefill_requests: int, decode_requests: int, forward_s: float, arrived: float) -> str:
+def _timed_fpm_line(prefill_requests: int, decode_requests: int, forward_s: float, arrived: float,
+                    prefix: int = 0) -> str:
     import json
 
-    line = json.loads(_fpm_line(prefill_requests, 64 * prefill_requests, decode_requests, forward_s))
+    line = json.loads(_fpm_line(prefill_requests, 64 * prefill_requests, decode_requests, forward_s, prefix))
     return json.dumps({**line, "recv_time": arrived})
 
 
-def test_the_prefill_on_forward_times_takes_the_streams_steps_and_the_prompts_chunks_between_send_and_first_token(
+def test_the_prefill_on_forward_times_takes_the_streams_steps_and_the_prompts_chunks_from_send_to_its_final_chunk(
         tmp_path):
-    """Between the send (2.0) and the first token (3.0): chunks of 40 ms twice, the streams' steps
-    (4 rows) of 20 ms twice, a 3-row step left out; a chunk before the send and a step after the
-    first token left out. A mixed batch (decode rows in a chunk) gives no figure."""
+    """A 192-token prompt sent at 2.0, its first token at 3.0: chunks of 40 ms at prefixes 0, 64 and
+    128, the last one's record arriving at 3.05, after the first token (the overlap loop), and
+    counted; the streams' steps (4 rows) of 20 ms twice, a 3-row step left out; a chunk before the
+    send and a step after the final chunk left out. A mixed batch (decode rows in a chunk), or no
+    final chunk after the send, gives no figure."""
     log = tmp_path / "fpm.jsonl"
-    lines = [
-        _timed_fpm_line(1, 0, 0.500, 1.9),  # before the send
+    before = [_timed_fpm_line(1, 0, 0.500, 1.9, prefix=128)]  # the lone prompt's final chunk, before the send
+    prompt = [
         _timed_fpm_line(1, 0, 0.040, 2.1), _timed_fpm_line(0, 4, 0.020, 2.2), _timed_fpm_line(0, 3, 0.100, 2.3),
-        _timed_fpm_line(1, 0, 0.040, 2.5), _timed_fpm_line(0, 4, 0.020, 2.6),
-        _timed_fpm_line(0, 4, 0.500, 3.2),  # after the first token
+        _timed_fpm_line(1, 0, 0.040, 2.5, prefix=64), _timed_fpm_line(0, 4, 0.020, 2.6),
     ]
-    log.write_text("\n".join(lines))
+    final = [_timed_fpm_line(1, 0, 0.040, 3.05, prefix=128), _timed_fpm_line(0, 4, 0.500, 3.2)]
+    log.write_text("\n".join(before + prompt + final))
     times = {"before": 1.0, "send": 2.0, "first": 3.0, "end": 3.0}
-    # the span of 1 s over 80 ms of chunks, and over their 120 ms with the steps': 1 / (1 - rest)
-    assert bench.prefill_forwards(log, times, streams=4) == {"forward_share": pytest.approx(1 / 3, abs=1e-4),
-                                                              "ttft_forward": 12.5, "span_forwards": 8.333}
-    log.write_text("\n".join([*lines, _timed_fpm_line(1, 4, 0.040, 2.7)]))
-    assert bench.prefill_forwards(log, times, streams=4) == {"forward_share": None, "ttft_forward": None,
-                                                              "span_forwards": None}
+    # the span of 1 s over 120 ms of chunks, and over their 160 ms with the steps': 1 / (1 - rest)
+    assert bench.prefill_forwards(log, times, streams=4, prompt_tokens=192) == {
+        "forward_share": 0.25, "ttft_forward": 8.333, "span_forwards": 6.25}
+    none = {"forward_share": None, "ttft_forward": None, "span_forwards": None}
+    log.write_text("\n".join(before + prompt))
+    assert bench.prefill_forwards(log, times, streams=4, prompt_tokens=192) == none
+    log.write_text("\n".join(before + prompt + [_timed_fpm_line(1, 4, 0.040, 2.7)] + final))
+    assert bench.prefill_forwards(log, times, streams=4, prompt_tokens=192) == none
 
 
 def test_the_forward_rival_is_the_alternative_of_the_closest_forward_share_set_beside_the_row_at_the_rows_share():
