@@ -629,7 +629,9 @@ def stream_forwards(fpm_log: Path, times: dict[str, float], streams: int) -> dic
 
 NO_FORWARDS = {"forward_share": None, "ttft_forward": None, "span_forwards": None}
 # how far from a row's forward share an alternative is set beside it (_forward_rival): on the Mellum
-# kit the span over all forwards held 1.19-1.32 in every boot of a run, stock's at share 0 included
+# kit the span over all forwards held 1.19-1.32 in every boot of a run, stock's at share 0 included;
+# on the DSV4 kit it grows with the share (1.01 to 1.07: 2-4 ms a pass, steps of 22-26 ms), which
+# favours an alternative of a lower share set at the row's
 RIVAL_SHARE = 0.15
 
 
@@ -648,7 +650,8 @@ def prefill_forwards(fpm_log: Path, times: dict[str, float], streams: int, promp
     value the prefill at the streams' rate and the lone prompt's TTFT of that boot, which move
     between boots of one run (the Mellum kit: a lone chunk 11-21 ms, the streams 519-629 tok/s
     alone); every pass, the switch's or ``--prefill-decode-interval``'s, costs the same work on
-    these. None on mixed chunk (the streams ride inside the chunks) or where a span has no record."""
+    these. None on mixed chunk (the streams ride inside the chunks), or where no chunk or no final
+    chunk arrives after the send."""
     chunks = steps = 0.0
     for batch, forward, arrived in _records(fpm_log):
         if arrived is None or arrived <= times.get("send", 0):

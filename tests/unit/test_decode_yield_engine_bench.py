@@ -100,7 +100,6 @@ def test_the_full_bench_runs_the_closed_loop_uncalibrated_and_the_open_loop_on_t
     steps = {"yield 50": [1.12, 1.0]}  # and its step, as the switch timed it, 12 % slower
     untimed = {"yield 70 + mixed chunk", "yield 50 open loop under load"}  # no step the bench can take there
     ratios = {"stock-0": 0.5, "stock-1": 0.4, "yield 50 open loop under load-0": 0.4}
-    # (forward share, TTFT over the chunk forwards): on the engine's forward times (prefill_forwards)
     # (forward share, TTFT over the chunk forwards, over all forwards): on the engine's forward times
     # (prefill_forwards)
     forward = {"stock": (0.01, 1.25, 1.24), "yield 50": (0.5, 2.6, 1.3), "interval 1": (0.52, 2.6, 1.25),
