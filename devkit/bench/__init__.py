@@ -8,6 +8,8 @@ BENCHMARKS = {
     "decode-yield-ranks": "devkit.bench.decode_yield_ranks:run",
     "decode-yield-engine": "devkit.bench.decode_yield_engine:run",
     "decode-yield-engine-dsv4": "devkit.bench.decode_yield_engine:run_dsv4",
+    "decode-yield-reference": "devkit.bench.decode_yield_reference:run",
+    "decode-yield-reference-dsv4": "devkit.bench.decode_yield_reference:run_dsv4",
     "native-decode": "devkit.bench.native_decode:run",
     "swa-thin": "devkit.bench.swa_thin:run",
     "swa-thin-hicache": "devkit.bench.swa_thin_hicache:run",
