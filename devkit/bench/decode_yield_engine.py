@@ -12,7 +12,9 @@ the switch itself measured over each prompt, final chunk included (its DEBUG ``w
 :func:`loop_shares`); ``forward_drift``, how much slower (positive) the streams' own
 forward ran during the prefill than in the spans the client's reference rates come from (from the
 forward-pass metrics: :func:`stream_forwards`; where the machine moves, the client's share moves
-with it, the switch's does not); ``reference_noise``, how far the streams' rate alone moved
+with it, the switch's does not); ``first_step_cost`` (column ``fwd_1st``), the streams' first forward
+after a chunk over their later ones in the same prefill, less one (what interleaving costs a step,
+with no reference span); ``reference_noise``, how far the streams' rate alone moved
 within the reference spans themselves, between their halves, at constant work
 (:func:`devkit.engine_kit.workload.reference_noise`: the resolution of the client's reference on
 this machine); ``step_ratio``, the streams' step as the switch timed it in the prefill over the
@@ -602,6 +604,14 @@ def stream_forwards(fpm_log: Path, times: dict[str, float], streams: int) -> dic
     mean of before and after, less one (positive: slower during). Nothing for a span without such a
     batch.
 
+    ``first_step_cost``: in the prefill, the median forward of the streams' first step after a
+    chunk (the record before it prefilled) over that of their later steps, less one: what a chunk
+    costs the step right after it, read inside one prefill with no reference span (the Mellum kit
+    on 2026-12-04: +0.06 to +0.20 in all but one of 22 yield prefills at pct 20-70, that one −0.01 in
+    a boot slow throughout; +0.10 / +0.11 at ``--prefill-decode-interval`` 2 / 4). The later steps
+    include the streams' steps between the send and the first chunk. None where either kind is
+    missing.
+
     ``admission_s``: from the client's send to the start of the prompt's first chunk (the first
     batch after the send that prefills a prompt from prefix 0, less its forward): the HTTP request,
     the tokenizer manager and the scheduler's receive. The client's prefill span starts at the
@@ -609,22 +619,32 @@ def stream_forwards(fpm_log: Path, times: dict[str, float], streams: int) -> dic
     of 1.0, all of it inside the client's first quarter."""
     spans = {"before": ("before", "send"), "during": ("send", "end"), "after": ("after", "after_end")}
     found: dict[str, list[float]] = {name: [] for name in spans}
+    after_chunk: dict[bool, list[float]] = {True: [], False: []}  # the prefill's steps, by what came before
     admission = None
+    chunk_before = False
     for batch, forward, arrived in _records(fpm_log):
         if (admission is None and arrived is not None and "send" in times and arrived > times["send"]
                 and batch["num_prefill_requests"] and batch.get("sum_prefill_kv_tokens") == 0):
             admission = round(arrived - forward - times["send"], 3)
+        follows_chunk = chunk_before
+        if batch["num_prefill_requests"] or batch["num_decode_requests"]:  # an empty batch changes nothing
+            chunk_before = bool(batch["num_prefill_requests"])
         if arrived is None or not _streams_step(batch, streams):
             continue
         for name, (a, b) in spans.items():
             if a in times and b in times and times[a] < arrived <= times[b]:
                 found[name].append(forward)
+                if name == "during":
+                    after_chunk[follows_chunk].append(forward)
     median = {name: statistics.median(v) * 1000 if v else None for name, v in found.items()}
     drift = None
     if median["during"] and median["before"] and median["after"]:
         drift = round(median["during"] / ((median["before"] + median["after"]) / 2) - 1, 4)
+    first_cost = None
+    if after_chunk[True] and after_chunk[False]:
+        first_cost = round(statistics.median(after_chunk[True]) / statistics.median(after_chunk[False]) - 1, 4)
     return {"forward_ms": [None if v is None else round(v, 2) for v in median.values()], "forward_drift": drift,
-            "admission_s": admission}
+            "first_step_cost": first_cost, "admission_s": admission}
 
 
 NO_FORWARDS = {"forward_share": None, "ttft_forward": None, "span_forwards": None}
@@ -885,6 +905,7 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
             "boots": len(ran),
             "boot_shares": [_median(b["rounds"], "share") for b in ran],
             "forward_drifts": [_median(b["rounds"], "forward_drift") for b in ran],
+            "first_step_costs": [_median(b["rounds"], "first_step_cost") for b in ran],
             "reference_noises": [_median(b["rounds"], "reference_noise") for b in ran],
             "step_ratios": [_median(b["rounds"], "step_ratio") for b in ran],
             "boot_shares_at_speed": [_median(b["rounds"], "share_at_speed") for b in ran],
@@ -916,7 +937,7 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
             summary[label]["expected_share"] = (statistics.median(e for e in expected if e is not None)
                                                 if any(e is not None for e in expected) else None)
     alternatives = {k: v for k, v in summary.items() if not k.startswith("yield") and "error" not in v}
-    header = ["boot", "drift", "share", "before_only", "per boot", "fwd_drift", "ref_noise", "step_ratio", "at_speed",
+    header = ["boot", "drift", "share", "before_only", "per boot", "fwd_drift", "fwd_1st", "ref_noise", "step_ratio", "at_speed",
               "loop", "expected", "share_cpu", "ttft_s", "alone_s", "ttft_x", "ttft_x_in_boot",
               "ttft_cpu_x", "ratio/cal", "rate_before", "tok/s", "quarters", "q_at_speed", "q_cycles", "chunk_growth",
               "fwd_share", "ttft/fwd", "ttft_x_fwd", "span/fwd", "rival at share", "target"]
@@ -980,7 +1001,8 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
                          "ttft_factor_in_boot": s["ttft_factor_in_boot"], "share_cpu": s["share_cpu"],
                          "ttft_cpu_factor": s["ttft_cpu_factor"], "cpu_targets_met": cpu_ok,
                          "boot_shares": s["boot_shares"], "share_loop": s["share_loop"],
-                         "forward_drifts": s["forward_drifts"], "reference_noises": s["reference_noises"],
+                         "forward_drifts": s["forward_drifts"], "first_step_costs": s["first_step_costs"],
+                         "reference_noises": s["reference_noises"],
                          "admission_s": s["admission_s"],
                          "steady_boot_shares": steady,
                          "steady_share_ok": steady_ok,
@@ -1005,6 +1027,7 @@ def run(quick: bool, say: Any = print, engine: Engine = MELLUM) -> dict[str, Any
         table.append([label, f(s["reference_drift"], ".2f"), f(s["share"], ".3f"), f(s["share_before_only"], ".3f"),
                       "/".join(f(v, ".2f") for v in s["boot_shares"]),
                       "/".join(f(v, "+.2f") for v in s["forward_drifts"]),
+                      "/".join(f(v, "+.2f") for v in s["first_step_costs"]),
                       "/".join(f(v, ".2f") for v in s["reference_noises"]),
                       "/".join(f(v, ".2f") for v in s["step_ratios"]),
                       "/".join(f(v, ".2f") for v in s["boot_shares_at_speed"]), f(s["share_loop"], ".3f"),

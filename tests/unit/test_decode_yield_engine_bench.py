@@ -550,7 +550,27 @@ def test_the_streams_forward_is_timed_in_the_reference_spans_and_in_the_prefill_
     ]))
     times = {"before": 1.0, "send": 2.0, "first": 3.0, "end": 3.0, "after": 4.0, "after_end": 5.0}
     found = bench.stream_forwards(log, times, streams=4)
-    assert found == {"forward_ms": [20.0, 30.0, 20.0], "forward_drift": 0.5, "admission_s": 0.06}
+    assert found == {"forward_ms": [20.0, 30.0, 20.0], "forward_drift": 0.5, "first_step_cost": 0.0,
+                     "admission_s": 0.06}
     no_after = {k: v for k, v in times.items() if not k.startswith("after")}
     assert bench.stream_forwards(log, no_after, streams=4) == {"forward_ms": [20.0, 30.0, None], "forward_drift": None,
-                                                                "admission_s": 0.06}
+                                                                "first_step_cost": 0.0, "admission_s": 0.06}
+
+
+def test_the_first_step_cost_is_the_streams_first_forward_after_a_chunk_over_their_later_ones_in_the_prefill(tmp_path):
+    """In the prefill, the streams' steps right after a chunk (30 and 36 ms, median 33) against
+    their other steps (20, 20, 22 ms, median 20): +0.65. An empty batch between a chunk and a step
+    leaves the step after the chunk; steps before the send are not the prefill's. With no step
+    after a chunk there is nothing to compare: None."""
+    log = tmp_path / "fpm.jsonl"
+    lines = [
+        _timed_fpm_line(1, 0, 0.040, 1.5), _timed_fpm_line(0, 4, 0.090, 1.6),  # before the send
+        _timed_fpm_line(1, 0, 0.040, 2.1), _timed_fpm_line(0, 4, 0.030, 2.2), _timed_fpm_line(0, 4, 0.020, 2.3),
+        _timed_fpm_line(0, 4, 0.020, 2.4), _timed_fpm_line(1, 0, 0.040, 2.5), _timed_fpm_line(0, 0, 0.0, 2.55),
+        _timed_fpm_line(0, 4, 0.036, 2.6), _timed_fpm_line(0, 4, 0.022, 2.7), _timed_fpm_line(1, 0, 0.040, 2.9),
+    ]
+    log.write_text("\n".join(lines))
+    times = {"before": 1.0, "send": 2.0, "first": 3.0, "end": 3.0}
+    assert bench.stream_forwards(log, times, streams=4)["first_step_cost"] == 0.65
+    log.write_text("\n".join(line for line in lines if '"num_prefill_requests": 1' not in line))
+    assert bench.stream_forwards(log, times, streams=4)["first_step_cost"] is None
