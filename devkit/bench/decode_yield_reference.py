@@ -53,8 +53,7 @@ def null_shares(decoded: Any, start: float, end: float, span_s: float, ref_s: fl
     while t + 2 * ref_s + span_s <= end + 1e-9:
         a, b = t + ref_s, t + ref_s + span_s
         spans = {"before": (t, a), "after": (b, b + ref_s)}
-        points = {name: ((decoded(z) - decoded(y)) / (z - y), (decoded(y) + decoded(z)) / 2)
-                  for name, (y, z) in spans.items()}
+        points = {name: wl.reference_point(decoded, y, z) for name, (y, z) in spans.items()}
         share = wl.context_share(points, [a, b], decoded).get("decode_share_context")
         if share is not None:
             shares.append(share)

@@ -152,6 +152,12 @@ def bracketed_share(before: float, during: float, after: float | None) -> dict[s
             "reference_drift": round(abs(after - before) / reference, 4)}
 
 
+def reference_point(tokens_at: Any, start: float, end: float) -> tuple[float, float]:
+    """A reference span as :func:`context_share` takes it: the streams' rate over ``[start, end]``
+    and their decoded tokens at its middle (``tokens_at(t)``: their tokens by ``t``)."""
+    return ((tokens_at(end) - tokens_at(start)) / max(end - start, 1e-9), (tokens_at(start) + tokens_at(end)) / 2)
+
+
 def context_share(points: dict[str, tuple[float, float]], edges: list[float], tokens_at: Any) -> dict[str, Any]:
     """The streams' share against their own step at the context they had: what they decoded in
     each span, timed at their rate alone, over the span's wall time.
@@ -269,8 +275,8 @@ def run_yield_phase(base_url: str, w: Workload, tag: str) -> dict[str, Any]:
 
     in_context = {}
     if after is not None:
-        points = {"before": (before, (decoded(t_before) + decoded(t_send)) / 2),
-                  "after": (after, (decoded(t_after) + decoded(t_after_end)) / 2)}
+        points = {"before": reference_point(decoded, t_before, t_send),
+                  "after": reference_point(decoded, t_after, t_after_end)}
         in_context = context_share(points, edges, decoded)
         if in_context:
             in_context["reference_noise"] = reference_noise(points, [(t_before, t_send), (t_after, t_after_end)], decoded)
