@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from adapter.core import api, env, pins, registry
+from adapter.ops import table
 
 DSV4_ARCHS = ("DeepseekV4ForCausalLM",)
 LAUNCH_KEY = "LAUNCH_ARGS"
@@ -202,14 +203,6 @@ def orphan_options(environ: Mapping[str, str], config: registry.Config) -> list[
 
 
 # ---------------------------------------------------------------- the command
-def _table(header: Sequence[str], rows: list[Sequence[object]]) -> str:
-    cells = [list(map(str, header))] + [[str(c) for c in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
 def evaluate(env_file: str | None, model_path: str | None = None) -> dict[str, Any]:
     """Everything ``check`` reports, as one JSON-ready object (installs the profile's switches in
     this process and leaves them installed, like the command)."""
@@ -289,7 +282,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"hicache: on ({size}, {hicache['write_policy']}, L3 {hicache['storage_backend'] or 'none'})")
     rows = [[p["switch"], p["keys"], p["pins"], p["status"], "yes" if p["volatile"] else "no"]
             for p in report["switches"]]
-    print(_table(["switch", "keys", "pins", "status", "volatile"], rows))
+    print(table.render(["switch", "keys", "pins", "status", "volatile"], rows, align="left"))
     for name, receipt in report["receipts"].items():
         print(f"a boot logs: {name} {receipt}")
     for note in report["notes"]:
@@ -363,7 +356,7 @@ def run_pins(args: argparse.Namespace) -> int:
         c = pins.check(target)
         bad += not c.ok
         rows.append([owner, target, "ok" if c.ok else "DRIFT", c.found[:16]])
-    print(_table(["switch", "function", "pin", "installed sha256"], rows))
+    print(table.render(["switch", "function", "pin", "installed sha256"], rows, align="left"))
     return 1 if bad else 0
 
 

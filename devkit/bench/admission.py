@@ -22,6 +22,7 @@ import logging
 from typing import Any
 
 from adapter.core import boot
+from adapter.ops import table
 from devkit.testkit.admission import WorkloadSpec, WorkloadStats, run_workload
 
 SCHEDULER = "sglang.srt.managers.scheduler"
@@ -72,11 +73,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         })
     header = ["workload", "mode", "prefills", "overcommit passes", "overcommit pages", "retractions",
               "recomputed tok", "forwards", "useful tok/fwd", "useful tok/modelled s"]
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    for i, row in enumerate([header, *rows]):
-        print("  ".join(str(c).rjust(w) for c, w in zip(row, widths)))
-        if i == 0:
-            print("  ".join("-" * w for w in widths))
+    print(table.render(header, rows))
     print("throughput change, switch vs stock: " + ", ".join(
         f"{k.removeprefix('throughput_change_pct_')} {v:+.2f}%" for k, v in figures.items() if k.startswith("throughput")
     ))

@@ -17,7 +17,7 @@ figure is median(wrapped) - median(unwrapped) of ``get_next_batch_to_run`` per p
 
 The harness's forwards take the cost model's time (a ``ScriptedClock``), which the switch's closed
 loop measures (its default mode), so the modelled share is the measured one. Then the controller
-against scripted costs (:mod:`devkit.bench.decode_yield_scripted`): a step change in the decode
+against scripted costs (:mod:`devkit.testkit.decode_yield_scripted`): a step change in the decode
 cost mid-prompt, a slow chunk, an alternation cost, a chunk that doubles over the prompt; the share
 per quarter of the prompt, closed loop beside the open-loop model fitted to the scenario's start.
 """
@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from adapter.core import boot
+from adapter.ops import table
 from adapter.switches.decode_yield import cost_model
 
 CHUNK, PAGE, STREAM_PROMPT = 8192, 64, 4000
@@ -254,14 +255,6 @@ def measure_overhead(reps: int, streams: int = 16) -> dict[str, float]:
     return figures
 
 
-def _table(rows: list[list[str]], header: list[str]) -> str:
-    cells = [header, *rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
-
-
 def run(quick: bool) -> dict[str, Any]:
     grid = QUICK if quick else FULL
     results = {}
@@ -269,7 +262,7 @@ def run(quick: bool) -> dict[str, Any]:
         for streams in grid["streams"]:
             for pct in grid["pcts"]:
                 results[prompt, streams, pct] = run_case(prompt, streams, pct)
-    table, misses = [], []
+    cells, misses = [], []
     for (prompt, streams, pct), r in results.items():
         times: PromptTimes = r["times"]
         share = times.share
@@ -283,30 +276,31 @@ def run(quick: bool) -> dict[str, Any]:
             ok = "ok" if share_ok and ttft_ok else "MISS"
             if ok == "MISS":
                 misses.append(f"{prompt // 1024}K/{streams}/{pct}")
-        table.append([
+        cells.append([
             f"{prompt // 1024}K", str(streams), str(pct), str(min(gaps)), f"{statistics.mean(gaps):.1f}", str(max(gaps)),
             f"{share:.3f}", f"{ttft:.3f}", "yes" if r["capped"] else "no", str(times.idle), str(r["retracted"]),
             f"{r['wall_s']:.2f}", ok,
         ])
-    print(_table(table, ["prompt", "streams", "pct", "gap_min", "gap_mean", "gap_max", "share", "ttft_x",
-                         "capped", "idle", "retr", "sim_s", "target"]))
+    print(table.render(["prompt", "streams", "pct", "gap_min", "gap_mean", "gap_max", "share", "ttft_x",
+                        "capped", "idle", "retr", "sim_s", "target"], cells))
     overhead = measure_overhead(1000 if quick else 5000)
     wide = measure_overhead(500 if quick else 2000, streams=64)
     for rows, o in ((16, overhead), (64, wide)):
         print(f"wrapper overhead per scheduler pass, {rows} streams (median wrapped - bare, A/B interleaved on real "
               f"state): arming pass {o['arm_pass_us']} µs, deferred pass {o['deferred_pass_us']} µs, "
               f"plain pass {o['plain_pass_us']} µs")
-    from devkit.bench import decode_yield_scripted
+    from devkit.testkit import decode_yield_scripted
 
     scripted = decode_yield_scripted.table_rows()
     print(f"\nthe controller against scripted costs ({decode_yield_scripted.PROMPT_CHUNKS} chunks, "
           f"{decode_yield_scripted.STREAMS} streams; share over the prompt after its first 3 cycles, per quarter; "
           "model: the open-loop cost model fitted to chunk 10 ms, step 2 ms; the step change's transition windows, "
           "one over and one repaying it, left out of the quarters)")
-    print(_table([[r["scenario"], r["what"], str(r["pct"]), r["mode"], f"{r['share']:.3f}",
-                   " / ".join(f"{q:.3f}" for q in r["quarters"]),
-                   "ok" if all(abs(q - r["pct"] / 100) <= 0.03 for q in r["quarters"]) else "MISS"] for r in scripted],
-                 ["scenario", "costs", "pct", "mode", "share", "per quarter", "±0.03"]))
+    print(table.render(["scenario", "costs", "pct", "mode", "share", "per quarter", "±0.03"],
+                       [[r["scenario"], r["what"], str(r["pct"]), r["mode"], f"{r['share']:.3f}",
+                         " / ".join(f"{q:.3f}" for q in r["quarters"]),
+                         "ok" if all(abs(q - r["pct"] / 100) <= 0.03 for q in r["quarters"]) else "MISS"]
+                        for r in scripted]))
     for r in scripted:
         if r["mode"] == "measured" and any(abs(q - r["pct"] / 100) > 0.03 for q in r["quarters"]):
             misses.append(f"scripted {r['scenario']}")

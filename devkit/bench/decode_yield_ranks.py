@@ -38,7 +38,7 @@ def _rank(rank: int, port: int, agree: bool, out: Any) -> None:
     import torch.distributed as dist
 
     from adapter.switches.decode_yield import agreement
-    from devkit.bench import decode_yield_scripted as scripted
+    from devkit.testkit import decode_yield_scripted as scripted
 
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     dist.init_process_group("gloo", rank=rank, world_size=2)

@@ -27,17 +27,24 @@ import math
 import os
 import statistics
 import time
+from pathlib import Path
 from typing import Any
+
+from adapter.ops import table
+from devkit.engine_kit import yield_kits
+
+OUT = Path(__file__).resolve().parents[2] / "build" / "bench-decode-yield-reference"
 
 PCTS = (20, 33, 50, 70)
 TOLERANCE = 0.03  # decode-yield-engine's target: the share within this of pct/100
 # per kit: rounds of fresh streams, seconds recorded in each, the spans timed, each stream's tokens
-# (inside the kit's KV pool: Mellum 4 x 6,032 of 32,768, DSV4 2 x 3,032 of 16,384; never run out)
+# (inside the kit's KV pool: Mellum 4 x 6,032 of 32,768, DSV4 2 x 3,032 of 16,384; never run out), and
+# decode-yield-engine's boots per pct in its full run (one round each on Mellum): what "perfect run" is over
 GRIDS = {
     "mellum": {"full": {"rounds": 4, "record_s": 25.0, "spans": (3.0, 6.0, 10.0)},
-               "quick": {"rounds": 1, "record_s": 16.0, "spans": (6.0,)}, "max_tokens": 6000},
+               "quick": {"rounds": 1, "record_s": 16.0, "spans": (6.0,)}, "max_tokens": 6000, "engine_boots": 3},
     "dsv4": {"full": {"rounds": 2, "record_s": 45.0, "spans": (8.0, 16.0, 28.0)},
-             "quick": {"rounds": 1, "record_s": 20.0, "spans": (8.0,)}, "max_tokens": 3000},
+             "quick": {"rounds": 1, "record_s": 20.0, "spans": (8.0,)}, "max_tokens": 3000, "engine_boots": 1},
 }
 
 
@@ -105,23 +112,20 @@ def _round(base_url: str, w: Any, tag: str, record_s: float, max_tokens: int) ->
 
 def run_dsv4(quick: bool, say: Any = print) -> dict[str, Any]:
     """``python -m adapter bench decode-yield-reference-dsv4 [--quick]``: the same on the DSV4 kit."""
-    from devkit.bench import decode_yield_engine as engine_bench
-
-    return run(quick, say, engine=engine_bench.DSV4)
+    return run(quick, say, engine=yield_kits.Dsv4YieldKit())
 
 
 def run(quick: bool, say: Any = print, engine: Any = None) -> dict[str, Any]:
-    from devkit.bench import decode_yield_engine as engine_bench
-
-    engine = engine or engine_bench.MELLUM
+    engine = engine or yield_kits.MellumYieldKit()
     kit = GRIDS[engine.name]
     grid = kit["quick" if quick else "full"]
-    engine.out.mkdir(parents=True, exist_ok=True)
-    model = engine.model()
+    out = OUT / engine.name
+    out.mkdir(parents=True, exist_ok=True)
+    model = engine.build(out)
     w = engine.workload(0)
     ref_s = w.before_s  # the kit's reference spans, as decode-yield-engine takes them
     load = os.getloadavg()
-    server = engine.server(model, engine.out / "reference-null.log", {}, [], engine.chunk)
+    server = engine.server(model, out / "reference-null.log", {}, [], engine.chunk)
     shares: dict[float, list[float]] = {span: [] for span in grid["spans"]}
     contexts = []
     server.start()
@@ -133,7 +137,7 @@ def run(quick: bool, say: Any = print, engine: Any = None) -> dict[str, Any]:
                 shares[span] += null_shares(decoded, start, end, span, ref_s)
     finally:
         server.stop()
-    boots = engine.full["boots"]  # decode-yield-engine's boots per pct in a full run, one round each on Mellum
+    boots = kit["engine_boots"]
     rows = {f"{ref_s:g}/{span:g}": summarize(values, boots) for span, values in shares.items()}
     say(f"decode-yield-reference ({engine.name}): stock, {w.streams} streams decoding alone, no prompt; "
         f"{grid['rounds']} round(s) of {grid['record_s']:g} s (contexts up to {max(contexts)} tokens); each span "
@@ -141,10 +145,10 @@ def run(quick: bool, say: Any = print, engine: Any = None) -> dict[str, Any]:
         f"1.0); load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     header = ["ref/span s", "spans", "range", "median |e|", "p90 |e|", "max |e|",
               *(f"within pct {p} (|e|<={TOLERANCE * 100 / p:.3f})" for p in PCTS), f"perfect run ({boots} boots/pct)"]
-    table = [[name, str(row["spans"]), f"{row['range'][0]:.3f}-{row['range'][1]:.3f}", f"{row['median_error']:.3f}",
+    cells = [[name, str(row["spans"]), f"{row['range'][0]:.3f}-{row['range'][1]:.3f}", f"{row['median_error']:.3f}",
               f"{row['p90_error']:.3f}", f"{row['max_error']:.3f}", *(f"{row['within'][str(p)]:.2f}" for p in PCTS),
               f"{row['perfect_run']:.3f}"]
              for name, row in rows.items() if row["spans"]]
-    say(engine_bench._table(table, header))
+    say(table.render(header, cells))
     return {"kit": engine.name, "rows": rows, "rounds": grid["rounds"], "record_s": grid["record_s"],
             "reference_s": ref_s, "contexts": contexts, "load_average": [round(x, 2) for x in load]}

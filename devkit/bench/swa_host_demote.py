@@ -24,8 +24,10 @@ import time
 from contextlib import nullcontext
 from typing import Any
 
+from adapter.ops import table
 from devkit.testkit import radix_cache as rc
 from devkit.testkit import swa_host_demote as demote
+from devkit.testkit.swa_thin import install_thin
 
 PAGE, OUT = 16, 16
 GEOMETRY = rc.Geometry(PAGE, 8, 128, full_tokens=1 << 16, swa_tokens=512, max_reqs=8, max_ctx=1 << 16)
@@ -63,8 +65,6 @@ def run_row(mix: str, policy: str, demoting: bool, units: int, seed: int) -> dic
 
 
 def run(quick: bool) -> dict[str, Any]:
-    from devkit.bench.swa_thin import install_thin
-
     install_thin()
     units = 120 if quick else 250
     seeds = (1,) if quick else (1, 2, 3)
@@ -80,12 +80,10 @@ def run(quick: bool) -> dict[str, Any]:
                              "kit": "cache", "turns": units * len(seeds), **total})
     header = ["mix", "policy", "row", "turns", "recomputed", "loaded from host", "dropped (Full on host)",
               "demoted", "failed", "leak", "CPU s"]
-    table = [[r["mix"], r["policy"], r["name"], r["turns"], r["recomputed"], r["loaded_from_host"],
+    cells = [[r["mix"], r["policy"], r["name"], r["turns"], r["recomputed"], r["loaded_from_host"],
               r["dropped_full_on_host"], r["demoted"], r["demote_failed"], r["leak"], r["cpu_s"]] for r in rows]
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *table)]
     print(f"SWA thin beside HiCache (ratio 2), page {PAGE}, window {GEOMETRY.window}, chunk {GEOMETRY.chunk}, "
           f"Full pool {GEOMETRY.full_tokens}, SWA pool {GEOMETRY.swa_tokens}; seeds {list(seeds)}, {units} turns each. "
           "recomputed / loaded: prompt tokens prefilled / KV tokens loaded host->device over every turn")
-    for line in [header, *table]:
-        print("  ".join(str(x).rjust(w) for x, w in zip(line, widths)))
+    print(table.render(header, cells))
     return {"rows": rows}

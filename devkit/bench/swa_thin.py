@@ -27,42 +27,15 @@ import random
 import statistics
 import time
 from array import array
-from types import SimpleNamespace
 from typing import Any
 
+from adapter.ops import table
 from devkit.testkit import radix_cache as rc
+from devkit.testkit.swa_thin import install_thin, server_args, swa_pool_for_tails
 
 PAGE, WINDOW, CHUNK = 256, 128, 8192
-MAX_RUNNING = 64
 TAILS = (128, 256, 384)
 DEFAULT_TAILS = 256
-
-
-# -- pool sizing ---------------------------------------------------------------------------------
-def _server_args(page: int = PAGE, chunk: int = CHUNK, max_running: int = MAX_RUNNING) -> None:
-    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
-
-    set_global_server_args_for_scheduler(ServerArgs(
-        model_path="dummy", page_size=page, chunked_prefill_size=chunk, max_running_requests=max_running))
-    rc._SERVER_ARGS_PAGE[:] = [page]
-
-
-def swa_pool_for_tails(tails: int, max_running: int = MAX_RUNNING, page: int = PAGE, window: int = WINDOW,
-                       chunk: int = CHUNK) -> dict[str, int]:
-    """The cap-mode SWA pool of the real configurator formula, and what the simulation gets (sets
-    the process-global ServerArgs the formula reads: page, chunk, max running requests)."""
-    from sglang.srt.model_executor.pool_configurator import DSV4PoolConfigurator, compute_swa_request_cap
-
-    _server_args(page, chunk, max_running)
-    configurator = SimpleNamespace(  # the attributes _resolve_swa_cap_tokens reads
-        operator_swa_ratio=None, _unified=False, requested_max_running_requests_per_worker=max_running,
-        sliding_window_size=window, disaggregation_mode="null", page_size=page, attn_dp_size=1,
-        swa_prefix_tails=tails)
-    pool = DSV4PoolConfigurator._resolve_swa_cap_tokens(configurator)
-    cap_all = compute_swa_request_cap(page_size=page, window=window, attn_dp_size=1, max_running_requests=max_running)
-    cap_one = compute_swa_request_cap(page_size=page, window=window, attn_dp_size=1, max_running_requests=1)
-    return {"tails": tails, "swa_pool": pool, "request_cap": cap_all, "headroom": tails * (window + page),
-            "simulated_pool": (pool - cap_all + cap_one) // page * page}
 
 
 # -- part 1: survival ----------------------------------------------------------------------------
@@ -218,41 +191,19 @@ def _cost(sizes: list[int], events: int, seed: int) -> list[dict[str, Any]]:
     return rows
 
 
-def _print_table(header: list[str], rows: list[list[object]]) -> None:
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    print("  ".join(str(h).ljust(w) for h, w in zip(header, widths)))
-    print("  ".join("-" * w for w in widths))
-    for row in rows:
-        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths)))
-
-
-def install_thin() -> None:
-    """SWA thin (and the fast tree core it turns on) installed in this process, or an error naming why not."""
-    import importlib
-    import os
-
-    from adapter.core import boot
-
-    os.environ.pop("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", None)
-    state = boot.install({"DSV41_SWA_THIN": "1"})
-    importlib.import_module("sglang.srt.mem_cache.unified_radix_cache")
-    for name in ("fast_tree_core", "swa_thin"):
-        if state.outcomes[name].status != "installed":
-            raise RuntimeError(f"{name} did not install: {state.outcomes[name].reason}")
-
-
 def run(quick: bool) -> dict[str, Any]:
     t_start = time.process_time()
     install_thin()
-    _server_args()
+    server_args()
 
     idle_len, long_len = (300 * 1024 // PAGE * PAGE, 500 * 1024 // PAGE * PAGE)
     budget = 3_000_000 if quick else 8_000_000  # survival: traffic until both idle resume points are lost
     resume_after = 2_000_000  # re-prefills: both policies see this much traffic, then the idle sessions resume
     pools = [swa_pool_for_tails(t) for t in TAILS]
     print("--swa-prefix-tails (real DSV4PoolConfigurator formula, 64 running requests, page 256, window 128)")
-    _print_table(["tails", "SWA pool", "request cap", "headroom", "simulated pool"],
-                 [[p["tails"], p["swa_pool"], p["request_cap"], p["headroom"], p["simulated_pool"]] for p in pools])
+    print(table.render(["tails", "SWA pool", "request cap", "headroom", "simulated pool"],
+                       [[p["tails"], p["swa_pool"], p["request_cap"], p["headroom"], p["simulated_pool"]] for p in pools],
+                       align="left"))
     survival_rows, figures = [], {}
     for pool in pools if not quick else [p for p in pools if p["tails"] == DEFAULT_TAILS]:
         out = {}
@@ -271,8 +222,8 @@ def run(quick: bool) -> dict[str, Any]:
     print("\ntwo idle 300K-token sessions beside sub-agent turns (16K-48K) and new 500K sessions")
     print(f"survived: other-traffic SWA slots until each idle resume point is lost ('+': alive at the {budget} budget);"
           f" re-prefills / tokens / SWA hit: the idle sessions' next turns after {resume_after} slots of traffic")
-    _print_table(["tails", "policy", "survived slots (A / B)", "whole re-prefills", "tokens re-prefilled",
-                  "SWA hit", "leaked slots"], survival_rows)
+    print(table.render(["tails", "policy", "survived slots (A / B)", "whole re-prefills", "tokens re-prefilled",
+                        "SWA hit", "leaked slots"], survival_rows, align="left"))
 
     survival_s = time.process_time() - t_start
     sizes = [300_000] if quick else [500_000, 2_000_000]
@@ -287,8 +238,8 @@ def run(quick: bool) -> dict[str, Any]:
             rust = row[f"{op}_rust_med_us"]
             cost_rows.append([row["size"], op, *cells, f"{row[f'{op}_python_med_us'] / rust:.2f}",
                               f"{row[f'{op}_fast_python_med_us'] / rust:.2f}"])
-    _print_table(["tree", "op", "python (stock core)", "fast python", "fast python + thin", "rust", "py/rs",
-                  "fast/rs"], cost_rows)
+    print(table.render(["tree", "op", "python (stock core)", "fast python", "fast python + thin", "rust", "py/rs",
+                        "fast/rs"], cost_rows, align="left"))
 
     print(f"\nCPU seconds: survival and re-prefill runs {survival_s:.1f}, cost {time.process_time() - t_start - survival_s:.1f}")
     default = figures[DEFAULT_TAILS]

@@ -24,9 +24,10 @@ import random
 import time
 from typing import Any
 
+from adapter.ops import table
 from devkit.testkit import radix_cache as rc
+from devkit.testkit.swa_thin import CHUNK, PAGE, WINDOW, cache_kit, install_thin, traffic_unit
 
-PAGE, WINDOW, CHUNK = 16, 8, 128
 IDLE_LEN, LONG_LEN, NEW_TURN = 4096, 8192, 128
 FORMS = {"swa": 1 << 20, "full": 24 * 1024}  # Full pool tokens
 SWA_POOL = 2048
@@ -42,30 +43,8 @@ ROWS = (  # name, thin, HiCache
 )
 
 
-def traffic_unit(kit: rc.CacheKit, tok: rc.Tokens, rng: random.Random, unit: int, long_len: int = LONG_LEN) -> None:
-    """One unit of other traffic (also ``bench hicache --quick``'s, at its own ``long_len``)."""
-    if unit % 6 == 0:  # a new long session: one chunked turn
-        kit.run_turn(tok.fresh(long_len), PAGE)
-    else:  # a sub-agent: a chunked turn and a short follow-up turn
-        first = kit.run_turn(tok.fresh(rng.randint(16, 48) * PAGE), rng.randint(1, 4) * PAGE)
-        kit.run_turn(first.history + tok.fresh(rng.randint(2, 8) * PAGE), rng.randint(1, 4) * PAGE)
-
-
 def _h2d(counter: Any) -> int:
     return sum(counter.h2d_tokens.values()) if counter is not None else 0
-
-
-def cache_kit(full_tokens: int, swa_tokens: int, thin: bool, hicache: rc.HiCache | None) -> Any:
-    """The cache kit at this bench's page, window and chunk (Python tree core), SWA thin's demotion
-    on or kept stock, HiCache attached when ``hicache`` is given."""
-    from adapter.switches import swa_thin
-
-    geometry = rc.Geometry(PAGE, WINDOW, CHUNK, full_tokens=full_tokens, swa_tokens=swa_tokens, max_reqs=8,
-                           max_ctx=1 << 16)
-    kit = rc.build(geometry, backend="python", hicache=hicache)
-    if not thin:
-        swa_thin.keep_stock(kit.cache)
-    return kit
 
 
 def run_row(form: str, thin: bool, hicache: rc.HiCache | None, traffic: int, seed: int = 1) -> dict[str, Any]:
@@ -76,7 +55,7 @@ def run_row(form: str, thin: bool, hicache: rc.HiCache | None, traffic: int, see
     start, unit = kit.swa_alloc_tokens, 0
     while kit.swa_alloc_tokens - start < traffic:
         unit += 1
-        traffic_unit(kit, tok, rng, unit)
+        traffic_unit(kit, tok, rng, unit, LONG_LEN)
     counter = kit.cache.metrics_collector
     h2d_before = _h2d(counter)
     resumed = [kit.run_turn(history + tok.fresh(NEW_TURN), PAGE) for history in idle]
@@ -97,8 +76,6 @@ def run_row(form: str, thin: bool, hicache: rc.HiCache | None, traffic: int, see
 
 
 def run(quick: bool) -> dict[str, Any]:
-    from devkit.bench.swa_thin import install_thin
-
     install_thin()
     # SWA slots of other traffic before the idle sessions resume: 8x and 24x the SWA pool
     levels = (8 * SWA_POOL,) if quick else (8 * SWA_POOL, 24 * SWA_POOL)
@@ -110,13 +87,11 @@ def run(quick: bool) -> dict[str, Any]:
                 rows.append({"name": name, "form": form, "traffic": traffic, "kit": "cache",
                              **run_row(form, thin, hicache, traffic)})
     header = ["form", "traffic", "row", "recomputed", "loaded from host", "D->H (all runs)", "H->D", "leak", "CPU s"]
-    table = [[r["form"], r["traffic"], r["name"], r["recomputed"], r["loaded_from_host"], r["d2h_tokens"],
+    cells = [[r["form"], r["traffic"], r["name"], r["recomputed"], r["loaded_from_host"], r["d2h_tokens"],
               r["h2d_tokens"], r["leak"], r["cpu_s"]] for r in rows]
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *table)]
     print(f"two idle {IDLE_LEN}-token sessions resume (+{NEW_TURN} each) after 'traffic' SWA slots of other traffic; "
           f"page {PAGE}, window {WINDOW}, chunk {CHUNK}, SWA pool {SWA_POOL}; form swa: Full pool {FORMS['swa']}, "
           f"form full: {FORMS['full']}. recomputed / loaded: prompt tokens prefilled / KV tokens loaded host->device "
           f"on the two resumed turns; D->H, H->D: KV tokens (Full + SWA pools) over the whole run")
-    for line in [header, *table]:
-        print("  ".join(str(x).rjust(w) for x, w in zip(line, widths)))
+    print(table.render(header, cells))
     return {"idle_len": IDLE_LEN, "swa_pool": SWA_POOL, "rows": rows}

@@ -178,7 +178,7 @@ def sweep(args: argparse.Namespace, geo: Any, requests: list[Any], coef: Any) ->
     policy the smallest setting within 1 % of its best."""
     import dataclasses
 
-    from devkit.bench.swa_thin import swa_pool_for_tails
+    from devkit.testkit.swa_thin import swa_pool_for_tails
 
     result: dict[str, Any] = {}
     rows: dict[str, Any] = {}

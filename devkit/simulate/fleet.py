@@ -5,7 +5,7 @@ launch line (SGLang's own parser, :func:`adapter.ops.check.parse_launch`); the s
 count and the cone's bound from the model's ``config.json`` (``check.read_model`` /
 cone replay's own predictor and decision); the SWA pool from SGLang's
 ``DSV4PoolConfigurator._resolve_swa_cap_tokens`` for that many tails at that many running requests
-(:func:`devkit.bench.swa_thin.swa_pool_for_tails`); the Full pool from ``--kv-tokens``, else the
+(:func:`devkit.testkit.swa_thin.swa_pool_for_tails`); the Full pool from ``--kv-tokens``, else the
 launch line's ``--max-total-tokens``, else :data:`DEFAULT_FULL_TOKENS` (an assumption, said in the
 output). Without a model folder the production profile's DeepSeek-V4.1 is assumed: window 128, 61
 layers, the last one C128, last KV source at layer 10, decoder SWA bounded replay on as SGLang
@@ -100,7 +100,7 @@ def resolve(env_file: str | None = None, model_path: str | None = None, kv_token
     from adapter.core import api
     from adapter.ops import check
     from adapter.switches.cone_replay import predict as cone_predict
-    from devkit.bench.swa_thin import swa_pool_for_tails
+    from devkit.testkit.swa_thin import swa_pool_for_tails
 
     profile = str(env_file or DEFAULT_PROFILE)
     environ = check.profile_environ(profile)

@@ -71,10 +71,19 @@ def test_spans_too_long_for_the_record_give_none():
 
 def test_each_kit_records_inside_its_own_kv_pool():
     """The streams' tokens never outgrow the pool the bench boots with (decode-yield-engine's)."""
-    from devkit.bench import decode_yield_engine as engine_bench
+    from devkit.engine_kit import yield_kits
     from devkit.gate import kits
 
-    pools = {"mellum": engine_bench.MAX_TOTAL_TOKENS, "dsv4": kits.DSV4_MAX_TOTAL_TOKENS}
-    for engine in (engine_bench.MELLUM, engine_bench.DSV4):
+    pools = {"mellum": yield_kits.MAX_TOTAL_TOKENS, "dsv4": kits.DSV4_MAX_TOTAL_TOKENS}
+    for engine in (yield_kits.MellumYieldKit(), yield_kits.Dsv4YieldKit()):
         w = engine.workload(0)
         assert w.streams * (w.stream_prompt_tokens + bench.GRIDS[engine.name]["max_tokens"]) < pools[engine.name]
+
+
+def test_the_perfect_run_counts_the_boots_per_pct_decode_yield_engine_runs_in_full():
+    """The reference's ``perfect run`` is over decode-yield-engine's boots per pct; the two benches
+    import nothing of each other, so the count is stated twice and held equal here."""
+    from devkit.bench import decode_yield_engine as engine_bench
+
+    assert bench.GRIDS["mellum"]["engine_boots"] == engine_bench.MELLUM.full["boots"]
+    assert bench.GRIDS["dsv4"]["engine_boots"] == engine_bench.DSV4.full["boots"]

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from devkit.bench import hicache, hicache_server
+from devkit.bench import hicache
+from devkit.bench.hicache import server as hicache_server
 
 # Lines as the Mellum kit server's /metrics page printed them (HiCache host 4x, one idle session resumed)
 METRICS_PAGE = """\
@@ -116,9 +117,9 @@ def test_the_table_prints_one_line_per_row_with_dashes_for_null_figures_and_flag
     lines: list[str] = []
     hicache.print_table([_row("stock", kit="cache", ttft_s=None, logprob_max_diff=None, h2d_tokens={"swa": 16})],
                         lines.append)
-    assert len(lines) == 2 and lines[1].split() == ["cache", "idle_swa", "stock", "1", "607", "0", "512", "0", "1/0",
+    assert len(lines) == 3 and lines[2].split() == ["cache", "idle_swa", "stock", "1", "607", "0", "512", "0", "1/0",
                                                     "0/16", "-", "-", "-"]
     lines.clear()
     hicache.print_table([_row("stock_hicache_l3", reference_cached=600, logprob_diff_vs_hit=0.0)], lines.append)
-    assert lines[1].split()[-1] == "0" and len(lines) == 3
-    assert lines[2].startswith("note: mellum idle_swa stock_hicache_l3: the reference re-prefill itself found 600 ")
+    assert lines[2].split()[-1] == "0" and len(lines) == 4
+    assert lines[3].startswith("note: mellum idle_swa stock_hicache_l3: the reference re-prefill itself found 600 ")

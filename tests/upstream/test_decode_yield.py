@@ -474,8 +474,8 @@ def test_one_debug_line_per_window_with_chunk_n_and_why_it_ended(debug_lines):
 
 def test_the_window_line_names_the_mode_target_measured_share_and_n(debug_lines):
     """Measured mode against scripted costs (chunk 10 ms, step 2 ms): the line's share is the cycle's."""
-    from devkit.bench.decode_yield_scripted import MS, Script
-    from devkit.bench.decode_yield_scripted import run as scripted_run
+    from devkit.testkit.decode_yield_scripted import MS, Script
+    from devkit.testkit.decode_yield_scripted import run as scripted_run
 
     found = scripted_run(33, Script(lambda k: 10 * MS, lambda k: 2 * MS), on_ready=debug_lines.clear)
     windows = [receipts.parse_line(line).params for line in debug_lines if " window " in line]
@@ -493,8 +493,8 @@ def test_a_window_whose_rest_was_re_planned_names_the_n_it_was_armed_with(debug_
     """Steps of 2 ms, then 5 ms from chunk 20 at pct 50: window 20 was armed at 5 steps and gave 4
     once its rest was planned on the 5 ms its steps took; a window re-planned to its own N (the
     steady 5s) names nothing more."""
-    from devkit.bench.decode_yield_scripted import MS, Script
-    from devkit.bench.decode_yield_scripted import run as scripted_run
+    from devkit.testkit.decode_yield_scripted import MS, Script
+    from devkit.testkit.decode_yield_scripted import run as scripted_run
 
     found = scripted_run(50, Script(lambda k: 10 * MS, lambda k: 2 * MS if k < 20 else 5 * MS),
                          on_ready=debug_lines.clear)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 
 from adapter.switches.decode_yield import controller
-from devkit.bench.decode_yield_scripted import MODEL_10_2, MS, PROMPT_CHUNKS, Script, quarters
-from devkit.bench.decode_yield_scripted import run as _run
-from devkit.bench.decode_yield_scripted import share as _share
+from devkit.testkit.decode_yield_scripted import MODEL_10_2, MS, PROMPT_CHUNKS, Script, quarters
+from devkit.testkit.decode_yield_scripted import run as _run
+from devkit.testkit.decode_yield_scripted import share as _share
 
 # the prompt's last windows, which also pay the final chunk's share (its own test)
 LAST = controller.final_span(PROMPT_CHUNKS - 1)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from devkit.bench import hicache
-from devkit.bench import hicache_cache as cache_form
+from devkit.bench.hicache import cache as cache_form
 from devkit.testkit import radix_cache as rc
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -3,9 +3,9 @@ workload, stock and the profile, each without and with SGLang's HiCache, side by
 
 Two forms, one per run, and the output says which ran (``form`` in the JSON):
 
-* full run, form ``server`` (:mod:`devkit.bench.hicache_server`): the Mellum and DSV4 kits' real
+* full run, form ``server`` (:mod:`devkit.bench.hicache.server`): the Mellum and DSV4 kits' real
   servers, one boot per kit x row (11 boots; a boot is 30-150 s on this machine);
-* ``--quick``, form ``cache`` (:mod:`devkit.bench.hicache_cache`): the same rows and workloads on
+* ``--quick``, form ``cache`` (:mod:`devkit.bench.hicache.cache`): the same rows and workloads on
   SGLang's real ``UnifiedRadixCache`` + HiCache in-process (no model, so ``ttft_s`` and
   ``logprob_max_diff`` are null), under a minute: no server boot fits in one.
 
@@ -29,6 +29,8 @@ import os
 import time
 from collections.abc import Callable
 from typing import Any
+
+from adapter.ops import table
 
 ROW_KEYS = ("name", "kit", "workload", "recomputed", "loaded_from_host", "loaded_from_l3", "bytes_d2h", "bytes_h2d",
             "d2h_tokens", "h2d_tokens", "logprob_max_diff", "ttft_s")
@@ -65,13 +67,12 @@ def _g(x: float | None) -> str:
 def print_table(rows: list[dict[str, Any]], say: Callable[[str], None] = print) -> None:
     header = ["kit", "workload", "row", "recomputed", "from host", "from L3", "D->H bytes", "H->D bytes",
               "D->H kv/swa tok", "H->D kv/swa tok", "ttft_s", "logprob diff", "vs hit"]
-    table = [[r["kit"], r["workload"], r["name"], r["recomputed"], r["loaded_from_host"], r["loaded_from_l3"],
+    cells = [[r["kit"], r["workload"], r["name"], r["recomputed"], r["loaded_from_host"], r["loaded_from_l3"],
               r["bytes_d2h"], r["bytes_h2d"], _tokens(r["d2h_tokens"]), _tokens(r["h2d_tokens"]),
               "-" if r["ttft_s"] is None else f"{r['ttft_s']:.3f}",
               _g(r["logprob_max_diff"]), _g(r.get("logprob_diff_vs_hit"))] for r in rows]
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *table)]
-    for line in [header, *table]:
-        say("  ".join(str(x).rjust(w) for x, w in zip(line, widths)))
+    for line in table.render(header, cells).splitlines():
+        say(line)
     for r in rows:
         if r.get("reference_cached"):
             say(f"note: {r['kit']} {r['workload']} {r['name']}: the reference re-prefill itself found "
@@ -81,11 +82,11 @@ def print_table(rows: list[dict[str, Any]], say: Callable[[str], None] = print) 
 def run(quick: bool = False) -> dict[str, Any]:
     start = time.perf_counter()
     if quick:
-        from devkit.bench import hicache_cache as form
+        from devkit.bench.hicache import cache as form
 
         form_name, rows, describe = "cache", form.rows(), form.describe()
     else:
-        from devkit.bench import hicache_server as form
+        from devkit.bench.hicache import server as form
 
         form_name, rows, describe = "server", form.rows(), form.describe()
     check_rows(rows)

@@ -39,8 +39,8 @@ import random
 import time
 from typing import Any
 
-from devkit.bench.swa_thin_hicache import CHUNK, PAGE, WINDOW, cache_kit, traffic_unit
 from devkit.testkit import radix_cache as rc
+from devkit.testkit.swa_thin import CHUNK, PAGE, WINDOW, cache_kit, install_thin, traffic_unit
 
 SWA_POOL = 1024  # half swa-thin-hicache's: the quick form's rows in seconds
 IDLE_LEN, LONG_LEN, NEW_TURN = 2048, 4096, 128
@@ -114,8 +114,6 @@ def run_row(workload: str, thin: bool, hicache: rc.HiCache | None, seed: int = 1
 
 def rows() -> list[dict[str, Any]]:
     """Every workload x row of this form, in the benchmark's row schema."""
-    from devkit.bench.swa_thin import install_thin
-
     install_thin()
     out = []
     for workload in WORKLOADS:
