@@ -111,25 +111,33 @@ def closest_key(unknown: str, known: list[str]) -> str | None:
 
 
 def read_env_file(path: str) -> dict[str, str]:
-    """Read ``KEY=VALUE`` words from a profile file.
+    """A profile file read as ``docker run --env-file`` reads it, so a container and ``check`` see the
+    same keys: one ``KEY=VALUE`` a line, split at the first ``=``; lines whose first non-blank
+    character is ``#`` and blank lines are skipped; the key loses its leading blanks and may hold
+    none; the value is taken as it stands (no quote removal, no ``$`` expansion, no inline comment,
+    no trimming). A later line of a key wins.
 
-    Lines may use ``export``, quotes and several assignments per line (a production line that
-    ends with the switches); words that are not assignments (launch arguments) are skipped.
-    Comments and blank lines are ignored. A later assignment of a key wins, like a shell.
-    """
-    import shlex
-
+    Refused, each with the line: a line without ``=`` (docker passes the caller's variable of that
+    name through: a profile states its values), a key with a blank in it, and a value that docker
+    and compose's ``env_file`` read differently (compose strips quotes and surrounding blanks, cuts
+    `` #`` comments and expands ``$``): one that starts or ends with a blank or a quote, or holds
+    ``$`` or `` #``."""
     values: dict[str, str] = {}
     with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            try:
-                words = shlex.split(line, comments=True)
-            except ValueError as exc:
-                raise ConfigError(f"{path}:{number}", line.strip(), f"a shell-quoted line ({exc})") from None
-            for word in words:
-                if word == "export" or "=" not in word:
-                    continue
-                key, _, value = word.partition("=")
-                if key.replace("_", "").isalnum() and not key[0].isdigit():
-                    values[key] = value
+        text = handle.read()
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.lstrip()
+        if not line or line.startswith("#"):
+            continue
+        where = f"{path}:{number}"
+        key, has_value, value = line.partition("=")
+        if not has_value:
+            raise ConfigError(where, raw, "KEY=VALUE (docker's --env-file would pass the caller's variable through)")
+        if not key or any(c.isspace() for c in key):
+            raise ConfigError(where, raw, "a key with no blank in it before the first '=' (one KEY=VALUE a line)")
+        quotes = ("'", '"')
+        if value != value.strip() or value[:1] in quotes or value[-1:] in quotes or "$" in value or " #" in value:
+            raise ConfigError(where, raw, "a value without quotes, '$', ' #' or surrounding blanks (docker's "
+                              "--env-file keeps them as they stand, compose's env_file does not)")
+        values[key] = value
     return values

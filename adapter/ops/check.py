@@ -23,7 +23,6 @@ import argparse
 import importlib
 import json
 import os
-import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -216,7 +215,8 @@ def evaluate(env_file: str | None, model_path: str | None = None) -> dict[str, A
 
     config = registry.resolve(environ)
     problems = list(config.errors)
-    launch = parse_launch(shlex.split(environ.get(LAUNCH_KEY, ""))) if environ.get(LAUNCH_KEY) else Launch()
+    # split on blanks, as the container's shell splits an unquoted $LAUNCH_ARGS (a profile holds no quotes)
+    launch = parse_launch(environ[LAUNCH_KEY].split()) if environ.get(LAUNCH_KEY) else Launch()
     folder = model_path or launch.model_path
     model = None
     if model_path is not None or (folder and Path(folder).is_dir()):
@@ -369,6 +369,6 @@ def add_receipts_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--env-file", help="profile file (KEY=VALUE words); default: this environment")
+    parser.add_argument("--env-file", help="profile file (docker --env-file format: KEY=VALUE lines); default: this environment")
     parser.add_argument("--model", help="model folder to predict from (default: --model-path of the profile's LAUNCH_ARGS)")
     parser.add_argument("--json", action="store_true", help="print one JSON object")

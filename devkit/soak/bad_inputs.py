@@ -89,6 +89,8 @@ CASES: tuple[Case, ...] = (
     Case("profile file", "--env-file naming a file that does not exist", ("check", "--env-file", "{dir}/nope.env")),
     Case("profile file", "an unbalanced quote: DSV41_SWA_THIN='1", ("check", "--env-file", "{dir}/p.env"),
          _env("DSV41_SWA_THIN='1")),
+    Case("profile file", 'a shell line of several keys: LAUNCH_ARGS="--tp-size 4" DSV41_SWA_THIN=1',
+         ("check", "--env-file", "{dir}/p.env"), _env('LAUNCH_ARGS="--tp-size 4" DSV41_SWA_THIN=1')),
     Case("profile file", "a folder instead of a file", ("check", "--env-file", "{dir}")),
     Case("profile file", "bytes that are not UTF-8", ("check", "--env-file", "{dir}/p.env"),
          {"p.env": b"DSV41_SWA_THIN=\xff\xfe\n"}),

@@ -95,20 +95,36 @@ def test_a_gate_role_needs_exactly_one_of_acts_not_applicable_or_not_in_profile(
         registry.GateRole(acts="x", not_applicable="y")
 
 
-def test_profile_files_are_read_as_shell_words_with_comments_and_launch_arguments(tmp_path):
+def test_profile_files_are_read_as_docker_env_files_one_key_a_line_values_as_they_stand(tmp_path):
     profile = tmp_path / ".env"
     profile.write_text(
         "# production\n"
-        "export SGLANG_RUN_ID=abc\n"
-        "PROD_LINE='ignored' python -m sglang.launch_server --swa-prefix-tails 384 "
-        "DSV41_AUTOTUNE_KEEP=1 DSV41_DECODE_YIELD=33  # trailing comment\n"
+        "\n"
+        "   # an indented comment\n"
+        "LAUNCH_ARGS=--model-path /m --swa-prefix-tails 384\n"
+        "  DSV41_DECODE_YIELD=33\n"
+        "DSV41_SWA_CONE_TOKENS=\n"
+        "DSV41_DECODE_YIELD=50\n"
     )
     assert env.read_env_file(str(profile)) == {
-        "SGLANG_RUN_ID": "abc",
-        "PROD_LINE": "ignored",
-        "DSV41_AUTOTUNE_KEEP": "1",
-        "DSV41_DECODE_YIELD": "33",
-    }
+        "LAUNCH_ARGS": "--model-path /m --swa-prefix-tails 384", "DSV41_DECODE_YIELD": "50", "DSV41_SWA_CONE_TOKENS": ""}
+
+
+@pytest.mark.parametrize(("line", "why"), [
+    ('LAUNCH_ARGS="--tp-size 4" DSV41_SWA_THIN=1', "a value without quotes"),  # the old one-line shell form
+    ("DSV41_SWA_THIN='1'", "a value without quotes"),
+    ("DSV41_SWA_THIN=1 # on", "a value without quotes"),
+    ("DSV41_SWA_THIN=$ON", "a value without quotes"),
+    ("DSV41_SWA_THIN=1 ", "a value without quotes"),
+    ("export DSV41_SWA_THIN=1", "a key with no blank"),
+    ("DSV41_SWA_THIN", "KEY=VALUE"),
+    ("=1", "a key with no blank"),
+])
+def test_a_profile_line_docker_and_compose_would_read_differently_is_refused_with_its_line(tmp_path, line, why):
+    profile = tmp_path / ".env"
+    profile.write_text(f"DSV41_DECODE_YIELD=33\n{line}\n")
+    with pytest.raises(env.ConfigError, match=f"^{profile}:2=.*expected {why}"):
+        env.read_env_file(str(profile))
 
 
 @pytest.mark.spawns

@@ -4,7 +4,6 @@ datacenter `.env.h200-hicache.example`), and the generated adapters doc."""
 from __future__ import annotations
 
 import os
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -21,14 +20,20 @@ PROFILES = [PROFILE, ROOT / ".env.h200-hicache.example"]
 each_profile = pytest.mark.parametrize("profile", PROFILES, ids=lambda p: p.name)
 
 
-def _setting_lines(profile: Path = PROFILE) -> list[str]:
-    return [line for line in profile.read_text().splitlines() if line.strip() and not line.lstrip().startswith("#")]
-
-
-def _production_line(profile: Path = PROFILE) -> list[str]:
-    lines = [line for line in _setting_lines(profile) if "DSV41_" in line]
-    assert len(lines) == 1, "exactly one line sets DSV41_* keys"
-    return shlex.split(lines[0])
+def _docker_env_file(profile: Path) -> list[tuple[str, str]]:
+    """The profile as ``docker run --env-file`` reads it (moby's ``opts.ParseEnvFile``), written here
+    apart from the overlay's parser: each line loses its leading blanks; an empty one or one that
+    starts with ``#`` is skipped; the rest is split at its first ``=``, the key loses its leading
+    blanks, the value is taken as it stands (no quote removal, no expansion, no trimming)."""
+    pairs = []
+    for line in profile.read_text().splitlines():
+        line = line.lstrip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        assert sep and key and not any(c.isspace() for c in key), f"docker refuses or passes through: {line!r}"
+        pairs.append((key, value))
+    return pairs
 
 
 def _registry_keys() -> list[str]:
@@ -36,24 +41,30 @@ def _registry_keys() -> list[str]:
 
 
 @each_profile
-def test_each_switch_key_is_set_once_on_the_production_line_and_nowhere_else(profile):
-    words = _production_line(profile)
-    keys = [w.split("=", 1)[0] for w in words if w.startswith("DSV41_")]
-    assert len(keys) == len(set(keys))
-    other_lines = [line for line in _setting_lines(profile) if "DSV41_" not in line]
-    assert not any("DSV41_" in line for line in other_lines)
+def test_docker_reads_every_key_and_the_launch_line_of_the_profile_as_the_overlay_does(profile):
+    """``docker run --env-file`` (and compose's ``env_file``) gives the container every key of the
+    profile, the launch arguments in LAUNCH_ARGS, with no quote kept in a value; ``check``,
+    ``receipts`` and ``simulate`` read the same keys and values."""
+    pairs = _docker_env_file(profile)
+    keys = [k for k, _ in pairs]
+    assert len(keys) == len(set(keys)), "each key once"
+    docker = dict(pairs)
+    assert docker == env.read_env_file(str(profile))
+    launch = docker["LAUNCH_ARGS"].split()  # as the container's shell splits an unquoted $LAUNCH_ARGS
+    assert launch[:2] == ["--model-path", "/models/DeepSeek-V4.1"] and "--tp-size" in launch
+    assert not any(c in value for value in docker.values() for c in "\"'$")
+    assert {"DSV41_AUTOTUNE_KEEP", "DSV41_DECODE_YIELD", "DSV41_SWA_THIN", "DSV41_SWA_CONE_REPLAY",
+            "DSV41_SWA_CONE_TOKENS"} <= set(docker)
 
 
 @each_profile
-def test_the_switches_end_the_production_line_in_the_registry_order(profile):
-    words = _production_line(profile)
-    first = next(i for i, w in enumerate(words) if w.startswith("DSV41_"))
-    tail = words[first:]
-    assert all(w.startswith("DSV41_") for w in tail), "the switches end the line"
-    keys = [w.split("=", 1)[0] for w in tail]
-    assert keys == [k for k in _registry_keys() if k in keys]
+def test_the_switches_follow_the_launch_line_in_the_registry_order(profile):
+    keys = [k for k, _ in _docker_env_file(profile)]
+    switches = [k for k in keys if k.startswith("DSV41_")]
+    assert keys == ["LAUNCH_ARGS", *switches]
+    assert switches == [k for k in _registry_keys() if k in switches]
     if profile == PROFILE:
-        assert keys[:6] == [
+        assert switches[:6] == [
             "DSV41_AUTOTUNE_KEEP", "DSV41_SWA_NATIVE_DECODE", "DSV41_DECODE_YIELD",
             "DSV41_SWA_THIN", "DSV41_SWA_CONE_REPLAY", "DSV41_SWA_CONE_TOKENS",
         ]
@@ -61,7 +72,7 @@ def test_the_switches_end_the_production_line_in_the_registry_order(profile):
 
 def test_the_datacenter_profile_runs_hicache_beside_the_switches_and_leaves_out_what_refuses_beside_it():
     profile = env.read_env_file(str(PROFILES[1]))
-    args = shlex.split(profile["LAUNCH_ARGS"])
+    args = profile["LAUNCH_ARGS"].split()
     assert "--enable-hierarchical-cache" in args and "--hicache-size" not in args  # DeepSeek-V4 refuses a size
     assert args[args.index("--hicache-ratio") + 1] == "2"
     assert args[args.index("--hicache-write-policy") + 1] == "write_through"
@@ -73,7 +84,7 @@ def test_the_datacenter_profile_runs_hicache_beside_the_switches_and_leaves_out_
 
 @each_profile
 def test_the_launch_arguments_carry_tails_384_and_chunk_8192_exactly_once(profile):
-    args = shlex.split(env.read_env_file(str(profile))["LAUNCH_ARGS"])
+    args = env.read_env_file(str(profile))["LAUNCH_ARGS"].split()
     assert args.count("--swa-prefix-tails") == 1 and args[args.index("--swa-prefix-tails") + 1] == "384"
     assert args.count("--chunked-prefill-size") == 1 and args[args.index("--chunked-prefill-size") + 1] == "8192"
     assert profile.read_text().count("--swa-prefix-tails 384") == 1

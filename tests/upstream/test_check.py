@@ -149,7 +149,7 @@ def _cli(args: list[str]) -> subprocess.CompletedProcess:
 @pytest.mark.spawns
 def test_check_json_is_one_object_with_the_predicted_receipts_and_the_warnings(tmp_path, mellum):
     profile = tmp_path / "p.env"
-    profile.write_text(f'LAUNCH_ARGS="--model-path {mellum.path} --page-size 1"\n'
+    profile.write_text(f'LAUNCH_ARGS=--model-path {mellum.path} --page-size 1\n'
                        "DSV41_SWA_CONE_REPLAY=1 DSV41_SWA_CONE_TOKENS=32\nDSV41_KV_PARK_GIB=4\n")
     out = _cli(["check", "--env-file", str(profile), "--json"])
     lines = out.stdout.strip().splitlines()
@@ -190,7 +190,7 @@ def test_check_reads_the_hicache_flags_and_predicts_kv_park_refused_and_the_othe
     predicted from its bound as without HiCache (it acts beside it); SWA thin and the fast tree core
     install (their receipt is the install outcome)."""
     profile = tmp_path / "p.env"
-    profile.write_text(f'LAUNCH_ARGS="--model-path {mellum.path} --page-size 1 {flags}"\n'
+    profile.write_text(f'LAUNCH_ARGS=--model-path {mellum.path} --page-size 1 {flags}\n'
                        "DSV41_KV_PARK=ram DSV41_KV_PARK_GIB=8 DSV41_SWA_THIN=1 DSV41_SWA_CONE_REPLAY=1 "
                        "DSV41_SWA_CONE_TOKENS=64\n")
     report = check.evaluate(str(profile))
@@ -206,7 +206,7 @@ def test_check_reads_the_hicache_flags_and_predicts_kv_park_refused_and_the_othe
 
 def test_check_without_hicache_predicts_kv_park_installed(tmp_path, mellum):
     profile = tmp_path / "p.env"
-    profile.write_text(f'LAUNCH_ARGS="--model-path {mellum.path} --page-size 1"\nDSV41_KV_PARK=ram\n')
+    profile.write_text(f'LAUNCH_ARGS=--model-path {mellum.path} --page-size 1\nDSV41_KV_PARK=ram\n')
     report = check.evaluate(str(profile))
     assert report["launch"]["hicache"] is None and report["receipts"]["kv_park"] == "installed"
 
