@@ -27,19 +27,23 @@ def _devkit_missing(args: argparse.Namespace) -> int:
     return 2
 
 
-def _add_devkit_command(parser: argparse.ArgumentParser, module_name: str) -> None:
-    """A devkit command: its arguments and entry point, or a one-line refusal where the serving
-    image carries no devkit. The modules are light: the engine kit and SGLang load only when the
-    command runs."""
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name != "devkit":
-            raise
-        parser.set_defaults(run=_devkit_missing)
+def _add_tool_command(parser: argparse.ArgumentParser, *module_names: str) -> None:
+    """A command that lives outside the serving path: its arguments and entry point from the first of
+    ``module_names`` installed here (an operator tool in ``overlay_tools``, shipped in the wheel, or
+    its devkit module in a checkout), or a one-line refusal where none is (the serving image carries
+    no devkit). The modules are light: the engine kit and SGLang load only when the command runs."""
+    for module_name in module_names:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            parts = module_name.split(".")
+            if exc.name not in {".".join(parts[:i]) for i in range(1, len(parts) + 1)}:
+                raise  # the module is there and something it imports is not: say so
+            continue
+        module.add_arguments(parser)
+        parser.set_defaults(run=module.main)
         return
-    module.add_arguments(parser)
-    parser.set_defaults(run=module.main)
+    parser.set_defaults(run=_devkit_missing)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -90,12 +94,13 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     p = sub.add_parser("fit-cost-model", help="fit the decode-yield cost model from forward-pass-metrics output")
     fit_cost_model.add_arguments(p)
     p.set_defaults(run=fit_cost_model.run)
-    for name, module, text in (
-        ("gate", "devkit.gate", "release gate: stock / profile / stock boots of the real engine on CPU"),
-        ("soak", "devkit.soak", "soak: seeded agent traffic on the real engine (CPU), stock vs the release gate's profile"),
-        ("simulate", "devkit.simulate", "replay a Mooncake-format trace on the real cache, policies side by side"),
+    for name, modules, text in (
+        ("gate", ("devkit.gate",), "release gate: stock / profile / stock boots of the real engine on CPU"),
+        ("soak", ("devkit.soak",), "soak: seeded agent traffic on the real engine (CPU), stock vs the release gate's profile"),
+        ("simulate", ("overlay_tools.simulate", "devkit.simulate"),
+         "replay a Mooncake-format trace on the real cache, policies side by side"),
     ):
-        _add_devkit_command(sub.add_parser(name, help=text), module)
+        _add_tool_command(sub.add_parser(name, help=text), *modules)
     args = parser.parse_args(argv)
     try:
         return args.run(args)

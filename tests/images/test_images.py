@@ -188,7 +188,9 @@ def test_the_staged_overlay_is_the_wheel_and_the_serving_install_step_makes_sgla
     assert wheel.name == "dsv41_overlay-0.1.0-py3-none-any.whl"
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
-    assert {n.split("/")[0] for n in names} == {"adapter", "dsv41_overlay-0.1.0.dist-info"}
+    # the overlay and the operator tools' home beside it (pyproject's packages.find; docs/design.md)
+    assert {n.split("/")[0] for n in names} == {"adapter", "overlay_tools", "dsv41_overlay-0.1.0.dist-info"}
+    assert "overlay_tools/__init__.py" in names
     assert not [n for n in names if "/test" in n or n.endswith(".pyc")]
     with zipfile.ZipFile(wheel) as archive:
         entry_points = archive.read("dsv41_overlay-0.1.0.dist-info/entry_points.txt").decode()
@@ -204,7 +206,8 @@ def test_the_staged_overlay_is_the_wheel_and_the_serving_install_step_makes_sgla
     step = subprocess.run(["bash", str(out / "tools/image/install_overlay.sh"), "--serving"], cwd=tmp_path,
                           env={**env, "PYTHON": str(python)}, capture_output=True, text=True, timeout=600)
     assert step.returncode == 0 and "DRIFT" not in step.stdout, step.stdout[-2000:] + step.stderr[-2000:]
-    found = subprocess.run([str(python), "-c", "import adapter; from sglang.srt.plugins import load_plugins_by_group as "
+    found = subprocess.run([str(python), "-c", "import adapter, overlay_tools; "
+                            "from sglang.srt.plugins import load_plugins_by_group as "
                             "find; print(adapter.__file__); print(sorted(find('sglang.srt.plugins')))"],
                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert found.returncode == 0, found.stderr[-2000:]
