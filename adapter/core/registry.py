@@ -61,13 +61,18 @@ class Switch:
     gate_role: GateRole
     # What ``python -m adapter check`` predicts beyond the install outcome: "module:function" in the
     # switch's own package, called with an ``api.Profile`` and returning an ``api.Prediction`` (a
-    # receipt decided after install, warnings); None: the install outcome is what a boot logs.
+    # receipt decided after install, warnings); None: the install outcome is what a boot logs, and
+    # ``no_predictor`` says why (a switch that can refuse after install has a predictor).
     predict: str | None
     relies_on: tuple[str, ...] = ()  # pinned "module:qualname" functions it calls or reproduces, not wrapped
     options: tuple[Key, ...] = ()
     requires: tuple[str, ...] = ()  # switches turned on with this one
+    no_predictor: str = ""  # why ``check`` needs no predictor (with ``predict`` None)
 
     def __post_init__(self) -> None:
+        if bool(self.predict) == bool(self.no_predictor):
+            raise ValueError(f"{self.name}: a switch has a predictor or says why it needs none (no_predictor), "
+                             "not both and not neither")
         if self.on_key.default is not None:  # off unless set: a default would turn it on everywhere
             raise ValueError(f"{self.on_key.name} has a default ({self.on_key.default!r}); a switch key never does")
 
@@ -103,6 +108,7 @@ GLOBAL_KEYS: tuple[Key, ...] = (STRICT, DEBUG_LOG)
 VOLATILE_EXTERNAL_KEYS = ("SGLANG_RUN_ID",)
 
 _AUTOTUNE = "sglang.srt.model_executor.runner.flashinfer_autotune"
+INSTALL_ONLY = "nothing is decided after install (it never refuses late): its install outcome is what a boot logs"
 
 SWITCHES: tuple[Switch, ...] = (
     Switch(
@@ -117,6 +123,7 @@ SWITCHES: tuple[Switch, ...] = (
         ),
         install="adapter.switches.autotune_keep:install",
         predict=None,
+        no_predictor=INSTALL_ONLY,
         volatile=True,
         gate_role=GateRole(not_applicable="FlashInfer autotuning runs only on CUDA; the CPU engine never autotunes"),
     ),
@@ -261,6 +268,7 @@ SWITCHES: tuple[Switch, ...] = (
         ),
         install="adapter.switches.fast_tree_core:install",
         predict=None,
+        no_predictor=INSTALL_ONLY,
         volatile=True,
         # No keys of its own in the release gate's profile: swa_thin turns it on.
         gate_role=GateRole(acts="turned on by swa_thin; results identical to stock by design"),
@@ -289,7 +297,7 @@ SWITCHES: tuple[Switch, ...] = (
             "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedLRUList._add_node_after",
         ),
         install="adapter.switches.swa_thin:install",
-        predict=None,
+        predict="adapter.switches.swa_thin:predict",
         volatile=True,
         gate_role=GateRole(acts="idle session's context cached on resume", profile=(("DSV41_SWA_THIN", "1"),)),
         requires=("fast_tree_core",),
@@ -390,6 +398,7 @@ SWITCHES: tuple[Switch, ...] = (
         ),
         install="adapter.switches.page_rounded_admission:install",
         predict=None,
+        no_predictor=INSTALL_ONLY,
         volatile=True,
         # Not "not applicable": the DSV4 kit runs 256-token pages, where it would act.
         gate_role=GateRole(not_in_profile="not adopted by the production profile (whole-page charges admit fewer "

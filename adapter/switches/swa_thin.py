@@ -159,6 +159,23 @@ NO_SWA_TREE = ("the prefix tree has no SWA component (a model without sliding wi
                "--swa-prefix-tails): there is no SWA LRU to reorder")
 
 
+def predict(profile: api.Profile) -> api.Prediction:
+    """What ``check`` predicts a boot logs: installed at import, the cache build can still refuse
+    (:data:`NO_SWA_TREE`), which the model's ``config.json`` and the launch line foretell."""
+    if profile.status != "installed":
+        return api.Prediction()
+    model = profile.model
+    encoder_rings = "--enable-encoder-swa-bounded-replay" in profile.argv
+    if encoder_rings and (model is None or model.model_type == "deepseek_v41"):
+        return api.Prediction(f"refused: {NO_SWA_TREE}")
+    if model is None:
+        return api.Prediction("not decided (no model config.json: the cache build decides, and refuses a tree "
+                              "without an SWA component)")
+    if model.pool == "none":
+        return api.Prediction(f"refused: {NO_SWA_TREE}")
+    return api.Prediction()
+
+
 def _cache_init(wrapped: Any, cache: Any, args: tuple, kwargs: dict) -> Any:
     """Never silently inert: a cache built without an SWA component refuses the switch at once (a
     boot failure under ``DSV41_STRICT=1``); the inserts then run stock."""
