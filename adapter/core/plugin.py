@@ -14,7 +14,10 @@ Strictness: ``load_plugins`` catches ``Exception`` from a plugin and only logs i
 engine boot. :func:`load` turns it into ``SystemExit`` with the overlay's message: not an
 ``Exception``, so it passes through ``load_plugins``; Python prints the message and exits with status
 1 in the launcher, and ``multiprocessing`` does the same in a scheduler or detokenizer (the engine
-then stops on a dead child). That relies on ``load_plugins`` catching ``Exception`` and nothing wider:
+then stops on a dead child). Under ``DSV41_STRICT=1`` any other exception of the boot (an
+``ImportError`` of a switch module, a bug) stops the engine the same way, instead of being logged
+by ``load_plugins`` while the engine boots stock; without it, ``load_plugins`` logs it as it logs
+any plugin's. That relies on ``load_plugins`` catching ``Exception`` and nothing wider:
 :data:`PINNED` pins it; drift is a warning, and a boot failure under ``DSV41_STRICT=1``.
 """
 
@@ -26,6 +29,17 @@ ENTRY_POINT = "dsv41"  # the name SGLANG_PLUGINS filters on
 GROUP = "sglang.srt.plugins"
 # What the strictness above relies on: the caller catches ``Exception`` only (pinned, not wrapped).
 PINNED: tuple[str, ...] = ("sglang.srt.plugins:load_plugins",)
+
+
+def _strict() -> bool:
+    """``DSV41_STRICT`` as the registry parses it, read from the environment: the failure may come
+    before the boot has parsed it. A value that does not parse counts as strict (fail closed)."""
+    from adapter.core import env
+
+    try:
+        return env.flag()("DSV41_STRICT", os.environ.get("DSV41_STRICT", "0"))
+    except env.ConfigError:
+        return True
 
 
 def load() -> None:
@@ -46,5 +60,9 @@ def load() -> None:
             receipts.warn(message)
     except BootError as exc:
         raise SystemExit(f"{receipts.TAG} {exc}") from exc
+    except Exception as exc:
+        if not _strict():
+            raise  # load_plugins logs it and the engine boots stock, as it does for any plugin
+        raise SystemExit(f"{receipts.TAG} the plugin failed under DSV41_STRICT=1: {type(exc).__name__}: {exc}") from exc
     if state.config.errors:  # boot.install logged it; its import-time failure cannot fire here
         raise SystemExit(f"{receipts.TAG} configuration error: " + "; ".join(state.config.errors))

@@ -150,7 +150,7 @@ def _cli(args: list[str]) -> subprocess.CompletedProcess:
 def test_check_json_is_one_object_with_the_predicted_receipts_and_the_warnings(tmp_path, mellum):
     profile = tmp_path / "p.env"
     profile.write_text(f'LAUNCH_ARGS=--model-path {mellum.path} --page-size 1\n'
-                       "DSV41_SWA_CONE_REPLAY=1 DSV41_SWA_CONE_TOKENS=32\nDSV41_KV_PARK_GIB=4\n")
+                       "DSV41_SWA_CONE_REPLAY=1\nDSV41_SWA_CONE_TOKENS=32\nDSV41_KV_PARK_GIB=4\n")
     out = _cli(["check", "--env-file", str(profile), "--json"])
     lines = out.stdout.strip().splitlines()
     assert len(lines) == 1, out.stdout + out.stderr[-2000:]
@@ -191,7 +191,7 @@ def test_check_reads_the_hicache_flags_and_predicts_kv_park_refused_and_the_othe
     install (their receipt is the install outcome)."""
     profile = tmp_path / "p.env"
     profile.write_text(f'LAUNCH_ARGS=--model-path {mellum.path} --page-size 1 {flags}\n'
-                       "DSV41_KV_PARK=ram DSV41_KV_PARK_GIB=8 DSV41_SWA_THIN=1 DSV41_SWA_CONE_REPLAY=1 "
+                       "DSV41_KV_PARK=ram\nDSV41_KV_PARK_GIB=8\nDSV41_SWA_THIN=1\nDSV41_SWA_CONE_REPLAY=1\n"
                        "DSV41_SWA_CONE_TOKENS=64\n")
     report = check.evaluate(str(profile))
     hicache = report["launch"]["hicache"]

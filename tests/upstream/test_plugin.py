@@ -119,6 +119,30 @@ def test_a_refusal_under_strict_stops_the_boot_through_load_plugins(load_plugins
     assert "[dsv41] swa_native_decode refused: " in capsys.readouterr().err
 
 
+def _install_fails(*args, **kwargs):
+    raise ImportError("cannot import name 'SwaThinState' from 'adapter.switches.swa_thin'")
+
+
+def test_under_strict_any_other_exception_of_the_boot_stops_it_instead_of_booting_stock(load_plugins, monkeypatch):
+    """``load_plugins`` logs a plugin's ``Exception`` and carries on: an ``ImportError`` inside the
+    overlay would boot stock; under ``DSV41_STRICT=1`` it is a ``SystemExit`` naming it."""
+    monkeypatch.setattr(boot, "install", _install_fails)
+    monkeypatch.setenv("DSV41_SWA_THIN", "1")
+    monkeypatch.setenv("DSV41_STRICT", "1")
+    with pytest.raises(SystemExit) as stopped:
+        load_plugins()
+    assert stopped.value.code == ("[dsv41] the plugin failed under DSV41_STRICT=1: ImportError: cannot import name "
+                                  "'SwaThinState' from 'adapter.switches.swa_thin'")
+
+
+def test_without_strict_another_exception_of_the_boot_is_logged_by_load_plugins_and_the_engine_goes_on(
+        load_plugins, monkeypatch, caplog):
+    monkeypatch.setattr(boot, "install", _install_fails)
+    monkeypatch.setenv("DSV41_SWA_THIN", "1")
+    load_plugins()  # returns: SGLang's own handling of a failing plugin
+    assert "SwaThinState" in caplog.text
+
+
 def test_without_strict_a_refusal_is_one_line_and_the_boot_goes_on(load_plugins, monkeypatch, capsys):
     importlib.import_module(registry.by_name("swa_native_decode").modules[0])
     monkeypatch.setenv("DSV41_SWA_NATIVE_DECODE", "1")
