@@ -88,6 +88,19 @@ def choice(*options: str) -> Parser[str]:
     return Parser(parse, allowed)
 
 
+def function_path() -> Parser[str]:
+    """A ``package.module:function`` name (whether it imports is for the switch to check at install)."""
+    allowed = "a package.module:function name"
+
+    def parse(key: str, raw: str) -> str:
+        module, sep, function = raw.strip().partition(":")
+        if not sep or not function.isidentifier() or not all(part.isidentifier() for part in module.split(".")):
+            raise ConfigError(key, raw, allowed)
+        return raw.strip()
+
+    return Parser(parse, allowed)
+
+
 def absolute_path() -> Parser[str]:
     """An absolute filesystem path (whether it exists is for the switch to check at install)."""
     allowed = "an absolute path (starting with /)"

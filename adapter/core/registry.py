@@ -153,11 +153,10 @@ SWITCHES: tuple[Switch, ...] = (
             ),
             Key(
                 "DSV41_NATIVE_DECODE_STANDIN",
-                env.choice("devkit.engine_kit.dsv4.native_decode_route:served",
-                           "devkit.engine_kit.dsv4.native_decode_route:stock"),
-                "tests only: on the CPU engine (no SM120 device, no built module) the named stand-in routes the "
-                "DSV4 backend's decode to SGLang's SM120 entry and returns the module stand-in (the pure-torch "
-                "reference on the pool view: served) or none (stock copy path)",
+                env.function_path(),
+                "tests only: on the CPU engine (no SM120 device, no built module) the named stand-in (a function the "
+                "tests supply) routes the DSV4 backend's decode to SGLang's SM120 entry and returns the module "
+                "stand-in (the pure-torch reference on the pool view: served) or none (stock copy path)",
                 test_only=True,
             ),
         ),

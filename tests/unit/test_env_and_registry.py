@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -154,3 +155,13 @@ def test_every_switch_installs_through_the_real_import_hook_in_a_fresh_engine_pr
     rows = dict(line.split(" ", 1) for line in out.stdout.strip().splitlines())
     assert set(rows) == {s.name for s in registry.SWITCHES}
     assert all(row.startswith(("installed", "armed", "n/a")) for row in rows.values()), rows
+
+
+def test_the_native_decode_stand_in_key_takes_any_function_name_and_names_no_devkit_module():
+    """The serving registry names no test module: the tests supply the stand-in's ``module:function``."""
+    key = registry.all_keys()["DSV41_NATIVE_DECODE_STANDIN"]
+    assert key.parser("K", " tests.kit.route:served ") == "tests.kit.route:served"
+    for bad in ("devkit.engine_kit.dsv4.native_decode_route", "route:", ":served", "a-b:c", "a..b:c"):
+        with pytest.raises(env.ConfigError, match=r"expected a package\.module:function name"):
+            key.parser("DSV41_NATIVE_DECODE_STANDIN", bad)
+    assert "devkit" not in (Path(registry.__file__)).read_text()
