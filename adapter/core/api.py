@@ -13,6 +13,15 @@ values and the targets it may wrap all come from ``ctx``.
   ``api.metrics_on()`` says whether this process exports them.
 * ``ctx.decide_later()`` says that the install receipt waits for such a decision: the boot logs
   ``armed`` at import, then the switch logs ``installed`` (``ctx.confirm``) or ``refused``.
+
+Why a :class:`SwitchHandle` beside the context: the two live at different times. A
+``SwitchContext`` exists from ``install(ctx)`` on and holds what only the boot has (the parsed
+configuration, the switch's patch: ``wrap``, ``set_attr``, ``option``). A switch module's code
+also runs where no boot installed it (the cache-build and scheduler hooks after an uninstall,
+unit tests calling its helpers, ``check``'s predictors), so it holds ``api.handle(__name__)`` from
+import: its record, its log lines and metrics, and once ``install`` binds a context, strict mode
+and the recorded outcome through it. One merged object would carry methods that fail before
+install; the handle has none.
 """
 
 from __future__ import annotations

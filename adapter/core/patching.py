@@ -32,7 +32,7 @@ class Patch:
             raise UndeclaredTarget(f"{self.switch} may not wrap {target}: it is not in the record's wraps")
         module_name, _, qualname = target.partition(":")
         owner_qualname, _, attr = qualname.rpartition(".")
-        owner = pins.resolve(f"{module_name}:{owner_qualname}") if owner_qualname else importlib.import_module(module_name)
+        owner = pins.object_at(f"{module_name}:{owner_qualname}") if owner_qualname else importlib.import_module(module_name)
         # Read the raw attribute (not through the descriptor) so a revert restores it exactly.
         previous = vars(owner)[attr] if attr in vars(owner) else getattr(owner, attr)
         self._undo.append((owner, attr, previous))

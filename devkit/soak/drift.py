@@ -28,7 +28,7 @@ MODES = ("edit", "rename", "delete")
 def _installed_function(target: str):
     from adapter.core import pins
 
-    return inspect.unwrap(pins.resolve(target))
+    return inspect.unwrap(pins.object_at(target))
 
 
 def drifted_sglang(workdir: str | Path, target: str, mode: str = "edit") -> Path:

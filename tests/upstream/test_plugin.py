@@ -189,7 +189,7 @@ def test_no_module_imported_before_load_plugins_holds_a_copy_of_a_wrapped_functi
         if module_name not in sys.modules:
             continue  # imported after the plugin runs: the import hook installs it, copies see the wrapper
         owner_name, _, attr = qualname.rpartition(".")
-        owner = pins.resolve(f"{module_name}:{owner_name}") if owner_name else sys.modules[module_name]
+        owner = pins.object_at(f"{module_name}:{owner_name}") if owner_name else sys.modules[module_name]
         obj = vars(owner)[attr]
         assert not isinstance(obj, wrapt.FunctionWrapper), f"{target} is wrapped: no switch may be installed here"
         namespace = vars(owner)  # a module's dict, or a class's mappingproxy of its dict

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 # adds a module and switches this import: docs/operating.md, "Moving to a new SGLang release").
 from adapter.core.pins.sglang_0_5_23 import PINS, UPSTREAM
 
-__all__ = ["PINS", "UPSTREAM", "PinCheck", "check", "resolve", "source_hash"]
+__all__ = ["PINS", "UPSTREAM", "PinCheck", "check", "object_at", "source_hash"]
 
-def resolve(target: str) -> object:
+def object_at(target: str) -> object:
     """The object at ``module:qualname`` as the module holds it now (possibly wrapped)."""
     module_name, _, qualname = target.partition(":")
     obj: object = importlib.import_module(module_name)
@@ -52,7 +52,7 @@ def check(target: str, pins: dict[str, str] | None = None) -> PinCheck:
     table = PINS if pins is None else pins
     expected = table.get(target, "")
     try:
-        found = source_hash(resolve(target))
+        found = source_hash(object_at(target))
     except (AttributeError, ImportError, OSError, TypeError) as exc:
         found = f"<unreadable: {type(exc).__name__}: {exc}>"
     return PinCheck(target, expected, found)
