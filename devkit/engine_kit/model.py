@@ -123,9 +123,3 @@ def make_model(out: str | Path, spec: ModelSpec | None = None) -> Path:
     model.save_pretrained(out)
     stamp.write_text(json.dumps({"digest": spec.digest(), "spec": asdict(spec)}, indent=1))
     return out
-
-
-def prompt_text(seed: int, words: int) -> str:
-    """A deterministic prompt of about ``words`` words (about 1.3 tokens each with this tokenizer)."""
-    rng = random.Random(seed)
-    return " ".join(f"{rng.choice(_WORDS)}{rng.randint(0, 99)}" for _ in range(words))

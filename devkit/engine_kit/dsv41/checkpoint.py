@@ -18,7 +18,7 @@ get exactly the DSV4 kit's tensors. Ratio-1/2 layers get what SGLang 0.5.23's V4
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +72,3 @@ def make_checkpoint(out_dir: str | Path, *, seed: int = 0, **config_kwargs: Any)
     spec = {"model_type": "deepseek_v41", "seed": seed, **config_kwargs}
     return base.write_folder(out_dir, spec, lambda ids: tiny_v41_config(special_ids=ids, **config_kwargs),
                              lambda config: make_weights(config, seed), seed=seed)
-
-
-def ratios_arg(text: str) -> Sequence[int]:
-    return tuple(int(r) for r in text.split(","))
