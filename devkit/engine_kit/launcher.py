@@ -23,8 +23,9 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 STUB_PATH = Path(__file__).resolve().parent / "stub"
@@ -213,6 +214,16 @@ class Server:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def serve(server: Server, work: Callable[[Server], dict[str, Any]]) -> dict[str, Any]:
+    """Boot ``server``, run ``work(server)`` on it, stop it: the work's results with the boot's
+    ``startup_s``, the server's ``log`` lines and its ``survivors`` (processes of its group still
+    alive after the stop; a clean stop leaves none)."""
+    with server:
+        results = work(server)
+        group = server.proc.pid
+    return {**results, "startup_s": server.startup_s, "log": server.log_lines(), "survivors": members(group)}
 
 
 def _signal_group(group: int, sig: int) -> None:

@@ -51,14 +51,8 @@ def model(tmp_path_factory):
 
 
 def _boot(model, log_path) -> dict:
-    server = launch.server(model, log_path, ready_timeout_s=600, **GEOMETRY)
-    with server:
-        results = _workload(server)
-        group = server.proc.pid
-    results["startup_s"] = server.startup_s
-    results["log"] = server.log_lines()
-    results["survivors"] = launcher.members(group)
-    print(f"\n[dsv4 kit] boot to ready: {server.startup_s:.1f} s")
+    results = launcher.serve(launch.server(model, log_path, ready_timeout_s=600, **GEOMETRY), _workload)
+    print(f"\n[dsv4 kit] boot to ready: {results['startup_s']:.1f} s")
     return results
 
 

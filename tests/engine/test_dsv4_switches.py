@@ -88,18 +88,18 @@ def _boot(name: str, model, logs) -> dict:
         probe_dir.mkdir(exist_ok=True)
         server = _ProbeServer(server.args, server.log_path, server.profile, ready_timeout_s=600, env=server.env)
         server.env["KV_PARK_PROBE_DIR"] = str(probe_dir)
-    with server:
+
+    def work(served: launcher.Server) -> dict:
         t0 = time.monotonic()
         out = {}
         for phase in phases:
-            start = len(server.log_lines())
-            out[phase] = _stock_hit(server.base_url, probe_dir) if phase == "stock_hit" else RUN[phase](server.base_url)
-            out[f"{phase}_log"] = server.log_lines()[start:]  # this phase's scheduler lines
+            start = len(served.log_lines())
+            out[phase] = _stock_hit(served.base_url, probe_dir) if phase == "stock_hit" else RUN[phase](served.base_url)
+            out[f"{phase}_log"] = served.log_lines()[start:]  # this phase's scheduler lines
         out["workload_s"] = time.monotonic() - t0
-        group = server.proc.pid
-    out["startup_s"] = server.startup_s
-    out["log"] = server.log_lines()
-    out["survivors"] = launcher.members(group)
+        return out
+
+    out = launcher.serve(server, work)
     print(f"\n[dsv4 switches] {name}: boot to ready {server.startup_s:.1f} s, workload {out['workload_s']:.1f} s")
     return out
 

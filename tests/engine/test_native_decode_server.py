@@ -63,11 +63,7 @@ def _boot(model, folder, mode: str) -> dict:
     profile = {"DSV41_SWA_NATIVE_DECODE": "1", "DSV41_NATIVE_DECODE_STANDIN": f"{ROUTE}:{mode}"}
     server = launch.server(model, folder / f"{mode}.log", profile, ready_timeout_s=400, **GEOMETRY)
     server.env["DSV4_NATIVE_DECODE_CHECK"] = str(check)
-    with server:
-        results = _workload(server.base_url)
-        group = server.proc.pid
-    results["log"] = server.log_lines()
-    results["survivors"] = launcher.members(group)
+    results = launcher.serve(server, lambda served: _workload(served.base_url))
     results["check"] = json.loads(check.read_text()) if check.is_file() else {}
     print(f"\n[native decode] {mode}: boot {server.startup_s:.1f} s, check {results['check']}")
     return results
