@@ -283,6 +283,7 @@ def test_admitted_work_always_fits_the_free_pages(state):
 
 
 @pytest.mark.slow
+@pytest.mark.spawns
 def test_a_fresh_engine_process_installs_the_switch_through_sitecustomize():
     """The real boot path: sitecustomize -> import hook -> install once the scheduler module loads."""
     import os
