@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from adapter.core import registry
+from adapter.ops.table import render
 from devkit.gate.record import Boot
 
 SHARE_TOLERANCE = 0.15  # two stock boots' decode shares may differ by this much (machine noise)
@@ -228,10 +229,6 @@ def mean_present(values: list[Any]) -> float | None:
 
 
 def print_table(table: list[dict[str, Any]], say: Callable[[str], None]) -> None:
-    header = ["switch", "stock (A1 / A2)", "profile (B)", "status"]
-    cells = [header] + [[r["switch"], r["stock"], r["profile"], r["status"]] for r in table]
-    widths = [max(len(row[i]) for row in cells) for i in range(3)]
-    for i, row in enumerate(cells):
-        say("  ".join(c.ljust(w) for c, w in zip(row[:3], widths)) + "  " + row[3])
-        if i == 0:
-            say("  ".join("-" * w for w in widths) + "  " + "-" * 6)
+    rows = [[r["switch"], r["stock"], r["profile"], r["status"]] for r in table]
+    for line in render(["switch", "stock (A1 / A2)", "profile (B)", "status"], rows, align="left").splitlines():
+        say(line)
