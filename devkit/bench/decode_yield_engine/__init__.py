@@ -82,13 +82,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from devkit.bench.decode_yield_engine import report
-from devkit.bench.decode_yield_engine.clock import SchedulerClock, cpu_figures
-from devkit.bench.decode_yield_engine.forwards import (
-    chunk_growth,
-    cost_ratio,
-    prefill_forwards,
-    stream_forwards,
-)
 from devkit.bench.decode_yield_engine.prompts import calibration_requests, competing_process, lone_ttft
 from devkit.bench.decode_yield_engine.report import (
     ON_MIXED,
@@ -107,6 +100,13 @@ from devkit.bench.decode_yield_engine.windows import (
     speed_figures,
     windows_step,
 )
+from devkit.engine_kit.forwards import (
+    chunk_growth,
+    cost_ratio,
+    prefill_forwards,
+    stream_forwards,
+)
+from devkit.engine_kit.scheduler_clock import SchedulerClock, cpu_figures
 from devkit.engine_kit.yield_kits import Dsv4YieldKit, MellumYieldKit
 
 __all__ = [  # the bench's entry points, and the parts its unit tests read through this module

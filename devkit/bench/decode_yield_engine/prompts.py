@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from devkit.bench.decode_yield_engine.clock import SchedulerClock
+from devkit.engine_kit.scheduler_clock import SchedulerClock
 
 
 def calibration_requests(base_url: str, w: Any) -> None:

@@ -1,6 +1,8 @@
-"""The engine's forward-pass metrics of a boot (``--enable-forward-pass-metrics``, recorded by
-:class:`devkit.engine_kit.fpm.Recorder`): the streams' forward in each span, the prefill on forward
-times, the decode-to-prefill cost ratio and how the prompt's chunks grow."""
+"""The decode-yield workload (:mod:`devkit.engine_kit.workload`) read on the engine's forward-pass
+metrics of a boot (``--enable-forward-pass-metrics``, recorded by :class:`devkit.engine_kit.fpm.Recorder`):
+the streams' forward in each span, the prefill on forward times, the decode-to-prefill cost ratio and
+how the prompt's chunks grow. Used by ``bench decode-yield-engine`` (the figures of record:
+docs/benchmarks.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The scheduler's CPU seconds: the share and the TTFT with the machine's load taken out."""
+"""A server's scheduler process's CPU seconds (``/proc``): a workload's share and TTFT with the
+machine's load taken out (``bench decode-yield-engine``)."""
 
 from __future__ import annotations
 
