@@ -121,7 +121,7 @@ def run(quick: bool, say: Any = print, engine: Any = None) -> dict[str, Any]:
     grid = kit["quick" if quick else "full"]
     out = OUT / engine.name
     out.mkdir(parents=True, exist_ok=True)
-    model = engine.build(out)
+    model = engine.build(OUT)  # the kits build beside OUT: the gate's model folder, shared
     w = engine.workload(0)
     ref_s = w.before_s  # the kit's reference spans, as decode-yield-engine takes them
     load = os.getloadavg()

@@ -19,7 +19,7 @@ class MellumYieldKit:
     def build(self, out: Path) -> Path:
         from devkit.gate import kits
 
-        return kits.kit("mellum").build(out)  # the gate's model folder, built once
+        return kits.kit("mellum").build(out)  # the gate's model folder beside out (in its parent), built once
 
     def server(self, model: Path, log: Path, profile: dict[str, str], extra: list[str], chunk: int) -> Any:
         from devkit.engine_kit import launcher
@@ -46,7 +46,7 @@ class Dsv4YieldKit:
     def build(self, out: Path) -> Path:
         from devkit.gate import kits
 
-        return kits.kit("dsv4").build(out)  # the gate's checkpoint folder, built once
+        return kits.kit("dsv4").build(out)  # the gate's checkpoint folder beside out (in its parent), built once
 
     def server(self, model: Path, log: Path, profile: dict[str, str], extra: list[str], chunk: int) -> Any:
         from devkit.engine_kit.dsv4 import launch
