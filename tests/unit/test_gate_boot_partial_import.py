@@ -21,6 +21,7 @@ def test_a_switch_waits_while_one_of_its_target_modules_is_still_executing(tmp_p
     (tmp_path / "dsv41_gate_outer.py").write_text("import dsv41_gate_inner\n\n\nclass Ready:\n    pass\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     switch = registry.Switch(name="partial_import_probe", on_key=registry.STRICT, summary="probe", predict=None,
+                             no_predictor="a probe of the boot: check never sees it",
                              modules=("dsv41_gate_outer", "dsv41_gate_inner"), wraps=(),
                              install=f"{__name__}:install", volatile=True,
                              gate_role=registry.GateRole(not_applicable="a probe"))
