@@ -13,13 +13,17 @@ one at a time; all share the model, the seed, the server arguments and the workl
    (its ``profile`` keys); its receipts are checked with :func:`adapter.core.receipts.audit`;
 5. boot A2, stock again.
 
-``--hicache``: every boot (A1, B, A2) runs with HiCache on (:data:`HICACHE_ARGS`), so each row
-judges a switch beside HiCache against stock beside HiCache.
+``--hicache``: every boot (A1, B, A2) runs with the datacenter profile's HiCache flags and churn that
+outruns its host tier (:mod:`devkit.gate.hicache_leg`), so each row judges a switch beside HiCache
+against stock beside HiCache, on a workload where stock + HiCache loses the idle session.
+``--drop-key KEY``: the profile boot runs without KEY while every row is still judged (a row seen
+failing when its switch is off); ``--without SWITCH`` leaves the switch and its row out.
 
 It reads SGLang's own reports: ``cached_tokens`` (``--enable-cache-report``), the scheduler log
 (``Prefill batch`` / ``Decode batch`` lines, ``--decode-log-interval 1``) and client-side stream
 timings. One row per switch: its effect against both controls, or "not available in this build:
-<reason>" / "not applicable here: <reason>" / "not in the profile: <reason>" (never a pass). The two controls must agree (same
+<reason>" / "not applicable here: <reason>" / "not in the profile: <reason>" (never a pass); a row whose
+switch could not act on the leg's workload says so and makes the run INVALID (:func:`overall`). The two controls must agree (same
 greedy tokens on the sequential requests, same cache figures, decode shares within
 :data:`SHARE_TOLERANCE`); if they do not, the run is INVALID. Greedy outputs of B must equal the
 controls' on every prompt where the controls agree.
@@ -37,10 +41,11 @@ from pathlib import Path
 from typing import Any
 
 from adapter.core import registry
-from devkit.gate import boots
+from devkit.gate import boots, hicache_leg
 from devkit.gate.boots import calibrate, run_boot
 from devkit.gate.record import Boot
 from devkit.gate.verdict import (
+    CANNOT_ACT,
     LOGPROB_TOLERANCE,
     SHARE_MARGIN,
     SHARE_TOLERANCE,
@@ -52,23 +57,23 @@ from devkit.gate.verdict import (
     cone_logprob_diff,
     controls_agree,
     decode_steps_between_chunks,
+    drop_keys,
     mean_present,
+    overall,
     print_table,
     rows,
 )
 
-__all__ = ["LOGPROB_TOLERANCE", "SHARE_MARGIN", "SHARE_TOLERANCE", "Boot", "_effect_row", "acting", "available",
+__all__ = ["CANNOT_ACT", "LOGPROB_TOLERANCE", "SHARE_MARGIN", "SHARE_TOLERANCE", "Boot", "_effect_row", "acting", "available",
            "build_profile", "calibrate", "compare_outputs", "cone_logprob_diff", "controls_agree",
-           "decode_steps_between_chunks", "main", "print_table", "rows", "run", "run_boot"]
+           "decode_steps_between_chunks", "drop_keys", "main", "overall", "print_table", "rows", "run", "run_boot"]
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "build" / "gate"
-# The HiCache leg's launch flags (host pool twice the device pool; the ratio, as DSV4 refuses --hicache-size).
-HICACHE_ARGS = ("--enable-hierarchical-cache", "--hicache-ratio", "2", "--hicache-write-policy", "write_back")
 
 
 def run(quick: bool = True, out: str | Path | None = None, say: Callable[[str], None] = print,
         without: tuple[str, ...] = (), model_kit: str = "mellum", via: str = "import-hook",
-        hicache: bool = False) -> dict[str, Any]:
+        hicache: bool = False, drop: tuple[str, ...] = ()) -> dict[str, Any]:
     """Build, boot A1 / B / A2, judge; returns the figures (the CLI prints them as the last line)."""
     from adapter.core import receipts
     from devkit.gate import kits, ways
@@ -76,15 +81,16 @@ def run(quick: bool = True, out: str | Path | None = None, say: Callable[[str], 
     t0 = time.monotonic()
     kit = kits.kit(model_kit)  # a bad --model fails before any boot
     ways.check(via, kit.name)  # so does a way this kit cannot boot
-    build_profile(without=without)  # a bad --without fails before any boot
+    drop_keys(build_profile(without=without), drop)  # a bad --without or --drop-key fails before any boot
+    launch_extra = hicache_leg.launch_args() if hicache else ()
+    workload = kit.workload(quick, hicache_leg.host_ratio(launch_extra) if hicache else None)
+    workload.validate()
     out = Path(out) if out else DEFAULT_OUT / (kit.name + ("-hicache" if hicache else ""))
-    launch_extra = HICACHE_ARGS if hicache else ()
     out.mkdir(parents=True, exist_ok=True)
     model = kit.build(out)
-    workload = kit.workload(quick)
-    workload.validate()
     say(f"gate: model {model} ({kit.describe()}); workload {'quick' if quick else 'full'}; via {via}"
-        f"{'; HiCache on every boot: ' + ' '.join(HICACHE_ARGS) if hicache else ''}; logs in {out}")
+        f"{'; HiCache on every boot (' + hicache_leg.PROFILE.name + '): ' + ' '.join(launch_extra) if hicache else ''}"
+        f"{f'; churn {workload.churn_requests} x {workload.churn_tokens} tokens' if hicache else ''}; logs in {out}")
     plugin = ways.prepare(via, out, say)
     with boots._terminate_as_interrupt():
         a1 = run_boot(Boot("A1-stock", {}, out / "A1-stock.log"), model, workload, out, say=say, kit=kit,
@@ -95,7 +101,9 @@ def run(quick: bool = True, out: str | Path | None = None, say: Callable[[str], 
             say(f"  | {line}")
         profile = build_profile(calibration["keys"], without)
         profile.update({k: v for k, v in kit.profile_overrides().items() if k in profile})
-        say("profile: " + (" ".join(f"{k}={v}" for k, v in profile.items()) or "(empty: no switch available)"))
+        profile = drop_keys(profile, drop)
+        say("profile: " + (" ".join(f"{k}={v}" for k, v in profile.items()) or "(empty: no switch available)")
+            + (f"; dropped with --drop-key (rows still judged): {' '.join(drop)}" if drop else ""))
         b = run_boot(Boot("B-profile", profile, out / "B-profile.log"), model, workload, out, say=say, kit=kit,
                      plugin=plugin, launch_extra=launch_extra)
         a2 = run_boot(Boot("A2-stock", {}, out / "A2-stock.log"), model, workload, out, say=say, kit=kit,
@@ -110,9 +118,7 @@ def run(quick: bool = True, out: str | Path | None = None, say: Callable[[str], 
     valid, invalid_why = controls_agree(a1, a2, outputs)
     table = rows(a1, b, a2, gaps, outputs["outputs_equal"], without)
     leftover = a1.leftover + b.leftover + a2.leftover
-    acted = [r for r in table if r["status"].startswith(("pass", "FAIL"))]
-    passed = (valid and not gaps and outputs["outputs_equal"] and bool(acted)
-              and all(r["status"].startswith("pass") for r in acted))
+    verdict, verdict_why = overall(valid, not gaps, outputs["outputs_equal"], table)
 
     print_table(table, say)
     say(f"controls agree: {'yes' if valid else 'NO -> INVALID: ' + '; '.join(invalid_why)}")
@@ -120,10 +126,10 @@ def run(quick: bool = True, out: str | Path | None = None, say: Callable[[str], 
     say(f"greedy outputs: {outputs['equal']}/{outputs['compared']} prompts equal to the controls"
         + (f"; differ: {', '.join(outputs['differ'])}" if outputs["differ"] else "")
         + (f"; controls differ (not compared): {', '.join(outputs['controls_differ'])}" if outputs["controls_differ"] else ""))
-    verdict = "PASS" if passed else ("INVALID" if not valid else "FAIL")
-    say(f"gate: {verdict} in {time.monotonic() - t0:.0f} s")
+    say(f"gate: {verdict}{' (' + verdict_why + ')' if verdict_why else ''} in {time.monotonic() - t0:.0f} s")
     return {
         "verdict": verdict,
+        "verdict_why": verdict_why,
         "valid": valid,
         "receipts_ok": not gaps,
         "outputs_equal": outputs["outputs_equal"],
@@ -148,6 +154,8 @@ def run(quick: bool = True, out: str | Path | None = None, say: Callable[[str], 
         "hicache": list(launch_extra),
         "quick": quick,
         "without": list(without),
+        "drop_keys": list(drop),
+        "churn_requests": workload.churn_requests,
         "wall_s": round(time.monotonic() - t0, 1),
     }
 
@@ -163,14 +171,18 @@ def add_arguments(parser: Any) -> None:
                         "wheel installed in a fresh venv as SGLang's plugin (SGLANG_PLUGINS=dsv41; mellum only)")
     parser.add_argument("--without", action="append", default=[], metavar="SWITCH",
                         help="leave this acting switch out of the profile boot (repeatable); its row says so")
+    parser.add_argument("--drop-key", action="append", default=[], metavar="KEY",
+                        help="run the profile boot without this key of the gate's profile (repeatable); every row "
+                        "is still judged, so the switch's row shows what the boot without it measured")
     parser.add_argument("--hicache", action="store_true",
-                        help="every boot with HiCache on (" + " ".join(HICACHE_ARGS) + "): the switches beside HiCache")
+                        help=f"every boot with the HiCache flags of {hicache_leg.PROFILE.name} and churn that outruns "
+                        "its host tier: the switches beside HiCache")
 
 
 def main(args: Any) -> int:
     try:
         figures = run(quick=args.quick, out=args.out, without=tuple(args.without), model_kit=args.model,
-                      via=args.via, hicache=getattr(args, "hicache", False))
+                      via=args.via, hicache=getattr(args, "hicache", False), drop=tuple(getattr(args, "drop_key", ())))
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

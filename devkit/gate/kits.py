@@ -8,13 +8,16 @@
   256-token pages and chunks, so the same phases act on the paged DeepSeek-V4 pool.
 
 Every boot of one gate run shares the kit's model, seed, server arguments and workload; the boots
-differ only in their ``DSV41_*`` profile.
+differ only in their ``DSV41_*`` profile. The HiCache leg (``--hicache``) passes the host tier's ratio
+to :meth:`Kit.workload`, whose churn then outruns the device SWA pool and the host tier together
+(:func:`outrun_host_tier`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -29,9 +32,35 @@ class Kit(Protocol):
     def server(self, model: Path, log: Path, profile: dict[str, str], extra: Sequence[str],
                plugin: Any = None) -> Any: ...
 
-    def workload(self, quick: bool) -> Any: ...
+    def workload(self, quick: bool, hicache_ratio: float | None = None) -> Any: ...
 
     def profile_overrides(self) -> dict[str, str]: ...
+
+
+# The HiCache leg's churn: this many times what the device SWA pool and the host tier hold together.
+# On the Mellum kit (host ratio 2, write-through) stock + HiCache kept the idle session after 1.04x
+# of churn and lost it after 1.67x; twice leaves a margin on both sides of that edge.
+OUTRUN = 2.0
+
+
+def outrun_host_tier(w: Any, hicache_ratio: float, swa_tokens: int, full_tokens: int, kit: str) -> Any:
+    """``w`` with enough churn requests to outrun the device SWA pool (``swa_tokens``) and a host tier
+    of ``hicache_ratio`` times it, so an idle session's window is gone from both; a clear error when
+    that churn would press the Full pool (``full_tokens``) too: the leg would then judge another loss."""
+    need = math.ceil(OUTRUN * (1 + hicache_ratio) * swa_tokens / w.churn_tokens)
+    w = replace(w, churn_requests=max(w.churn_requests, need))
+    held = (w.session_tokens + 2 * w.turn_tokens + w.new_user_tokens + w.cone_tokens + w.cone_followup_tokens
+            + w.churn_requests * (w.churn_tokens + 4))
+    if held > full_tokens:
+        raise ValueError(f"--hicache with --model {kit} is invalid at --hicache-ratio {hicache_ratio:g}: outrunning "
+                         f"the host tier takes {w.churn_requests} churn requests of {w.churn_tokens} tokens, "
+                         f"{held} tokens in all, more than the kit's Full pool of {full_tokens} (the leg would press the "
+                         "Full pool and judge another loss)")
+    return w
+
+
+MELLUM_MAX_TOTAL_TOKENS = 16384  # the Full pool
+MELLUM_SWA_RATIO = 0.1  # the SWA pool: a tenth of it
 
 
 @dataclass(frozen=True)
@@ -53,16 +82,21 @@ class MellumKit:
                plugin: Any = None) -> Any:
         from devkit.engine_kit import launcher
 
-        args = launcher.server_args(model, launcher.free_port(), swa_ratio=0.1, extra=list(extra))
+        args = launcher.server_args(model, launcher.free_port(), max_total_tokens=MELLUM_MAX_TOTAL_TOKENS,
+                                    swa_ratio=MELLUM_SWA_RATIO, extra=list(extra))
         if plugin is None:  # the import hook: sitecustomize.py on PYTHONPATH
             return launcher.Server(args, log, profile)
         return launcher.Server(args, log, profile, python=str(plugin.python),
                                env=plugin.server_env(launcher.child_env(profile)), cwd=plugin.cwd)
 
-    def workload(self, quick: bool) -> Any:
+    def workload(self, quick: bool, hicache_ratio: float | None = None) -> Any:
         from devkit.engine_kit import workload as wl
 
-        return wl.Workload.quick() if quick else wl.Workload.full()
+        w = wl.Workload.quick() if quick else wl.Workload.full()
+        if hicache_ratio is None:
+            return w
+        return outrun_host_tier(w, hicache_ratio, int(MELLUM_MAX_TOTAL_TOKENS * MELLUM_SWA_RATIO),
+                                MELLUM_MAX_TOTAL_TOKENS, self.name)
 
     def profile_overrides(self) -> dict[str, str]:
         return {}  # the registry's gate roles are set for this kit
@@ -107,7 +141,7 @@ class Dsv4Kit:
                              max_running=DSV4_MAX_RUNNING, chunk=DSV4_CHUNK, swa_ratio=DSV4_SWA_RATIO,
                              extra=list(extra))
 
-    def workload(self, quick: bool) -> Any:
+    def workload(self, quick: bool, hicache_ratio: float | None = None) -> Any:
         from devkit.engine_kit import workload as wl
 
         page = 256
@@ -117,13 +151,17 @@ class Dsv4Kit:
         # docstring). After the churn F has Full KV but no window; stock resumes at 0 (the
         # checkpoint is gone too), a cone of N = 768 at s = 1024: 768 tokens recomputed, not 1792.
         # Its first turn runs before the idle session's (one chunk, resume point 512).
-        return wl.Workload(
+        w = wl.Workload(
             session_tokens=2 * page, cone_prompt_tokens=8 * page, cone_tokens=8 * page + 8, cone_branch_at=7 * page,
             cone_branch_in_prompt=True, cone_first=True,
             churn_requests=2, churn_tokens=8 * page, turn_tokens=8, new_user_tokens=24,
             streams=2, stream_prompt_tokens=32, stream_max_tokens=600,
             long_prompt_tokens=(8 if quick else 16) * page, before_s=2.0, timeout_s=900.0,
         )
+        if hicache_ratio is None:
+            return w
+        return outrun_host_tier(w, hicache_ratio, round(DSV4_SWA_RATIO * DSV4_MAX_TOTAL_TOKENS), DSV4_MAX_TOTAL_TOKENS,
+                                self.name)
 
     def profile_overrides(self) -> dict[str, str]:
         # Replay depth: a page multiple at least the kit model's bound (cone_replay checks it at

@@ -3,6 +3,11 @@
 Log reading (decode steps between chunks), output comparison, control agreement, and one row per
 registry switch from its record's ``gate_role``: its effect against both controls, or why it cannot
 act here. An acting switch the gate has no row for is a FAIL, never "not applicable".
+
+A row of an acting switch is "pass", "FAIL: <why>" or "cannot act on this leg's workload: <why>"
+(:data:`CANNOT_ACT`): the controls already did what the switch is there to do, or the workload gave it
+nothing to do, so the row shows neither that it works nor that it is broken. :func:`overall` makes such
+a run INVALID (never PASS): the leg, not the switch, has to change.
 """
 
 from __future__ import annotations
@@ -26,6 +31,11 @@ SHARE_MARGIN = 0.10  # the yield must raise the share by at least this over both
 
 
 LOGPROB_TOLERANCE = 1e-4
+# The idle session's resume: at or above RESUME_KEPT of its context cached it was kept; below
+# RESUME_LOST a control lost it. SWA thin passes only where it kept what both controls lost.
+RESUME_KEPT = 0.9
+RESUME_LOST = 0.5
+CANNOT_ACT = "cannot act on this leg's workload: "
 
 
 def acting() -> list[registry.Switch]:
@@ -151,16 +161,18 @@ def rows(a1: Boot, b: Boot, a2: Boot, receipts_gaps: list[str], outputs_equal: b
 
 
 def _thin_row(name: str, a1: Boot, b: Boot, a2: Boot, outputs_equal: bool) -> dict[str, Any]:
+    """Passes only when the profile kept the idle session's resume point and both controls lost it
+    (beside HiCache too: the HiCache leg's churn outruns the host tier, so stock + HiCache loses it)."""
     s = (a1.cache["resume_cached_frac"], a2.cache["resume_cached_frac"])
     p = b.cache["resume_cached_frac"]
     row = {"switch": name, "stock": f"{s[0]:.2f} / {s[1]:.2f}", "profile": f"{p:.2f}"}
-    if b.hicache and p >= 0.9 and p >= max(s):
-        # Beside HiCache the controls can resume the idle session from host RAM too: thin must keep
-        # it, and the row says when HiCache alone already did (bench swa-thin-hicache shows where
-        # thin adds to HiCache: churn past the host tier).
-        return {**row, "status": "pass" + (" (HiCache alone also kept the session here)" if p <= max(s) else "")}
-    passed = p >= 0.9 and p > max(s)
-    return {**row, "status": "pass" if passed else "FAIL: resume not better cached than both controls"}
+    if max(s) >= RESUME_LOST:
+        return {**row, "status": CANNOT_ACT + f"the controls resumed the idle session {max(s):.2f} cached (at least "
+                f"{RESUME_LOST}): nothing lost for SWA thin to keep"}
+    if p >= RESUME_KEPT:
+        return {**row, "status": "pass"}
+    return {**row, "status": f"FAIL: the profile resumed {p:.2f} cached (below {RESUME_KEPT}) where both controls lost "
+            "the session"}
 
 
 def _yield_row(name: str, a1: Boot, b: Boot, a2: Boot, outputs_equal: bool) -> dict[str, Any]:
@@ -169,24 +181,44 @@ def _yield_row(name: str, a1: Boot, b: Boot, a2: Boot, outputs_equal: bool) -> d
     gaps_s = [_median(decode_steps_between_chunks(x.log_lines[x.yield_log_from:])) for x in (a1, a2)]
     gap_p = _median(decode_steps_between_chunks(b.log_lines[b.yield_log_from:]))
     passed = p is not None and all(x is not None for x in s) and p >= max(s) + SHARE_MARGIN
-    return {"switch": name, "stock": f"{s[0]} / {s[1]} (steps/chunk {gaps_s[0]} / {gaps_s[1]})",
-            "profile": f"{p} (steps/chunk {gap_p})",
-            "status": "pass" if passed else f"FAIL: share not above both controls by {SHARE_MARGIN}"}
+    row = {"switch": name, "stock": f"{s[0]} / {s[1]} (steps/chunk {gaps_s[0]} / {gaps_s[1]})",
+           "profile": f"{p} (steps/chunk {gap_p})"}
+    if gaps_s == [None, None]:
+        return {**row, "status": CANNOT_ACT + "the controls logged no chunk of a prefill beside running streams"}
+    return {**row, "status": "pass" if passed else f"FAIL: share not above both controls by {SHARE_MARGIN}"}
+
+
+_CONE_PLAN = "[dsv41] cone_replay DSV41_SWA_CONE plan"
+_CONE_FALLBACK = re.compile(r"\[dsv41\] cone_replay DSV41_SWA_CONE fallback .*reason=(\w+)")
 
 
 def _cone_row(name: str, a1: Boot, b: Boot, a2: Boot, outputs_equal: bool) -> dict[str, Any]:
+    """Passes only when the cone planned a replay, recomputed fewer of the branch's tokens than both
+    controls, and the branch's outputs and logprobs match theirs. Where the controls recomputed no
+    more than the replay's depth N, a replay cannot be cheaper: the row cannot act."""
     s = (a1.cache["cone_recomputed_tokens"], a2.cache["cone_recomputed_tokens"])
     p = b.cache["cone_recomputed_tokens"]
+    n = int(b.profile.get("DSV41_SWA_CONE_TOKENS") or 0)
     # SWA thin alone can shorten the branch's recompute (a surviving checkpoint): the row needs
     # the switch's own plan lines as well.
-    plans = sum(1 for line in b.log_lines if "[dsv41] cone_replay DSV41_SWA_CONE plan" in line)
+    plans = sum(1 for line in b.log_lines if _CONE_PLAN in line)
+    fallbacks = [m.group(1) for line in b.log_lines if (m := _CONE_FALLBACK.search(line))]
     diff = cone_logprob_diff(a1, b, a2)
-    close = diff is not None and diff <= LOGPROB_TOLERANCE
-    passed = plans > 0 and p < min(s) and outputs_equal and close
-    return {"switch": name, "stock": f"{s[0]} / {s[1]} tokens",
-            "profile": f"{p} tokens ({plans} plans, logprob diff {diff if diff is None else f'{diff:.1e}'})",
-            "status": "pass" if passed else "FAIL: no replay planned, not cheaper than both controls, outputs "
-            f"differ, or the branch's logprobs differ by more than {LOGPROB_TOLERANCE}"}
+    row = {"switch": name, "stock": f"{s[0]} / {s[1]} tokens",
+           "profile": f"{p} tokens ({plans} plans, logprob diff {diff if diff is None else f'{diff:.1e}'})"}
+    if min(s) <= n:
+        return {**row, "status": CANNOT_ACT + f"the controls recomputed {min(s)} of the branch's tokens, no more than "
+                f"the replay's N = {n}"}
+    why = []
+    if not plans:
+        why.append("no replay planned" + (f" (fallback: {', '.join(sorted(set(fallbacks)))})" if fallbacks else ""))
+    if p >= min(s):
+        why.append(f"{p} tokens recomputed, not fewer than the controls' {min(s)}")
+    if not outputs_equal:
+        why.append("outputs differ")
+    if diff is None or diff > LOGPROB_TOLERANCE:
+        why.append(f"the branch's logprobs differ by {diff} (tolerance {LOGPROB_TOLERANCE})")
+    return {**row, "status": "FAIL: " + "; ".join(why) if why else "pass"}
 
 
 def _outputs_row(name: str, a1: Boot, b: Boot, a2: Boot, outputs_equal: bool) -> dict[str, Any]:
@@ -212,6 +244,34 @@ def _effect_row(name: str, a1: Boot, b: Boot, a2: Boot, outputs_equal: bool) -> 
         return {"switch": name, "stock": "-", "profile": "-",
                 "status": "FAIL: the registry says this switch acts in the gate, but the gate has no row for it"}
     return row(name, a1, b, a2, outputs_equal)
+
+
+def overall(valid: bool, receipts_ok: bool, outputs_equal: bool, table: list[dict[str, Any]]) -> tuple[str, str]:
+    """The run's verdict and why: INVALID when the controls disagree; FAIL on a failed row, receipt gap
+    or differing outputs, or when no switch acted; INVALID when an acting switch's row could not act
+    on the leg's workload (the leg did not show it, so the run proves nothing about it); else PASS."""
+    if not valid:
+        return "INVALID", "the stock controls disagree"
+    failed = [r["switch"] for r in table if r["status"].startswith("FAIL")]
+    if failed or not receipts_ok or not outputs_equal:
+        return "FAIL", "; ".join([f"rows failed: {', '.join(failed)}"] * bool(failed) + ["receipts"] * (not receipts_ok)
+                                 + ["greedy outputs differ from the controls"] * (not outputs_equal))
+    idle = [r["switch"] for r in table if r["status"].startswith(CANNOT_ACT)]
+    if idle:
+        return "INVALID", f"cannot act on this leg's workload: {', '.join(idle)}"
+    if not any(r["status"].startswith("pass") for r in table):
+        return "FAIL", "no switch acted"
+    return "PASS", ""
+
+
+def drop_keys(profile: dict[str, str], keys: tuple[str, ...]) -> dict[str, str]:
+    """The profile boot's keys less ``keys`` (``--drop-key``: the boot runs without them while every
+    row is still judged, so a row can be seen failing when its switch is off)."""
+    unknown = [k for k in keys if k not in profile]
+    if unknown:
+        raise ValueError(f"--drop-key {unknown[0]!r} is invalid: expected a key of the gate's profile "
+                         f"({', '.join(profile)})")
+    return {k: v for k, v in profile.items() if k not in keys}
 
 
 def cone_logprob_diff(a1: Boot, b: Boot, a2: Boot) -> float | None:

@@ -5,7 +5,7 @@ import dataclasses
 
 import pytest
 
-from adapter.core import registry
+from adapter.core import env, registry
 from adapter.ops import cli
 
 # Scheduler log lines in SGLang 0.5.23's format (``--decode-log-interval 1``), trimmed to the fields read.
@@ -90,8 +90,8 @@ def test_an_acting_switch_the_gate_has_no_row_for_fails_instead_of_passing(monke
 def test_thin_row_passes_only_when_the_profile_resumes_cached_and_both_controls_do_not():
     row = gate._effect_row("swa_thin", _boot("A1", resume=0.0), _boot("B", resume=1.0), _boot("A2", resume=0.0), True)
     assert row["status"] == "pass"
-    row = gate._effect_row("swa_thin", _boot("A1", resume=1.0), _boot("B", resume=1.0), _boot("A2", resume=1.0), True)
-    assert row["status"].startswith("FAIL")
+    row = gate._effect_row("swa_thin", _boot("A1", resume=0.0), _boot("B", resume=0.0), _boot("A2", resume=0.0), True)
+    assert row["status"] == "FAIL: the profile resumed 0.00 cached (below 0.9) where both controls lost the session"
 
 
 def test_a_switch_refused_at_boot_shows_its_receipt_gap_and_never_passes():
@@ -159,18 +159,144 @@ def test_a_plugin_server_runs_the_venvs_python_with_only_the_stand_in_on_the_pat
     assert str(launcher.REPO_ROOT) in hook.env["PYTHONPATH"].split(":") and "SGLANG_PLUGINS" not in hook.env
 
 
-def test_beside_hicache_the_thin_row_passes_when_the_profile_keeps_the_session_as_well_as_hicache_alone():
-    def hicache(boot):
-        boot.launch_extra = ("--enable-hierarchical-cache", "--hicache-ratio", "2")
-        return boot
+def _hicache(boot):
+    boot.launch_extra = ("--enable-hierarchical-cache", "--hicache-ratio", "2", "--hicache-write-policy", "write_through")
+    return boot
 
-    both = [hicache(_boot(x, resume=1.0)) for x in ("A1", "B", "A2")]
-    row = gate._effect_row("swa_thin", *both, True)
-    assert row["status"] == "pass (HiCache alone also kept the session here)"
-    lost = hicache(_boot("B", resume=0.0))
-    assert gate._effect_row("swa_thin", both[0], lost, both[2], True)["status"].startswith("FAIL")
-    kept = hicache(_boot("B", resume=1.0))
-    assert gate._effect_row("swa_thin", hicache(_boot("A1", resume=0.0)), kept, hicache(_boot("A2", resume=0.0)),
-                            True)["status"] == "pass"
-    # without HiCache, equal to the controls is not enough
-    assert gate._effect_row("swa_thin", _boot("A1"), _boot("B"), _boot("A2"), True)["status"].startswith("FAIL")
+
+@pytest.mark.parametrize("beside_hicache", [False, True], ids=["plain", "hicache"])
+def test_thin_row_cannot_act_where_the_controls_kept_the_idle_session_and_never_passes(beside_hicache):
+    """HiCache alone brought the session back from host (the old leg's workload): nothing for thin to
+    keep, so the row says so instead of passing."""
+    leg = _hicache if beside_hicache else (lambda boot: boot)
+    a1, b, a2 = (leg(_boot(x, resume=1.0)) for x in ("A1", "B", "A2"))
+    status = gate._effect_row("swa_thin", a1, b, a2, True)["status"]
+    assert status == ("cannot act on this leg's workload: the controls resumed the idle session 1.00 cached "
+                      "(at least 0.5): nothing lost for SWA thin to keep")
+    half = leg(_boot("A2", resume=0.5))  # a control that kept half the context did not lose it either
+    assert gate._effect_row("swa_thin", leg(_boot("A1", resume=0.5)), b, half, True)["status"].startswith(gate.CANNOT_ACT)
+
+
+def test_beside_hicache_thin_passes_only_when_it_kept_what_stock_and_hicache_lost():
+    """Recorded on the HiCache leg (`gate --quick --hicache`, Mellum): the controls resume 0.00, the
+    profile 1.00; the same boots with the profile lacking DSV41_SWA_THIN (`--drop-key`) resume 0.00."""
+    a1, a2 = _hicache(_boot("A1", resume=0.0)), _hicache(_boot("A2", resume=0.0))
+    assert gate._effect_row("swa_thin", a1, _hicache(_boot("B", resume=1.0)), a2, True)["status"] == "pass"
+    dropped = _hicache(_boot("B", resume=0.0))
+    assert gate._effect_row("swa_thin", a1, dropped, a2, True)["status"].startswith("FAIL")
+    partial = _hicache(_boot("B", resume=0.4375))  # a checkpoint kept, not the resume point
+    assert gate._effect_row("swa_thin", a1, partial, a2, True)["status"].startswith("FAIL: the profile resumed 0.44")
+
+
+def _table(*statuses):
+    return [{"switch": f"s{i}", "status": status} for i, status in enumerate(statuses)]
+
+
+def test_a_run_where_a_switch_cannot_act_is_invalid_never_pass():
+    idle = gate.CANNOT_ACT + "the controls kept it"
+    assert gate.overall(True, True, True, _table("pass", "pass (outputs equal)")) == ("PASS", "")
+    assert gate.overall(True, True, True, _table("pass", idle)) == ("INVALID", "cannot act on this leg's workload: s1")
+    assert gate.overall(True, True, True, _table(idle)) == ("INVALID", "cannot act on this leg's workload: s0")
+
+
+def test_a_failed_row_fails_the_run_before_a_row_that_cannot_act_and_disagreeing_controls_invalidate_it():
+    idle = gate.CANNOT_ACT + "the controls kept it"
+    assert gate.overall(True, True, True, _table("FAIL: x", idle)) == ("FAIL", "rows failed: s0")
+    assert gate.overall(True, False, True, _table("pass"))[0] == "FAIL"
+    assert gate.overall(True, True, False, _table("pass")) == ("FAIL", "greedy outputs differ from the controls")
+    assert gate.overall(False, True, True, _table("pass")) == ("INVALID", "the stock controls disagree")
+    assert gate.overall(True, True, True, _table("not applicable here: cpu")) == ("FAIL", "no switch acted")
+
+
+FALLBACK = "[dsv41] cone_replay DSV41_SWA_CONE fallback rid=r1 reason=full_on_host F=480 P=0 B=64 rank=tp0"
+PLAN = "[dsv41] cone_replay DSV41_SWA_CONE plan rid=x F=480 s=416 N=64 P=64 B=64 rank=tp0"
+
+
+def test_cone_row_fails_and_names_the_fallback_when_the_cone_did_not_plan_beside_hicache():
+    """Recorded with Full-pool pressure beside HiCache: the branch point's Full KV was on host only, the
+    cone fell back (``full_on_host``) and recomputed what the controls did."""
+    a1, a2 = _hicache(_boot("A1", cone=480)), _hicache(_boot("A2", cone=480))
+    b = _hicache(_boot("B", cone=480))
+    b.profile = {"DSV41_SWA_CONE_TOKENS": "64"}
+    b.log_lines = [FALLBACK]
+    assert gate._effect_row("cone_replay", a1, b, a2, True)["status"] == (
+        "FAIL: no replay planned (fallback: full_on_host); 480 tokens recomputed, not fewer than the controls' 480")
+    b.cache["cone_recomputed_tokens"], b.log_lines = 64, [PLAN]
+    assert gate._effect_row("cone_replay", a1, b, a2, True)["status"] == "pass"
+
+
+def test_cone_row_cannot_act_where_the_controls_recomputed_no_more_than_the_replay_depth():
+    a1, a2 = _boot("A1", cone=64), _boot("A2", cone=64)
+    b = _boot("B", cone=64)
+    b.profile = {"DSV41_SWA_CONE_TOKENS": "64"}
+    b.log_lines = [PLAN]
+    assert gate._effect_row("cone_replay", a1, b, a2, True)["status"] == (
+        "cannot act on this leg's workload: the controls recomputed 64 of the branch's tokens, no more than the "
+        "replay's N = 64")
+
+
+def test_yield_row_cannot_act_where_the_controls_logged_no_chunk_beside_streams():
+    a1, b, a2 = _boot("A1", share=0.05), _boot("B", share=0.5), _boot("A2", share=0.05)
+    assert gate._effect_row("decode_yield", a1, b, a2, True)["status"].startswith(gate.CANNOT_ACT + "the controls logged no")
+    for boot in (a1, a2, b):
+        boot.log_lines = [CHUNK.format(r=4, p=128), DECODE, CHUNK.format(r=4, p=0)]
+    assert gate._effect_row("decode_yield", a1, b, a2, True)["status"] == "pass"
+
+
+def test_drop_key_runs_the_profile_boot_without_the_key_and_rejects_keys_not_in_the_profile():
+    profile = gate.build_profile()
+    kept = gate.drop_keys(profile, ("DSV41_SWA_THIN",))
+    assert "DSV41_SWA_THIN" not in kept and set(kept) == set(profile) - {"DSV41_SWA_THIN"}
+    with pytest.raises(ValueError, match=r"--drop-key 'DSV41_SWA_THN' is invalid: expected a key of the gate's profile"):
+        gate.drop_keys(profile, ("DSV41_SWA_THN",))
+    # the row is still judged: a profile boot without thin that lost the session fails it
+    table = {r["switch"]: r["status"] for r in gate.rows(_boot("A1", resume=0.0), _boot("B", resume=0.0),
+                                                           _boot("A2", resume=0.0), [], True)}
+    assert table["swa_thin"].startswith("FAIL")
+
+
+def test_the_hicache_leg_runs_the_datacenter_profiles_hicache_flags():
+    """The leg's flags are read from the profile's LAUNCH_ARGS: SGLang parses the same HiCache settings
+    from both (write-through, the profile's ratio)."""
+    import shlex
+
+    from adapter.ops import check
+    from devkit.gate import hicache_leg
+
+    args = hicache_leg.launch_args()
+    profile_words = shlex.split(env.read_env_file(str(hicache_leg.PROFILE))[check.LAUNCH_KEY])
+    assert check.parse_launch(list(args)).hicache == check.parse_launch(profile_words).hicache
+    assert check.parse_launch(list(args)).hicache["write_policy"] == "write_through"
+    assert all(a == "--enable-hierarchical-cache" or a.startswith("--hicache-") or not a.startswith("-") for a in args)
+    assert hicache_leg.host_ratio(args) == float(args[args.index("--hicache-ratio") + 1])
+
+
+def test_the_hicache_leg_refuses_a_profile_without_hicache_or_sized_in_gigabytes(tmp_path):
+    from devkit.gate import hicache_leg
+
+    plain = tmp_path / "plain.env"
+    plain.write_text('LAUNCH_ARGS="--model-path /m --page-size 256" DSV41_SWA_THIN=1\n')
+    with pytest.raises(ValueError, match="has no --enable-hierarchical-cache"):
+        hicache_leg.launch_args(plain)
+    with pytest.raises(ValueError, match="is missing"):
+        hicache_leg.launch_args(tmp_path / "nothing.env")
+    with pytest.raises(ValueError, match="expected --hicache-ratio R and no --hicache-size"):
+        hicache_leg.host_ratio(("--enable-hierarchical-cache", "--hicache-size", "64"))
+
+
+def test_the_hicache_legs_churn_outruns_the_swa_pool_and_host_tier_without_pressing_the_full_pool():
+    from devkit.gate import hicache_leg, kits
+
+    ratio = hicache_leg.host_ratio(hicache_leg.launch_args())
+    swa = int(kits.MELLUM_MAX_TOTAL_TOKENS * kits.MELLUM_SWA_RATIO)
+    for quick in (True, False):
+        w = kits.kit("mellum").workload(quick, ratio)
+        churn = w.churn_requests * w.churn_tokens
+        assert churn >= kits.OUTRUN * (1 + ratio) * swa
+        assert churn + w.session_tokens + w.cone_tokens < kits.MELLUM_MAX_TOTAL_TOKENS
+    assert kits.kit("mellum").workload(True).churn_requests == 10  # the plain leg's workload is unchanged
+    with pytest.raises(ValueError, match=r"--hicache with --model dsv4 is invalid at --hicache-ratio 2: .* more than the "
+                       r"kit's Full pool of 16384"):
+        kits.kit("dsv4").workload(True, 2.0)
+    with pytest.raises(ValueError, match="--hicache with --model mellum is invalid at --hicache-ratio 4"):
+        kits.kit("mellum").workload(True, 4.0)
