@@ -91,7 +91,7 @@ def test_thin_row_passes_only_when_the_profile_resumes_cached_and_both_controls_
     row = gate._effect_row("swa_thin", _boot("A1", resume=0.0), _boot("B", resume=1.0), _boot("A2", resume=0.0), True)
     assert row["status"] == "pass"
     row = gate._effect_row("swa_thin", _boot("A1", resume=0.0), _boot("B", resume=0.0), _boot("A2", resume=0.0), True)
-    assert row["status"] == "FAIL: the profile resumed 0.00 cached (below 0.9) where both controls lost the session"
+    assert row["status"] == "FAIL: the profile resumed 0.00 cached (not its whole context) where both controls lost the session"
 
 
 def test_a_switch_refused_at_boot_shows_its_receipt_gap_and_never_passes():
@@ -179,13 +179,20 @@ def test_thin_row_cannot_act_where_the_controls_kept_the_idle_session_and_never_
 
 def test_beside_hicache_thin_passes_only_when_it_kept_what_stock_and_hicache_lost():
     """Recorded on the HiCache leg (`gate --quick --hicache`, Mellum): the controls resume 0.00, the
-    profile 1.00; the same boots with the profile lacking DSV41_SWA_THIN (`--drop-key`) resume 0.00."""
+    profile 1.00."""
     a1, a2 = _hicache(_boot("A1", resume=0.0)), _hicache(_boot("A2", resume=0.0))
     assert gate._effect_row("swa_thin", a1, _hicache(_boot("B", resume=1.0)), a2, True)["status"] == "pass"
-    dropped = _hicache(_boot("B", resume=0.0))
-    assert gate._effect_row("swa_thin", a1, dropped, a2, True)["status"].startswith("FAIL")
     partial = _hicache(_boot("B", resume=0.4375))  # a checkpoint kept, not the resume point
     assert gate._effect_row("swa_thin", a1, partial, a2, True)["status"].startswith("FAIL: the profile resumed 0.44")
+
+
+def test_thin_row_fails_where_a_cone_replay_and_not_thin_brought_the_session_back():
+    """Recorded with `--drop-key DSV41_SWA_THIN` on the HiCache leg: the cone replayed 64 tokens before
+    the idle session's resume point, 0.94 of its context cached. That is the cone's, not thin's."""
+    a1, a2 = _hicache(_boot("A1", resume=0.0)), _hicache(_boot("A2", resume=0.0))
+    cone_only = _hicache(_boot("B", resume=0.9375))
+    assert gate._effect_row("swa_thin", a1, cone_only, a2, True)["status"] == (
+        "FAIL: the profile resumed 0.94 cached (not its whole context) where both controls lost the session")
 
 
 def _table(*statuses):
