@@ -224,7 +224,12 @@ def _cone_row(name: str, a1: Boot, b: Boot, a2: Boot, outputs_equal: bool) -> di
 
 
 def _outputs_row(name: str, a1: Boot, b: Boot, a2: Boot, outputs_equal: bool) -> dict[str, Any]:
-    """A switch with no figure of its own: identical greedy outputs are its check."""
+    """A switch with no figure of its own: identical greedy outputs are its check, on a profile boot
+    that installed it (a switch another key turns on is off when ``--drop-key`` drops that key)."""
+    receipt = f"[dsv41] {name} installed"
+    if not any(receipt in line for line in b.log_lines):
+        return {"switch": name, "stock": "-", "profile": "-",
+                "status": f"FAIL: not installed on the profile boot (no '{receipt}' line)"}
     return {"switch": name, "stock": "-", "profile": "-",
             "status": "pass (outputs equal)" if outputs_equal else "FAIL: outputs differ"}
 

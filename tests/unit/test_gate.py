@@ -250,6 +250,17 @@ def test_yield_row_cannot_act_where_the_controls_logged_no_chunk_beside_streams(
     assert gate._effect_row("decode_yield", a1, b, a2, True)["status"] == "pass"
 
 
+def test_a_switch_without_a_figure_passes_on_equal_outputs_only_where_the_profile_boot_installed_it():
+    """With `--drop-key DSV41_SWA_THIN` the fast tree core (which thin turns on) is off in the profile
+    boot: equal outputs then show nothing about it."""
+    b = _boot("B")
+    assert gate._effect_row("fast_tree_core", _boot("A1"), b, _boot("A2"), True)["status"] == (
+        "FAIL: not installed on the profile boot (no '[dsv41] fast_tree_core installed' line)")
+    b.log_lines = ["[dsv41] fast_tree_core installed paths=insert_walk,match,full_lock key_copies=once_per_insert rank=tp0"]
+    assert gate._effect_row("fast_tree_core", _boot("A1"), b, _boot("A2"), True)["status"] == "pass (outputs equal)"
+    assert gate._effect_row("fast_tree_core", _boot("A1"), b, _boot("A2"), False)["status"] == "FAIL: outputs differ"
+
+
 def test_drop_key_runs_the_profile_boot_without_the_key_and_rejects_keys_not_in_the_profile():
     profile = gate.build_profile()
     kept = gate.drop_keys(profile, ("DSV41_SWA_THIN",))
