@@ -318,3 +318,18 @@ def test_the_hicache_legs_churn_outruns_the_swa_pool_and_host_tier_without_press
         kits.kit("dsv4").workload(True, 2.0)
     with pytest.raises(ValueError, match="--hicache with --model mellum is invalid at --hicache-ratio 4"):
         kits.kit("mellum").workload(True, 4.0)
+
+
+@pytest.mark.parametrize(("model", "hicache", "drop", "error"), [
+    ("mellum", False, ["DSV41_NOPE"], "--drop-key 'DSV41_NOPE' is invalid: expected a key of the gate's profile"),
+    ("dsv4", True, [], "--hicache with --model dsv4 is invalid at --hicache-ratio 2"),
+], ids=["drop-key", "dsv4-hicache"])
+def test_a_bad_drop_key_or_a_kit_the_hicache_leg_cannot_outrun_fails_before_any_boot(tmp_path, capsys, model, hicache,
+                                                                                      drop, error):
+    import argparse
+
+    args = argparse.Namespace(quick=True, out=str(tmp_path / "gate"), without=[], model=model, via="import-hook",
+                              hicache=hicache, drop_key=drop)
+    assert gate.main(args) == 2
+    assert error in capsys.readouterr().err
+    assert not (tmp_path / "gate").exists()  # nothing built, nothing booted
