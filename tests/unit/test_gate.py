@@ -293,7 +293,7 @@ def test_the_hicache_leg_refuses_a_profile_without_hicache_or_sized_in_gigabytes
     from devkit.gate import hicache_leg
 
     plain = tmp_path / "plain.env"
-    plain.write_text('LAUNCH_ARGS="--model-path /m --page-size 256" DSV41_SWA_THIN=1\n')
+    plain.write_text("LAUNCH_ARGS=--model-path /m --page-size 256\nDSV41_SWA_THIN=1\n")
     with pytest.raises(ValueError, match="has no --enable-hierarchical-cache"):
         hicache_leg.launch_args(plain)
     with pytest.raises(ValueError, match="is missing"):
