@@ -11,7 +11,6 @@ thin's row passes only where thin kept it.
 
 from __future__ import annotations
 
-import shlex
 from pathlib import Path
 
 PROFILE = Path(__file__).resolve().parents[2] / ".env.h200-hicache.example"  # the datacenter profile
@@ -28,7 +27,7 @@ def launch_args(profile: str | Path = PROFILE) -> tuple[str, ...]:
     path = Path(profile)
     if not path.is_file():
         raise ValueError(f"the HiCache leg's profile {path} is missing: the leg runs that profile's HiCache flags")
-    words = shlex.split(env.read_env_file(str(path)).get(check.LAUNCH_KEY, ""))
+    words = env.read_env_file(str(path)).get(check.LAUNCH_KEY, "").split()  # as check and $LAUNCH_ARGS split it
     args: list[str] = []
     for i, word in enumerate(words):
         previous = words[i - 1] if i else ""

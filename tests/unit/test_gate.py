@@ -276,13 +276,11 @@ def test_drop_key_runs_the_profile_boot_without_the_key_and_rejects_keys_not_in_
 def test_the_hicache_leg_runs_the_datacenter_profiles_hicache_flags():
     """The leg's flags are read from the profile's LAUNCH_ARGS: SGLang parses the same HiCache settings
     from both (write-through, the profile's ratio)."""
-    import shlex
-
     from adapter.ops import check
     from devkit.gate import hicache_leg
 
     args = hicache_leg.launch_args()
-    profile_words = shlex.split(env.read_env_file(str(hicache_leg.PROFILE))[check.LAUNCH_KEY])
+    profile_words = env.read_env_file(str(hicache_leg.PROFILE))[check.LAUNCH_KEY].split()
     assert check.parse_launch(list(args)).hicache == check.parse_launch(profile_words).hicache
     assert check.parse_launch(list(args)).hicache["write_policy"] == "write_through"
     assert all(a == "--enable-hierarchical-cache" or a.startswith("--hicache-") or not a.startswith("-") for a in args)
