@@ -41,6 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--share", type=_fraction, default=1.0, help="replay a seeded fraction of the sessions "
                         "(one instance's share of a cluster's trace), e.g. 0.25 or 1/16")
     parser.add_argument("--seed", type=int, default=0, help="the --share sample's seed")
+    parser.add_argument("--session-key", metavar="FIELD", help="the trace's session or conversation id field: "
+                        "a request continues the latest earlier one with the same id (instead of the heuristic "
+                        "on hash_ids)")
     parser.add_argument("--time-scale", type=float, default=1.0, help="multiply the trace's timestamps")
     parser.add_argument("--policies", help="comma-separated subset of " + ", ".join(_policies()) + " (default: "
                         "those without +hicache, and those with it too when the profile's launch line has "
@@ -133,13 +136,16 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
     # One thread: the replay is sequential, and torch's small index writes on two threads of a
     # shared machine cost 100x more than on one (measured: 11 ms vs 0.05 ms for 8192 slots).
     torch.set_num_threads(1)
-    parsed = trace.read(args.trace)  # a malformed line fails before SGLang is imported
+    session_key = getattr(args, "session_key", None)
+    parsed = trace.read(args.trace, session_key)  # a malformed line fails before SGLang is imported
+    share = args.share
+    links = trace.link_sessions(parsed, session_key)
+    requests = trace.sample_sessions(parsed, share, args.seed)  # an empty share fails here, before SGLang
     geo = fleet.resolve(args.env_file, args.model, args.kv_tokens, args.swa_prefix_tails, args.cone_tokens,
                         args.hicache_ratio)
     if args.policies is None:
         policies = list(fleet.POLICIES if args.hicache else geo.default_policies())
-    share = args.share
-    requests = trace.prepare(parsed, geo.page, share, args.seed)
+    trace.TokenBuilder(geo.page).build(requests, {r.index: r for r in requests})
     if args.quick:
         requests = _first_sessions(requests, QUICK_REQUESTS)
     ideal = engine.ideal_prefixes(requests, geo.page)
@@ -147,6 +153,7 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
     print(f"simulate {args.trace}: {len(requests)} requests ({sum(r.parent is None for r in requests)} sessions, "
           f"{sum(r.parent is not None for r in requests)} continuation turns), share {share:g} (seed {args.seed})"
           f"{', --quick sample' if args.quick else ''}, time scale {args.time_scale:g}")
+    print(links.describe())
     print(f"geometry: {geo.describe()}")
     print("prompts rounded up to whole pages, a finished turn keeps whole pages of prompt + output - 1; "
           "prefill / TTFT modelled with the decode-yield cost model "
@@ -161,7 +168,7 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
     print()
     print(report.table(rows, ideal_row))
     out: dict[str, Any] = {"trace": str(args.trace), "requests": len(requests), "share": share, "seed": args.seed,
-                           "quick": args.quick, "geometry": geo.as_dict(),
+                           "quick": args.quick, "sessions": links.as_dict(), "geometry": geo.as_dict(),
                            "cost_model": dict(coef.items(), source=coef.source),
                            "policies": rows, "ideal": ideal_row}
     if args.sweep:
@@ -246,7 +253,7 @@ def _describe(coef: Any) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from devkit.simulate.trace import TraceError
+    from devkit.simulate.trace import ShareError, TraceError
 
     if args.plot:
         try:
@@ -257,7 +264,7 @@ def main(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     try:
         out = simulate(args)
-    except TraceError as exc:
+    except (TraceError, ShareError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     out["wall_s"] = round(time.perf_counter() - start, 1)

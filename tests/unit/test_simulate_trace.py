@@ -76,3 +76,87 @@ def test_share_keeps_whole_sessions_and_is_seeded(tmp_path):
     assert all(sum(r.session == s for r in kept) == 2 for s in sessions)
     with pytest.raises(ValueError, match="--share"):
         trace.sample_sessions(kept, 1.5, 0)
+
+
+def _parents(requests):
+    return [r.parent for r in requests]
+
+
+def test_a_one_block_prompt_shared_by_many_requests_never_makes_a_parent(tmp_path):
+    """Block 0 is a shared system prompt: requests of one full block plus a short message, and
+    longer ones extending it with their own documents (different full blocks). Every length grows
+    past the one before's prompt + output (the old rule linked each to the one before); none is a
+    continuation: the one-block prefix is a branch point."""
+    rows = [_row(10 * i, 520 + 40 * i, 4, [0, 100 + i]) for i in range(6)]
+    rows += [_row(100 + i, 2048, 4, [0, 200 + 3 * i, 201 + 3 * i, 202 + 3 * i]) for i in range(3)]
+    requests = trace.read(_write(tmp_path, rows))
+    stats = trace.link_sessions(requests)
+    assert _parents(requests) == [None] * 9 and stats.linked == 0 and stats.roots == 9
+    assert stats.refused["branch point"] == 8  # every request after the first had a one-block candidate
+    assert "0 requests linked to a parent, 9 roots" in stats.describe() and "8 branch point" in stats.describe()
+
+
+def test_a_shared_prompt_whose_users_add_less_than_a_block_is_not_a_conversation(tmp_path):
+    """No request extends block 0 with a full block (no branch to see), but their lengths are not one
+    growing conversation (the third is shorter than the second's prompt + output): block 0 is a
+    shared prefix and links nothing; the second's candidate is refused as that too, the third's as
+    shorter than its history."""
+    rows = [_row(0, 600, 20, [0, 1]), _row(1, 700, 20, [0, 2]), _row(2, 650, 20, [0, 3])]
+    requests = trace.read(_write(tmp_path, rows))
+    stats = trace.link_sessions(requests)
+    assert _parents(requests) == [None, None, None]
+    assert stats.refused == {"branch point": 0, "shorter than its history": 1, "shared prefix": 1}
+
+
+def test_multi_turn_sessions_beside_a_shared_system_prompt_still_link(tmp_path):
+    """Two conversations open with the shared one-block prompt 0 (and a stranger uses it too): each
+    later turn carries its earlier turn's prompt + output (the parent's full blocks, then new ones),
+    so turns link to their own conversation and the shared prompt links nothing."""
+    rows = [
+        _row(0, 700, 5, [0, 99]),                        # a stranger on the shared prompt
+        _row(1, 1100, 60, [0, 10, 11]),                  # A1
+        _row(2, 1200, 30, [0, 20, 21]),                  # B1
+        _row(3, 1700, 40, [0, 10, 12, 13]),              # A2: A1's full blocks (0, 10) + new
+        _row(4, 1600, 30, [0, 20, 22, 23]),              # B2
+        _row(5, 2600, 40, [0, 10, 12, 14, 15, 16]),      # A3: A2's full blocks (0, 10, 12) + new
+    ]
+    requests = trace.read(_write(tmp_path, rows))
+    stats = trace.link_sessions(requests)
+    assert _parents(requests) == [None, None, None, 1, 2, 3]
+    assert [r.session for r in requests] == [0, 1, 2, 1, 2, 1]
+    # A1 and B1 were offered the stranger (its one full block, 0): a branch point
+    assert stats.linked == 3 and stats.roots == 3 and stats.refused["branch point"] == 2
+
+
+def test_an_explicit_session_key_decides_instead_of_the_heuristic(tmp_path):
+    """With --session-key conv, the id decides: two requests on the shared block 0 that the heuristic
+    keeps apart (a shared prefix) are one conversation when the trace says so, and a request the
+    heuristic links (it carries all of y's full blocks and outgrows y's prompt + output) is a new
+    session when its id is new. A line without the field is an error
+    naming the line and the field."""
+    rows = [dict(_row(0, 700, 5, [0, 1]), conv="x"), dict(_row(1, 1024, 5, [0, 2]), conv="y"),
+            dict(_row(2, 900, 5, [0, 3]), conv="x"), dict(_row(3, 1100, 5, [0, 2, 7]), conv=7)]
+    path = _write(tmp_path, rows)
+    heuristic = trace.read(path)
+    trace.link_sessions(heuristic)
+    assert _parents(heuristic) == [None, None, None, 1]
+    keyed = trace.read(path, session_key="conv")
+    stats = trace.link_sessions(keyed, session_key="conv")
+    assert _parents(keyed) == [None, None, 0, None] and [r.session for r in keyed] == [0, 1, 0, 3]
+    assert stats.linked == 1 and stats.roots == 3 and "session key 'conv'" in stats.describe()
+    bad = _write(tmp_path, [dict(_row(0, 700, 5, [0, 1]), conv="x"), _row(1, 800, 5, [0, 2])], name="bad.jsonl")
+    with pytest.raises(trace.TraceError, match=r":2: conv=None: expected a session id"):
+        trace.read(bad, session_key="conv")
+
+
+@pytest.mark.parametrize(("sessions", "share", "said"), [
+    (1, 0.5, "--share=0.5: the trace has 1 session"),
+    (3, 1 / 16, "--share=0.0625 (seed 0) keeps none of the trace's 3 sessions"),
+])
+def test_a_share_that_keeps_no_session_is_an_error_naming_the_share_and_the_session_count(tmp_path, sessions, share,
+                                                                                          said):
+    rows = [_row(i, 512, 4, [1000 + i]) for i in range(sessions)]
+    requests = trace.read(_write(tmp_path, rows))
+    trace.link_sessions(requests)
+    with pytest.raises(trace.ShareError, match=said.replace("(", r"\(").replace(")", r"\)")):
+        trace.sample_sessions(requests, share, 0)
