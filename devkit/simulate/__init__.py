@@ -92,8 +92,9 @@ def _fraction(text: str) -> float:
 
 
 def run_policy(policy: str, fleet: Any, requests: list[Any], time_scale: float = 1.0,
-               progress: bool = True, coef: Any = None) -> tuple[list[Any], dict[str, Any]]:
-    """One policy's replay on a fresh cache: its turns and figures (leak check included)."""
+               progress: bool = True, coef: Any = None, share: float = 1.0) -> tuple[list[Any], dict[str, Any]]:
+    """One policy's replay on a fresh cache: its turns and figures (leak check and load included;
+    ``share``: the fraction of the trace ``requests`` are, for the share that keeps up)."""
     from adapter.switches.decode_yield import cost_model
     from devkit.simulate import engine, report
     from devkit.simulate.fleet import build_kit, uninstall
@@ -110,6 +111,7 @@ def run_policy(policy: str, fleet: Any, requests: list[Any], time_scale: float =
         kit.cache.sanity_check()
         row = report.summarize(turns, wall, dict(cone_replay.FALLBACKS) if "cone" in policy else None,
                                hicache=kit.cache.cache_controller is not None)
+        row.update(report.load_figures(turns, replay.busy_fs, replay.span_fs, share))
         row["leak"] = leak["full"] + leak["swa"]
     finally:
         if bar is not None:
@@ -162,11 +164,13 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
     rows: dict[str, dict[str, Any]] = {}
     all_turns: dict[str, list[Any]] = {}
     for policy in policies:
-        turns, row = run_policy(policy, geo, requests, args.time_scale, coef=coef)
+        turns, row = run_policy(policy, geo, requests, args.time_scale, coef=coef, share=share)
         rows[policy], all_turns[policy] = row, turns
     ideal_row = report.ideal_summary(next(iter(all_turns.values())), ideal) if all_turns else {}
     print()
     print(report.table(rows, ideal_row))
+    for line in report.overload_lines(rows):
+        print(line)
     out: dict[str, Any] = {"trace": str(args.trace), "requests": len(requests), "share": share, "seed": args.seed,
                            "quick": args.quick, "sessions": links.as_dict(), "geometry": geo.as_dict(),
                            "cost_model": dict(coef.items(), source=coef.source),
@@ -199,7 +203,7 @@ def sweep(args: argparse.Namespace, geo: Any, requests: list[Any], coef: Any) ->
             g = dataclasses.replace(geo, tails=value, swa_pool=pool)
         else:
             g = dataclasses.replace(geo, cone_tokens=value)
-        _, row = run_policy(policy, g, requests, args.time_scale, coef=coef)
+        _, row = run_policy(policy, g, requests, args.time_scale, coef=coef, share=args.share)
         result.setdefault(f"{policy} {knob}", {})[str(value)] = row["recomputed_tokens"]
         rows.setdefault(f"{policy} {knob}", {})[str(value)] = {
             k: row[k] for k in ("recomputed_tokens", "recomputed_tokens_continuation", "resume_hit_rate",

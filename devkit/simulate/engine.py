@@ -70,6 +70,9 @@ class Replay:
         self.coef, self.time_scale, self.progress = coef, time_scale, progress or (lambda n: None)
         self.by_index = {r.index: r for r in requests}
         self.page = kit.geometry.page
+        self.busy_fs = 0  # modelled time the instance computed (prefill passes and decode steps)
+        arrivals = [self._arrival_fs(r) for r in requests]
+        self.span_fs = max(arrivals) - min(arrivals) if arrivals else 0  # the trace's arrival span
 
     def _arrival_fs(self, r: Request) -> int:
         return int(r.arrival_ms * self.time_scale * FS_PER_MS)
@@ -155,7 +158,9 @@ class Replay:
                 else:
                     pending_done.append((r, ct, turn))
             if rows:
-                t += cost_model.chunk_cost(rows, self.coef)
+                cost = cost_model.chunk_cost(rows, self.coef)
+                t += cost
+                self.busy_fs += cost
                 for r, ct, turn in pending_done:
                     prefilled(r, ct, turn)
                 self._finish_ready(decoding, finished, t)
@@ -169,7 +174,9 @@ class Replay:
             if ready and not waiting:
                 steps = min(steps, max(1, -(-(ready[0][0] - t) // max(step_fs, 1))))
             steps = max(1, steps)
-            t += steps * self._step_fs(decoding, steps // 2)
+            cost = steps * self._step_fs(decoding, steps // 2)
+            t += cost
+            self.busy_fs += cost
             for d in decoding:
                 d[2] -= steps
                 d[3] += steps

@@ -6,6 +6,7 @@ the Full pool large so that Full KV stays."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -154,6 +155,10 @@ def test_the_cli_replays_a_trace_at_the_profiles_geometry_and_ends_with_one_json
     assert cli.main(["simulate", str(path), "--json", "--hicache"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
     result = json.loads(out[-1])
+    assert "sessions (heuristic): 1 requests linked to a parent, 2 roots; candidate parents refused: 0 branch point, " \
+           "0 shorter than its history, 0 shared prefix" in out
+    assert result["sessions"] == {"linked": 1, "roots": 2, "rule": "heuristic", "refused": dict.fromkeys(
+        trace.REFUSALS, 0)}
     assert result["geometry"]["page"] == 256 and result["geometry"]["tails"] == 384
     assert result["geometry"]["swa_pool"] > 384 * (128 + 256)  # the request cap plus the tails' headroom
     assert result["cost_model"]["source"] == "default"
@@ -187,3 +192,23 @@ def test_the_sweep_picks_the_smallest_setting_within_one_percent_of_the_best(tmp
                                                         if r["recomputed_tokens"] <= best * 1.01), knob
     assert out["smallest_within_1pct"]["thin+cone cone_tokens"] == 32
     assert "smallest within 1 % of the best" in capsys.readouterr().out
+
+
+def test_an_instance_that_cannot_keep_up_is_called_overloaded_with_the_share_that_keeps_up(tmp_path):
+    """Sixteen strangers of 2,048 tokens 1 ms apart: the modelled instance computes far longer than
+    the 15 ms the arrivals span, TTFT grows from the first quarter to the last, the table shows
+    "overloaded" instead of TTFT figures, and the output names --share 1/k, k = busy / span rounded
+    up. The same requests 100 s apart are served: not overloaded, TTFT printed."""
+    from devkit.simulate import report
+
+    burst = _trace(tmp_path, [(i, 2048, 8, [100 + 4 * i + j for j in range(4)]) for i in range(16)])
+    _, row = _replay("stock", burst, swa_pool=768 * 16)
+    assert row["overloaded"] and row["busy_s_modelled"] > row["span_s"] == 0.0  # 15 ms: rounds to 0.0 s
+    assert row["ttft_s_modelled_last_quarter"] > row["ttft_s_modelled_first_quarter"]
+    assert row["keeps_up_share"] == pytest.approx(0.015 / row["busy_s_modelled"], rel=0.05)
+    (line,) = report.overload_lines({"stock": row})
+    assert line.startswith("OVERLOADED (stock)") and f"--share 1/{math.ceil(1 / row['keeps_up_share'])} " in line
+    assert "overloaded" in report.table({"stock": row}, {"recomputed_tokens": 0, "recomputed_tokens_continuation": 0})
+    spread = _trace(tmp_path, [(100_000 * i, 2048, 8, [100 + 4 * i + j for j in range(4)]) for i in range(16)])
+    _, calm = _replay("stock", spread, swa_pool=768 * 16)
+    assert not calm["overloaded"] and calm["keeps_up_share"] is None and report.overload_lines({"stock": calm}) == []
