@@ -111,7 +111,7 @@ def run_policy(policy: str, fleet: Any, requests: list[Any], time_scale: float =
         kit.cache.sanity_check()
         row = report.summarize(turns, wall, dict(cone_replay.FALLBACKS) if "cone" in policy else None,
                                hicache=kit.cache.cache_controller is not None)
-        row.update(report.load_figures(turns, replay.busy_fs, replay.span_fs, share))
+        row.update(report.load_figures(turns, replay.prefill_busy_fs, replay.busy_fs, replay.span_fs, share))
         row["leak"] = leak["full"] + leak["swa"]
     finally:
         if bar is not None:

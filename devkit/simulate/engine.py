@@ -71,6 +71,7 @@ class Replay:
         self.by_index = {r.index: r for r in requests}
         self.page = kit.geometry.page
         self.busy_fs = 0  # modelled time the instance computed (prefill passes and decode steps)
+        self.prefill_busy_fs = 0  # ... of it, prefill passes
         arrivals = [self._arrival_fs(r) for r in requests]
         self.span_fs = max(arrivals) - min(arrivals) if arrivals else 0  # the trace's arrival span
 
@@ -161,6 +162,7 @@ class Replay:
                 cost = cost_model.chunk_cost(rows, self.coef)
                 t += cost
                 self.busy_fs += cost
+                self.prefill_busy_fs += cost
                 for r, ct, turn in pending_done:
                     prefilled(r, ct, turn)
                 self._finish_ready(decoding, finished, t)

@@ -50,29 +50,33 @@ def summarize(turns: list[Turn], wall_s: float, fallbacks: dict[str, int] | None
     }
 
 
-def load_figures(turns: list[Turn], busy_fs: int, span_fs: int, share: float) -> dict[str, Any]:
-    """Whether one modelled instance keeps up with the offered load. Overloaded: it computed
-    (prefill and decode, modelled) longer than the trace's arrivals span, so its queue, and TTFT
-    with it, grows for as long as the trace lasts; TTFT figures are then queueing artefacts of the
-    trace's length, not the instance's latency. ``keeps_up_share``: the work scales with the share
-    of sessions, so about ``share * span / busy`` of the trace is what one instance serves."""
+def load_figures(turns: list[Turn], prefill_fs: int, busy_fs: int, span_fs: int, share: float) -> dict[str, Any]:
+    """Whether one modelled instance keeps up with the offered load. Overloaded: its prefill passes
+    alone (modelled) take longer than the trace's arrivals span. Prefill work does not batch away
+    (a pass costs about its tokens; decode steps serve every running request at once), so the
+    waiting queue, and TTFT with it, grows for as long as the trace lasts: TTFT figures are then
+    queueing artefacts of the trace's length, not the instance's latency. ``keeps_up_share``: the
+    work scales with the share of sessions, so at most ``share * span / prefill`` of the trace is
+    what one instance serves (decode steps take some of the span too). ``busy_s_modelled``: prefill
+    and decode together."""
     ran = sorted((t for t in turns if not t.skipped), key=lambda t: t.ready_fs)
     quarter = max(1, len(ran) // 4)
 
     def mean_ttft(ts: list[Turn]) -> float | None:
         return round(sum(t.first_token_fs - t.ready_fs for t in ts) / len(ts) / FS_PER_S, 2) if ts else None
 
-    overloaded = busy_fs > span_fs
-    keeps_up = share * span_fs / busy_fs if overloaded and span_fs else None
-    return {"busy_s_modelled": round(busy_fs / FS_PER_S, 1), "span_s": round(span_fs / FS_PER_S, 1),
-            "overloaded": overloaded, "keeps_up_share": float(f"{keeps_up:.4g}") if keeps_up is not None else None,
+    overloaded = prefill_fs > span_fs
+    keeps_up = share * span_fs / prefill_fs if overloaded and span_fs else None
+    return {"prefill_busy_s_modelled": round(prefill_fs / FS_PER_S, 1), "busy_s_modelled": round(busy_fs / FS_PER_S, 1),
+            "span_s": round(span_fs / FS_PER_S, 1), "overloaded": overloaded,
+            "keeps_up_share": float(f"{keeps_up:.4g}") if keeps_up is not None else None,
             "ttft_s_modelled_first_quarter": mean_ttft(ran[:quarter]),
             "ttft_s_modelled_last_quarter": mean_ttft(ran[-quarter:])}
 
 
 def overload_lines(rows: dict[str, dict[str, Any]]) -> list[str]:
-    """One line per overloaded policy: the work beside the span, TTFT's growth and the share at
-    which one instance keeps up (as ``--share 1/k``)."""
+    """One line per overloaded policy: the prefill work beside the span, TTFT's growth and the share
+    at which one instance keeps up (as ``--share 1/k``)."""
     out = []
     for policy, row in rows.items():
         if not row.get("overloaded"):
@@ -80,10 +84,11 @@ def overload_lines(rows: dict[str, dict[str, Any]]) -> list[str]:
         share = row["keeps_up_share"]
         keeps = (f"one instance keeps up at about --share 1/{math.ceil(1 / share)} or less" if share else
                  "every arrival is at one instant: no share keeps up (stretch it with --time-scale)")
-        out.append(f"OVERLOADED ({policy}): one instance computes {row['busy_s_modelled']:,} s (modelled) for "
-                   f"{row['span_s']:,} s of arrivals; its queue grows (TTFT mean {row['ttft_s_modelled_first_quarter']}"
-                   f" s in the first quarter, {row['ttft_s_modelled_last_quarter']} s in the last), so its TTFT "
-                   f"figures are queueing artefacts; {keeps}")
+        out.append(f"OVERLOADED ({policy}): one instance prefills for {row['prefill_busy_s_modelled']:,} s (modelled) "
+                   f"over {row['span_s']:,} s of arrivals; its queue grows (TTFT mean "
+                   f"{row['ttft_s_modelled_first_quarter']} s in the first quarter, "
+                   f"{row['ttft_s_modelled_last_quarter']} s in the last), so its TTFT figures are queueing "
+                   f"artefacts; {keeps}")
     return out
 
 

@@ -195,17 +195,17 @@ def test_the_sweep_picks_the_smallest_setting_within_one_percent_of_the_best(tmp
 
 
 def test_an_instance_that_cannot_keep_up_is_called_overloaded_with_the_share_that_keeps_up(tmp_path):
-    """Sixteen strangers of 2,048 tokens 1 ms apart: the modelled instance computes far longer than
+    """Sixteen strangers of 2,048 tokens 1 ms apart: the modelled instance prefills far longer than
     the 15 ms the arrivals span, TTFT grows from the first quarter to the last, the table shows
-    "overloaded" instead of TTFT figures, and the output names --share 1/k, k = busy / span rounded
+    "overloaded" instead of TTFT figures, and the output names --share 1/k, k = prefill / span rounded
     up. The same requests 100 s apart are served: not overloaded, TTFT printed."""
     from devkit.simulate import report
 
     burst = _trace(tmp_path, [(i, 2048, 8, [100 + 4 * i + j for j in range(4)]) for i in range(16)])
     _, row = _replay("stock", burst, swa_pool=768 * 16)
-    assert row["overloaded"] and row["busy_s_modelled"] > row["span_s"] == 0.0  # 15 ms: rounds to 0.0 s
+    assert row["overloaded"] and row["prefill_busy_s_modelled"] > row["span_s"] == 0.0  # 15 ms: rounds to 0.0 s
     assert row["ttft_s_modelled_last_quarter"] > row["ttft_s_modelled_first_quarter"]
-    assert row["keeps_up_share"] == pytest.approx(0.015 / row["busy_s_modelled"], rel=0.05)
+    assert row["keeps_up_share"] == pytest.approx(0.015 / row["prefill_busy_s_modelled"], rel=0.05)
     (line,) = report.overload_lines({"stock": row})
     assert line.startswith("OVERLOADED (stock)") and f"--share 1/{math.ceil(1 / row['keeps_up_share'])} " in line
     assert "overloaded" in report.table({"stock": row}, {"recomputed_tokens": 0, "recomputed_tokens_continuation": 0})
