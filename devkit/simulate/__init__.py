@@ -203,7 +203,7 @@ def sweep(args: argparse.Namespace, geo: Any, requests: list[Any], coef: Any) ->
             g = dataclasses.replace(geo, tails=value, swa_pool=pool)
         else:
             g = dataclasses.replace(geo, cone_tokens=value)
-        _, row = run_policy(policy, g, requests, args.time_scale, coef=coef, share=args.share)
+        _, row = run_policy(policy, g, requests, args.time_scale, coef=coef, share=getattr(args, "share", 1.0))
         result.setdefault(f"{policy} {knob}", {})[str(value)] = row["recomputed_tokens"]
         rows.setdefault(f"{policy} {knob}", {})[str(value)] = {
             k: row[k] for k in ("recomputed_tokens", "recomputed_tokens_continuation", "resume_hit_rate",

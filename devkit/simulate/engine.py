@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import heapq
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from devkit.simulate.trace import Request, materialize
+from devkit.testkit.radix_cache import OUTPUT_TOKEN
 
 FS_PER_MS = 10**12
 
@@ -51,6 +53,8 @@ class Turn:
     first_token_fs: int = 0
     prefill_fs: int = 0  # modelled cost of this request's own rows (each pass priced alone)
     skipped: bool = False  # the pool cannot hold it even with nothing running
+    retractions: int = 0  # times the decode retracted it (the pool ran out)
+    retracted_tokens: int = 0  # tokens its re-admissions prefilled again
 
     @property
     def recomputed(self) -> int:
@@ -59,6 +63,51 @@ class Turn:
     @property
     def history_recomputed(self) -> int:
         return max(0, min(self.history, self.prompt) - self.prefix)
+
+
+@dataclass
+class Running:
+    """A request admitted under the replay: its cone turn (``ct.req`` is the live ``Req``), the
+    tokens it prefills (the prompt, plus whole pages of output after a retraction) and the output
+    tokens it has sampled."""
+
+    r: Request
+    ct: Any
+    turn: Turn
+    prompt_len: int
+    decoded: int
+    readmitted: bool = False  # after a retraction
+    page_end: int = 0  # the end of the row's pages (the prompt's, then one a page of decode)
+
+    def __post_init__(self) -> None:
+        self.page_end = self.page_end or self.prompt_len
+
+    @property
+    def left(self) -> int:
+        """Decode steps left: the last output token is sampled, never run (prompt + output - 1 KV)."""
+        return self.r.output_length - self.decoded
+
+    @property
+    def room(self) -> int:
+        """Slots left in the row's last page past the committed KV (0: the next step needs a page).
+        As SGLang's paged decode allocation: a page is taken at the boundary, its slots are used one
+        a step (``kv_allocated_len`` stays the committed length)."""
+        return self.page_end - self.ct.req.kv.kv_committed_len
+
+    def sync_output(self) -> Any:
+        """The live Req with its sampled tokens (what PrefillAdder's offset and the retraction order
+        read), returned."""
+        req = self.ct.req
+        n = self.decoded - (self.prompt_len - self.r.prompt_len)
+        if len(req.output_ids) != n:
+            req.output_ids = array("q", [OUTPUT_TOKEN]) * n
+        return req
+
+    def step(self, steps: int) -> None:
+        kv = self.ct.req.kv
+        self.decoded += steps
+        kv.kv_committed_len += steps
+        kv.kv_allocated_len = kv.kv_committed_len
 
 
 class Replay:
@@ -70,6 +119,17 @@ class Replay:
         self.coef, self.time_scale, self.progress = coef, time_scale, progress or (lambda n: None)
         self.by_index = {r.index: r for r in requests}
         self.page = kit.geometry.page
+        from sglang.srt.environ import envs
+        from sglang.srt.managers.scheduler_components.new_token_ratio_tracker import NewTokenRatioTracker
+
+        # The scheduler's new_token_ratio: SGLang's tracker at its defaults (conservativeness 1.0).
+        init = min(envs.SGLANG_INIT_NEW_TOKEN_RATIO.get(), 1.0)
+        low = min(init * envs.SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR.get(), 1.0)
+        self.ratio = NewTokenRatioTracker(init=init, min=low, decay=(init - low) / envs.SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS.get(),
+                                          current=init)
+        self.retractions = 0
+        self.events: list[dict[str, Any]] = []  # one a retraction: who, when (tokens decoded), the pool
+        self.retracted: dict[int, tuple[int, Turn]] = {}  # trace index -> (output tokens kept, its turn)
         self.busy_fs = 0  # modelled time the instance computed (prefill passes and decode steps)
         self.prefill_busy_fs = 0  # ... of it, prefill passes
         arrivals = [self._arrival_fs(r) for r in requests]
@@ -79,6 +139,8 @@ class Replay:
         return int(r.arrival_ms * self.time_scale * FS_PER_MS)
 
     def run(self) -> list[Turn]:
+        from sglang.srt.managers.schedule_batch import ScheduleBatch
+
         from adapter.switches.decode_yield import cost_model
         from devkit.testkit import cone
 
@@ -89,8 +151,8 @@ class Replay:
             if r.parent not in self.by_index:
                 heapq.heappush(ready, (self._arrival_fs(r), r.index))
         waiting: deque[tuple[int, Request]] = deque()
-        chunked: tuple[Request, Any, Turn] | None = None
-        decoding: list[list[Any]] = []  # [request, cone turn, steps left, context length]
+        chunked: Running | None = None
+        decoding: list[Running] = []
         t, done = 0, 0
 
         def finished(r: Request, at: int) -> None:
@@ -102,10 +164,6 @@ class Replay:
                 if c is not None:
                     heapq.heappush(ready, (max(at, self._arrival_fs(c)), c.index))
 
-        def prefilled(r: Request, ct: Any, turn: Turn) -> None:
-            turn.first_token_fs = t
-            decoding.append([r, ct, max(0, r.output_length - 1), r.prompt_len])
-
         while ready or waiting or chunked or decoding:
             # HiCache: the copies the last pass queued have landed (the scheduler's
             # check_hicache_events each pass); a node stays locked while its backup is in flight.
@@ -114,64 +172,86 @@ class Replay:
                 at, i = heapq.heappop(ready)
                 waiting.append((at, self.by_index[i]))
             if not (waiting or chunked or decoding):
+                self.ratio.reset()  # the scheduler's idle pass
                 t = ready[0][0]
                 continue
             rows: list[tuple[int, int]] = []
             budget = self.chunk
+            pending_done: list[Running] = []
             if chunked is not None:
-                r, ct, turn = chunked
-                start = ct.pos
-                end = min(r.prompt_len, start + budget)
-                cone.prefill_pass(kit, ct, end)
+                x = chunked
+                start = x.ct.pos
+                end = min(x.prompt_len, start + budget)
+                cone.prefill_pass(kit, x.ct, end)
                 rows.append((end - start, start))
-                turn.prefill_fs += cost_model.chunk_cost([(end - start, start)], self.coef)
+                x.turn.prefill_fs += cost_model.chunk_cost([(end - start, start)], self.coef)
                 budget -= end - start
-                if ct.pos >= r.prompt_len:
+                if x.ct.pos >= x.prompt_len:
                     chunked = None
-                    pending_done = [(r, ct, turn)]
-                else:
-                    pending_done = []
-            else:
-                pending_done = []
+                    pending_done.append(x)
             while waiting and budget > 0 and chunked is None and len(decoding) + len(pending_done) < self.max_running:
                 at, r = waiting[0]
+                again = self.retracted.get(r.index)  # (decoded tokens kept, the turn) of a retracted request
+                decoded = again[0] if again else 0
                 tokens = materialize(r.prompt)
-                probe = self._probe(r, tokens)
+                if decoded:
+                    tokens.extend([OUTPUT_TOKEN] * decoded)
+                probe = self._probe(r, tokens) if again is None else (False, False)
                 loaded_before = kit.loaded_from_host
-                ct = cone.start_turn(kit, tokens, r.output_length, self.chunk, budget=budget, rid=f"t{r.index}")
+                # The running batch's future decode tokens are reserved (PrefillAdder's offset at
+                # the scheduler's new_token_ratio): the decoding requests, and those admitted or
+                # chunked in this pass (they join the running batch after it).
+                batch = [y.sync_output() for y in (*decoding, *pending_done)]
+                ct = cone.start_turn(kit, tokens, r.output_length - decoded, self.chunk, budget=budget,
+                                     rid=f"t{r.index}" + (f"r{self.retractions}" if again else ""),
+                                     running_batch=ScheduleBatch(reqs=batch), new_token_ratio=self.ratio.current)
                 if ct is None:
                     if decoding or pending_done or rows:
                         break  # memory: wait for running requests to finish
                     waiting.popleft()  # nothing runs and it still does not fit: it never will
-                    turns[r.index] = self._turn(r, None, at, skipped=True)
+                    if again is None:
+                        turns[r.index] = self._turn(r, None, at, skipped=True)
+                    else:
+                        again[1].skipped = True
                     finished(r, t)
                     continue
                 waiting.popleft()
-                turn = turns[r.index] = self._turn(r, ct, at)
-                turn.full_lost, turn.window_lost = probe
-                turn.loaded = kit.loaded_from_host - loaded_before
                 first = ct.pos - ct.prefix_len
+                if again is None:
+                    turn = turns[r.index] = self._turn(r, ct, at)
+                    turn.full_lost, turn.window_lost = probe
+                    turn.loaded = kit.loaded_from_host - loaded_before
+                else:
+                    del self.retracted[r.index]
+                    turn = again[1]
+                    turn.retracted_tokens += len(tokens) - ct.prefix_len  # the re-prefill
                 rows.append((first, ct.prefix_len))
                 turn.prefill_fs += cost_model.chunk_cost([(first, ct.prefix_len)], self.coef)
                 budget -= first
-                if ct.pos < r.prompt_len:
-                    chunked = (r, ct, turn)
+                x = Running(r, ct, turn, len(tokens), decoded, readmitted=again is not None)
+                if ct.pos < len(tokens):
+                    chunked = x
                 else:
-                    pending_done.append((r, ct, turn))
+                    pending_done.append(x)
             if rows:
                 cost = cost_model.chunk_cost(rows, self.coef)
                 t += cost
                 self.busy_fs += cost
                 self.prefill_busy_fs += cost
-                for r, ct, turn in pending_done:
-                    prefilled(r, ct, turn)
+                for x in pending_done:
+                    if not x.readmitted:
+                        x.turn.first_token_fs = t
+                    x.decoded += 1  # the prefill samples a token
+                    decoding.append(x)
                 self._finish_ready(decoding, finished, t)
                 continue
             if not decoding:
                 # A waiting request that cannot be admitted while nothing runs was skipped above;
                 # with a chunked request the loop always prefills. Nothing else can stall here.
                 raise RuntimeError("simulate: no progress (waiting requests but no batch)")
-            steps = min(d[2] for d in decoding)
+            for x in self._grow(decoding):  # a page for each request at a page boundary, or retraction
+                waiting.appendleft((x.turn.ready_fs, x.r))
+            steps = min(min(x.left for x in decoding), min(x.room for x in decoding))
             step_fs = self._step_fs(decoding, 0)
             if ready and not waiting:
                 steps = min(steps, max(1, -(-(ready[0][0] - t) // max(step_fs, 1))))
@@ -179,30 +259,84 @@ class Replay:
             cost = steps * self._step_fs(decoding, steps // 2)
             t += cost
             self.busy_fs += cost
-            for d in decoding:
-                d[2] -= steps
-                d[3] += steps
+            for x in decoding:
+                x.step(steps)
+            for _ in range(steps):
+                self.ratio.decay_step()
             self._finish_ready(decoding, finished, t)
         out = [turns[r.index] for r in self.requests]
         return out
 
-    def _finish_ready(self, decoding: list[list[Any]], finished: Callable[[Request, int], None], t: int) -> None:
+    def _grow(self, decoding: list[Running]) -> list[Running]:
+        """Before a decode step: every request whose KV fills its last page gets a new one (SGLang's
+        ``new_tokens_required_next_decode``); when the pool cannot give them after eviction
+        (``check_decode_capacity``), requests are retracted in ``retract_decode``'s order (fewest
+        output tokens first, then the longest prompt; at least one stays) and released as
+        ``release_req`` does (no insert), and ``new_token_ratio`` is re-estimated from those left.
+        Returns the retracted, to be queued first. Out-of-window SWA of the running requests is
+        released as ``maybe_evict_swa`` does."""
+        from sglang.srt.managers.scheduler_components.new_token_ratio_tracker import NewTokenRatioTracker
+        from sglang.srt.mem_cache.common import release_kv_cache
+
+        kit, page = self.kit, self.page
+        for x in decoding:
+            x.sync_output()
+            kit.cache.evict_sliding_windows(x.ct.req, x.ct.req.seqlen - 1, eviction_interval=1)
+        retracted: list[Running] = []
+
+        def need(batch: list[Running]) -> int:
+            return page * sum(x.room == 0 for x in batch)
+
+        if need(decoding) and not kit.allocator.check_decode_capacity(num_tokens=need(decoding), tree_cache=kit.cache):
+            order = sorted(decoding, key=lambda x: (len(x.ct.req.output_ids), -len(x.ct.req.origin_input_ids)),
+                           reverse=True)
+            while len(order) > 1 and not kit.allocator.check_decode_capacity(num_tokens=need(order),
+                                                                                tree_cache=kit.cache):
+                demand = need(order)
+                x = order.pop()
+                self.events.append({"retracted": x.r.index, "decoded": x.decoded, "need": demand,
+                                    "free": kit.allocator.full_available_size(),
+                                    "running": {y.r.index: y.decoded for y in order}})
+                req = x.ct.req
+                release_kv_cache(req, kit.cache, checkpoint=False)
+                req.reset_for_retract()
+                x.ct.req = None
+                self.retractions += 1
+                x.turn.retractions += 1
+                kept = x.decoded // page * page  # re-prefilled as prompt + whole pages of output
+                self.retracted[x.r.index] = (kept, x.turn)
+                retracted.append(x)
+            decoding[:] = [x for x in decoding if x.ct.req is not None]
+            self.ratio.current = NewTokenRatioTracker.estimate_new_token_ratio_after_retract(
+                [x.ct.req for x in decoding])
+        for x in decoding:
+            if x.room == 0:
+                req = x.ct.req
+                kit.pool.write((req.kv.req_pool_idx, slice(x.page_end, x.page_end + page)), kit.alloc_pages(page))
+                x.page_end += page
+        return retracted
+
+    def _finish_ready(self, decoding: list[Running], finished: Callable[[Request, int], None], t: int) -> None:
         from devkit.testkit import cone
 
         still = []
-        for d in decoding:
-            if d[2] <= 0:
-                cone.end_turn(self.kit, d[1], d[0].out_tokens, history=False)
-                finished(d[0], t)
+        for x in decoding:
+            if x.left <= 0:
+                req = x.ct.req
+                # What the tree gets: prompt + output - 1 tokens of KV (the last sampled token never ran)
+                req.output_ids = array("q", [OUTPUT_TOKEN]) * (x.r.output_length - (x.prompt_len - x.r.prompt_len))
+                cone.finish(self.kit, req)
+                x.ct.req = None
+                finished(x.r, t)
             else:
-                still.append(d)
+                still.append(x)
         decoding[:] = still
 
-    def _step_fs(self, decoding: list[list[Any]], ahead: int) -> int:
+    def _step_fs(self, decoding: list[Running], ahead: int) -> int:
         from adapter.switches.decode_yield import cost_model
 
         k = self.coef.topk
-        lens = [d[3] + ahead for d in decoding]
+        lens = [x.ct.req.kv.kv_committed_len + ahead for x in decoding]
         return cost_model.decode_cost(len(lens), sum(lens), sum(min(n, k) for n in lens) if k else 0, self.coef)
 
     def _probe(self, r: Request, tokens: Any) -> tuple[bool, bool]:

@@ -38,6 +38,8 @@ def summarize(turns: list[Turn], wall_s: float, fallbacks: dict[str, int] | None
         "resume_hit_rate": round(hits / len(cont), 4) if cont else None,
         "resume_full_lost": sum(t.full_lost for t in cont),
         "resume_window_only_lost": sum(t.window_lost for t in cont),
+        "retractions": sum(t.retractions for t in turns),
+        "retracted_tokens": sum(t.retracted_tokens for t in turns),
         "cone_plans": sum(t.cone for t in ran),
         "cone_fallbacks": dict(fallbacks or {}),
         "host_loaded_tokens": sum(t.loaded for t in ran) if hicache else None,  # None: no host tier
@@ -103,6 +105,7 @@ COLUMNS = [
     ("policy", None), ("recomputed", "recomputed_tokens"), ("recomp. cont.", "recomputed_tokens_continuation"),
     ("history recomp.", "history_recomputed_tokens"), ("whole re-prefills", "whole_reprefills"),
     ("resume hit", "resume_hit_rate"), ("Full lost", "resume_full_lost"), ("window lost", "resume_window_only_lost"),
+    ("retractions", "retractions"), ("retracted tok.", "retracted_tokens"),
     ("cone plans", "cone_plans"), ("fallbacks", "cone_fallbacks"),
     ("host loaded", "host_loaded_tokens"), ("prefill s (model)", "prefill_s_modelled"),
     ("TTFT mean / p90 s (model)", None), ("req/s", "req_per_s"), ("leak", "leak"),

@@ -139,10 +139,13 @@ def cone_turn(kit: CacheKit, tokens: list[int], out_len: int, chunk: int | None 
 
 def start_turn(kit: CacheKit, tokens: Any, out_len: int, chunk: int | None = None,
                forward: Callable[[Any, int, int, dict[str, Any] | None], None] | None = None,
-               rid: str | None = None, budget: int | None = None) -> ConeTurn | None:
+               rid: str | None = None, budget: int | None = None, running_batch: Any = None,
+               new_token_ratio: float = 0.0) -> ConeTurn | None:
     """Match (the switch's plan), admission by a real ``PrefillAdder`` with ``budget`` chunk tokens
     left (default ``chunk``) and the first prefill pass (with the cone's copy). None when the adder
-    does not admit the request (memory or budget): its row is freed, nothing is locked."""
+    does not admit the request (memory or budget): its row is freed, nothing is locked.
+    ``running_batch`` (a ``ScheduleBatch``) and ``new_token_ratio``: the adder reserves the running
+    requests' future decode tokens as the scheduler's does."""
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -155,7 +158,7 @@ def start_turn(kit: CacheKit, tokens: Any, out_len: int, chunk: int | None = Non
     stock_prefix = plan.P if plan is not None else req.prefix_len
     # A real PrefillAdder selects the first pass [prefix, prefix + chunk): the switch's wrapper
     # keeps or drops the cone; _commit_prefill_admission locks req.last_node (F's node on a cone).
-    adder = _prefill_adder(kit, chunk if budget is None else budget)
+    adder = _prefill_adder(kit, chunk if budget is None else budget, running_batch, new_token_ratio)
     adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
     if adder.can_run_list != [req]:
         kit.pool.free(req)
@@ -230,12 +233,17 @@ def end_turn(kit: CacheKit, turn: ConeTurn, out_len: int,
     turn.req = None
 
 
-def _prefill_adder(kit: CacheKit, chunk: int) -> Any:
-    """A real ``PrefillAdder`` over the kit's cache and allocator (no running batch)."""
+def _prefill_adder(kit: CacheKit, chunk: int, running_batch: Any = None, new_token_ratio: float = 0.0) -> Any:
+    """A real ``PrefillAdder`` over the kit's cache and allocator (and the running batch, if any)."""
     from sglang.srt.managers.schedule_policy import PrefillAdder
 
-    return PrefillAdder(kit.geometry.page, kit.cache, kit.allocator, running_batch=None, new_token_ratio=0.0,
-                        rem_input_tokens=1 << 30, rem_chunk_tokens=chunk)
+    return PrefillAdder(kit.geometry.page, kit.cache, kit.allocator, running_batch=running_batch,
+                        new_token_ratio=new_token_ratio, rem_input_tokens=1 << 30, rem_chunk_tokens=chunk)
+
+
+def finish(kit: CacheKit, req: Any) -> None:
+    """Release a finished request as the scheduler does (its KV, page-floored, into the tree)."""
+    _finish(kit, req)
 
 
 def _finish(kit: CacheKit, req: Any) -> None:

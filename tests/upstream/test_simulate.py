@@ -13,7 +13,7 @@ import pytest
 from adapter.core import env
 from adapter.ops import cli
 from devkit import simulate
-from devkit.simulate import fleet, trace
+from devkit.simulate import engine, fleet, trace
 
 PAGE, WINDOW, CHUNK, N = 16, 8, 128, 64
 POLICIES = ("stock", "thin", "thin+cone")
@@ -212,3 +212,48 @@ def test_an_instance_that_cannot_keep_up_is_called_overloaded_with_the_share_tha
     spread = _trace(tmp_path, [(100_000 * i, 2048, 8, [100 + 4 * i + j for j in range(4)]) for i in range(16)])
     _, calm = _replay("stock", spread, swa_pool=768 * 16)
     assert not calm["overloaded"] and calm["keeps_up_share"] is None and report.overload_lines({"stock": calm}) == []
+
+
+def test_decode_that_outgrows_the_pool_retracts_the_request_with_fewest_outputs_as_the_engine_does(tmp_path):
+    """Full pool 1,024 tokens (64 pages of 16). A (128-token prompt, 450 out) decodes alone; B (128,
+    400 out) arrives later and is admitted: PrefillAdder reserves only new_token_ratio (0.7, decaying)
+    of A's remaining tokens. Their pages together outgrow the pool: at the first decode step that
+    needs a page the pool cannot give (after eviction), the replay retracts B, the request with fewer
+    output tokens (``retract_decode``'s order), never A; B is prefilled again once A's pages are back
+    and finishes; the retraction and its re-prefill are columns; nothing leaks. With a pool twice
+    as large nothing is retracted."""
+    from adapter.switches.decode_yield import cost_model
+
+    requests = _trace(tmp_path, [(0, 128, 450, [1]), (200, 128, 400, [2])])
+    geo = _fleet(swa_pool=4096, full_tokens=1024)
+    kit = fleet.build_kit("stock", geo, max_ctx=1024)
+    try:
+        replay = engine.Replay(kit, requests, chunk=CHUNK, max_running=8, coef=cost_model.DEFAULTS)
+        a, b = replay.run()
+        assert kit.leak_check() == {"full": 0, "swa": 0}
+    finally:
+        fleet.uninstall()
+    (event,) = replay.events
+    assert event["retracted"] == 1 and set(event["running"]) == {0}  # B goes, A stays
+    assert event["free"] < event["need"]  # the pool had no page for the step, even after eviction
+    # when: A's KV (prompt + output - 1) fills its last page, and A's and B's rows hold every page
+    kv_a, kv_b = 127 + event["running"][0], 127 + event["decoded"]
+    assert kv_a % PAGE == 0 and event["need"] == PAGE and event["free"] == 0
+    assert (-(-kv_a // PAGE) + -(-kv_b // PAGE)) * PAGE == 1024
+    assert (a.retractions, b.retractions) == (0, 1) and b.retracted_tokens > 0 and not b.skipped
+    _, row = _replay("stock", requests, swa_pool=4096, full_tokens=1024)
+    assert row["retractions"] == 1 and row["retracted_tokens"] == b.retracted_tokens
+    _, roomy = _replay("stock", requests, swa_pool=4096, full_tokens=2048)
+    assert roomy["retractions"] == 0 and roomy["retracted_tokens"] == 0
+
+
+def test_a_request_whose_decode_the_pool_cannot_hold_beside_the_running_batch_waits_for_it(tmp_path):
+    """The same pool and A; C (128, 600 out) needs 745 tokens, more than the pool has left once A's
+    remaining decode is reserved at new_token_ratio (about 880 - 0.7 x 445), though less than the
+    pool's free tokens: the adder refuses it while A runs, so C's first token comes after A's last
+    decode step, and nothing is retracted."""
+    requests = _trace(tmp_path, [(0, 128, 450, [1]), (200, 128, 600, [2])])
+    turns, row = _replay("stock", requests, swa_pool=4096, full_tokens=1024)
+    a, c = turns
+    a_decode_fs = 449 * 40 * engine.FS_PER_MS  # A's 449 decode steps cost at least the default 40 ms step each
+    assert c.first_token_fs >= a.first_token_fs + a_decode_fs and row["retractions"] == 0
