@@ -5,8 +5,12 @@ and pools at the fleet's geometry (:mod:`.fleet`), requests overlapping on a mod
 (:mod:`.engine`), once per policy (stock, SWA thin, SWA thin + cone replay, and stock and thin + cone
 with HiCache's host tier), and prints per policy: prompt tokens recomputed (all turns, continuation
 turns), continuation turns that re-prefilled their history, the resume-point hit rate, cone plans
-and fallbacks, tokens loaded back from host, the infinite-cache ideal, and the modelled prefill
-time (:mod:`.report`). ``--sweep`` reruns stock and thin over
+and fallbacks, retractions and the tokens they cost, tokens loaded back from host, the
+infinite-cache ideal, and the modelled prefill time (:mod:`.report`). It says first how the trace
+was split into sessions (requests linked, roots, candidate parents refused and why) and what the
+replay leaves out; when one instance cannot keep up with the offered load (its modelled prefill
+outlasts the trace), it says so and names the share that keeps up instead of printing queueing
+artefacts as TTFT. ``--sweep`` reruns stock and thin over
 ``--swa-prefix-tails`` and thin + cone over N and prints, per policy, the smallest setting within
 1 % of its best.
 
@@ -126,6 +130,7 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from adapter.core import env
+    from adapter.ops import check
     from devkit.simulate import engine, fleet, report, trace
 
     if args.policies is not None:
@@ -157,10 +162,12 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
           f"{', --quick sample' if args.quick else ''}, time scale {args.time_scale:g}")
     print(links.describe())
     print(f"geometry: {geo.describe()}")
-    print("prompts rounded up to whole pages, a finished turn keeps whole pages of prompt + output - 1; "
-          "prefill / TTFT modelled with the decode-yield cost model "
-          f"({_describe(coef)}); prefill first, no decode yield, no mixed chunk; +hicache: the host->device "
-          "load-back time is not modelled (a host hit costs no prefill), no L3 storage")
+    kv_park = bool(check.profile_environ(geo.profile).get("DSV41_KV_PARK"))
+    left_out = report.left_out(kv_park)
+    print(f"cost model: {_describe(coef)}")
+    print("left out (the replay's simplifications):")
+    for item in left_out:
+        print(f"  - {item}")
     rows: dict[str, dict[str, Any]] = {}
     all_turns: dict[str, list[Any]] = {}
     for policy in policies:
@@ -174,7 +181,7 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"trace": str(args.trace), "requests": len(requests), "share": share, "seed": args.seed,
                            "quick": args.quick, "sessions": links.as_dict(), "geometry": geo.as_dict(),
                            "cost_model": dict(coef.items(), source=coef.source),
-                           "policies": rows, "ideal": ideal_row}
+                           "policies": rows, "ideal": ideal_row, "left_out": left_out}
     if args.sweep:
         out["sweep"] = sweep(args, geo, requests, coef)
     if args.plot:

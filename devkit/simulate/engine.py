@@ -1,21 +1,30 @@
 """The replay: a trace's requests on one real cache, overlapping as they would on the engine.
 
 What is SGLang's own: the ``UnifiedRadixCache`` (FULL + SWA), its allocators and pools, the match
-(``match_kv_cache``), admission (a real ``PrefillAdder`` with the chunk tokens left in the batch;
-with cone replay installed, its wrapped ``_select_prefill_admission``), every chunk checkpoint and
-the finished-turn release, eviction when a pool runs short, and with HiCache attached its backups
-and the admission's load-back of host hits (``devkit.testkit.cone``'s turn steps over
-``devkit.testkit.radix_cache``). What is the simulation's: the clock and the batches.
+(``match_kv_cache``), admission (a real ``PrefillAdder`` with the chunk tokens left in the batch and
+the running batch, whose future decode tokens it reserves at the scheduler's ``new_token_ratio``:
+SGLang's ``NewTokenRatioTracker`` at its defaults, decayed every decode step, reset when idle,
+re-estimated after a retraction; with cone replay installed, its wrapped
+``_select_prefill_admission``), every chunk checkpoint and the finished-turn release, eviction when a
+pool runs short, the decode's capacity check (``check_decode_capacity``) and its sliding-window
+release (``evict_sliding_windows``), the retracted request's release (``release_kv_cache`` without
+insert, ``reset_for_retract``), and with HiCache attached its backups and the admission's load-back
+of host hits (``devkit.testkit.cone``'s turn steps over ``devkit.testkit.radix_cache``). What is the
+simulation's: the clock and the batches.
 
 The clock (a model, no forward runs): one iteration at a time, prefill first, as SGLang's scheduler
 without mixed chunks or decode yield: a prefill batch continues the one chunked request, then
 admits waiting requests in arrival order while chunk tokens are left (at most ``max_running``
 requests hold rows); it costs ``cost_model.chunk_cost`` of its rows. With nothing to prefill,
 decode steps run for every decoding request, ``cost_model.decode_cost`` each (steps between two
-events are costed at their middle context length). A turn of a session becomes ready when it
-arrives and its parent has finished (an agent sends the next turn once it has the output).
-Running requests hold their pages (the admission lock) while others arrive; the output's KV is
-written when the request finishes.
+events are costed at their middle context length). Decode takes KV a page at a time as the
+engine's paged decode allocation does: a request whose KV fills its last page needs a new one
+before its next step; when the pool cannot give the step's pages after eviction, requests are
+retracted in ``retract_decode``'s order (fewest output tokens first, then the longest prompt; one
+always stays) and queued first, to be prefilled again (prompt + whole pages of their output). A
+turn of a session becomes ready when it arrives and its parent has finished (an agent sends the
+next turn once it has the output). Running requests hold their pages (the admission lock) while
+others arrive.
 """
 
 from __future__ import annotations

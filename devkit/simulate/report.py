@@ -52,6 +52,37 @@ def summarize(turns: list[Turn], wall_s: float, fallbacks: dict[str, int] | None
     }
 
 
+def left_out(kv_park: bool = False) -> list[str]:
+    """Every simplification the replay still makes, said in the output (and the JSON)."""
+    items = [
+        "token ids: built from the trace's hash_ids (equal blocks, equal ids); a continuation's prompt is its "
+        "parent's prompt + output + fresh ids; every output token is one id; prompts rounded up to whole pages "
+        "(at most a page a request)",
+        "sessions: the linking rule above (or --session-key); a turn is ready when it has arrived and its "
+        "parent has finished",
+        "clock: the decode-yield cost model, no forward runs; prefill first, no decode yield, no mixed chunk, "
+        "no overlap scheduler; decode steps between two events priced at their middle context length",
+        "admission: a real PrefillAdder per request with the running batch reserved at new_token_ratio, but "
+        "FCFS in arrival order (no LPM / priority reordering), one chunked request at a time, and the chunked "
+        "request reserved like a running one (not through add_chunked_req)",
+        "outputs run to the trace's output_length (no early stop): new_token_ratio's early-EOS estimate only "
+        "under-reserves, never over",
+        "retraction: the retracted request is prefilled again from its prompt + whole pages of its output (the "
+        "rest of its output is decoded again); release_req's extra eviction of retract-steps headroom is not "
+        "done" + ("; DSV41_KV_PARK is in the profile but parking is not modelled: retracted requests are "
+                  "recomputed" if kv_park else ""),
+        "SWA: running requests' out-of-window SWA is released at page events (maybe_evict_swa per step in the "
+        "engine); release_swa_prefix_lock (SGLANG_OPT_RELEASE_PREFILL_SWA) is not modelled",
+        "pools: SGLang's SWAKVPool with one SWA and one Full layer stands for the model's pool (at DeepSeek-V4 "
+        "geometry: not DeepSeekV4TokenToKVPool; its compressed-state and indexer pools are not modelled), sized "
+        "by SGLang's DSV4 configurator for the SWA side",
+        "+hicache: HiCache's generic host stack for FULL + SWA (not the DeepSeek-V4 host stack); the host->device "
+        "load-back time is not modelled (a host hit costs no prefill); backups land by the next pass; no L3",
+        "one instance: no router, no data parallelism; --share stands for one instance's share of a cluster",
+    ]
+    return items
+
+
 def load_figures(turns: list[Turn], prefill_fs: int, busy_fs: int, span_fs: int, share: float) -> dict[str, Any]:
     """Whether one modelled instance keeps up with the offered load. Overloaded: its prefill passes
     alone (modelled) take longer than the trace's arrivals span. Prefill work does not batch away

@@ -159,6 +159,11 @@ def test_the_cli_replays_a_trace_at_the_profiles_geometry_and_ends_with_one_json
            "0 shorter than its history, 0 shared prefix" in out
     assert result["sessions"] == {"linked": 1, "roots": 2, "rule": "heuristic", "refused": dict.fromkeys(
         trace.REFUSALS, 0)}
+    assert "left out (the replay's simplifications):" in out
+    said = " ".join(result["left_out"])
+    for simplification in ("prompts rounded up", "cost model", "FCFS", "retraction", "DeepSeekV4TokenToKVPool",
+                           "load-back time", "no router"):
+        assert simplification in said and f"  - {next(i for i in result['left_out'] if simplification in i)}" in out
     assert result["geometry"]["page"] == 256 and result["geometry"]["tails"] == 384
     assert result["geometry"]["swa_pool"] > 384 * (128 + 256)  # the request cap plus the tails' headroom
     assert result["cost_model"]["source"] == "default"
