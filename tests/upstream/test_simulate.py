@@ -262,3 +262,15 @@ def test_a_request_whose_decode_the_pool_cannot_hold_beside_the_running_batch_wa
     a, c = turns
     a_decode_fs = 449 * 40 * engine.FS_PER_MS  # A's 449 decode steps cost at least the default 40 ms step each
     assert c.first_token_fs >= a.first_token_fs + a_decode_fs and row["retractions"] == 0
+
+
+def test_the_cli_says_which_share_emptied_and_how_many_sessions_the_session_key_made(tmp_path, capsys):
+    """--session-key conv makes three sessions of five requests (the heuristic would make five
+    roots); --share 1/16 keeps none of them (seed 0): exit 2 and an error naming the share, the
+    seed and the session count, before any replay."""
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps({"timestamp": i, "input_length": 600, "output_length": 4,
+                                        "hash_ids": [i, 100 + i], "conv": i % 3}) + "\n" for i in range(5)))
+    assert cli.main(["simulate", str(path), "--session-key", "conv", "--share", "1/16"]) == 2
+    err = capsys.readouterr().err
+    assert "error: --share=0.0625 (seed 0) keeps none of the trace's 3 sessions" in err
