@@ -199,7 +199,7 @@ def link_sessions(requests: list[Request], session_key: str | None = None) -> Li
       and output, so it is at least ``input_length + output_length`` of the parent. Requests on a
       shared document asking different short questions are siblings, not turns.
 
-    Why these, measured on the two traces this project keeps (``../shared/traces``): on the first
+    Why these, measured on two public traces (not in the repository; docs/benchmarks.md names them): on the first
     1,000 requests of the Mooncake production trace (``mooncake_arxiv_head.jsonl``: a one-block
     prompt shared by 452 requests, a 12-block one by 397) the old rule ("every full block of an
     earlier request starts this one") linked 992 requests into 8 sessions, 398 through a one-block
