@@ -274,3 +274,12 @@ def test_the_cli_says_which_share_emptied_and_how_many_sessions_the_session_key_
     assert cli.main(["simulate", str(path), "--session-key", "conv", "--share", "1/16"]) == 2
     err = capsys.readouterr().err
     assert "error: --share=0.0625 (seed 0) keeps none of the trace's 3 sessions" in err
+
+
+def test_a_decode_longer_than_the_swa_pool_runs_because_out_of_window_swa_is_released(tmp_path):
+    """One request decodes 600 tokens beside an SWA pool of 256 slots (16 pages; the Full pool is
+    large): as the engine's maybe_evict_swa does, the replay releases the SWA slots that fall out of
+    the window as decode moves on, so the request finishes with no retraction and nothing leaks."""
+    requests = _trace(tmp_path, [(0, 128, 600, [1])])
+    (turn,), row = _replay("stock", requests, swa_pool=256)
+    assert not turn.skipped and row["retractions"] == 0 and row["leak"] == 0
