@@ -109,7 +109,8 @@ def run_policy(policy: str, fleet: Any, requests: list[Any], time_scale: float =
     try:
         kit = build_kit(policy, fleet, max_ctx)
         replay = engine.Replay(kit, requests, chunk=fleet.chunk, max_running=fleet.max_running,
-                               coef=coef or cost_model.DEFAULTS, time_scale=time_scale, progress=bar)
+                               coef=coef or cost_model.DEFAULTS, time_scale=time_scale, progress=bar,
+                               kv_park=getattr(fleet, "kv_park", False))
         turns, wall = engine.timed(replay.run)
         leak = kit.leak_check()
         kit.cache.sanity_check()
@@ -130,7 +131,6 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from adapter.core import env
-    from adapter.ops import check
     from devkit.simulate import engine, fleet, report, trace
 
     if args.policies is not None:
@@ -162,8 +162,7 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
           f"{', --quick sample' if args.quick else ''}, time scale {args.time_scale:g}")
     print(links.describe())
     print(f"geometry: {geo.describe()}")
-    kv_park = bool(check.profile_environ(geo.profile).get("DSV41_KV_PARK"))
-    left_out = report.left_out(kv_park)
+    left_out = report.left_out(geo.kv_park)
     print(f"cost model: {_describe(coef)}")
     print("left out (the replay's simplifications):")
     for item in left_out:

@@ -64,6 +64,7 @@ class Turn:
     skipped: bool = False  # the pool cannot hold it even with nothing running
     retractions: int = 0  # times the decode retracted it (the pool ran out)
     retracted_tokens: int = 0  # tokens its re-admissions prefilled again
+    parked_tokens: int = 0  # with DSV41_KV_PARK: tokens its re-admissions restored from host instead
 
     @property
     def recomputed(self) -> int:
@@ -123,10 +124,11 @@ class Replay:
     """Runs ``requests`` on ``kit``; ``run()`` returns one :class:`Turn` per request (trace order)."""
 
     def __init__(self, kit: Any, requests: list[Request], *, chunk: int, max_running: int, coef: Any,
-                 time_scale: float = 1.0, progress: Callable[[int], None] | None = None):
+                 time_scale: float = 1.0, progress: Callable[[int], None] | None = None, kv_park: bool = False):
         self.kit, self.requests, self.chunk, self.max_running = kit, requests, chunk, max_running
         self.coef, self.time_scale, self.progress = coef, time_scale, progress or (lambda n: None)
         self.by_index = {r.index: r for r in requests}
+        self.kv_park = kv_park  # a retracted request's KV is parked on host and restored, not recomputed
         self.page = kit.geometry.page
         from sglang.srt.environ import envs
         from sglang.srt.managers.scheduler_components.new_token_ratio_tracker import NewTokenRatioTracker
@@ -233,17 +235,24 @@ class Replay:
                 else:
                     del self.retracted[r.index]
                     turn = again[1]
-                    turn.retracted_tokens += len(tokens) - ct.prefix_len  # the re-prefill
-                rows.append((first, ct.prefix_len))
-                turn.prefill_fs += cost_model.chunk_cost([(first, ct.prefix_len)], self.coef)
+                    if self.kv_park:  # restored from host: its pages are back, nothing is prefilled
+                        turn.parked_tokens += len(tokens) - ct.prefix_len
+                    else:
+                        turn.retracted_tokens += len(tokens) - ct.prefix_len  # the re-prefill
+                if again is None or not self.kv_park:
+                    rows.append((first, ct.prefix_len))
+                    turn.prefill_fs += cost_model.chunk_cost([(first, ct.prefix_len)], self.coef)
                 budget -= first
                 x = Running(r, ct, turn, len(tokens), decoded, readmitted=again is not None)
+                if again is not None and self.kv_park:  # the restore puts every page back at once
+                    while ct.pos < len(tokens):
+                        cone.prefill_pass(kit, ct, min(len(tokens), ct.pos + self.chunk))
                 if ct.pos < len(tokens):
                     chunked = x
                 else:
                     pending_done.append(x)
-            if rows:
-                cost = cost_model.chunk_cost(rows, self.coef)
+            if rows or pending_done:
+                cost = cost_model.chunk_cost(rows, self.coef) if rows else 0
                 t += cost
                 self.busy_fs += cost
                 self.prefill_busy_fs += cost

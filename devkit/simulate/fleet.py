@@ -66,6 +66,7 @@ class Fleet:
     hicache_ratio: float = 2.0  # host pool tokens per device pool token (the +hicache policies)
     hicache_write_policy: str = "write_through"
     hicache_on: bool = False  # the launch line has --enable-hierarchical-cache
+    kv_park: bool = False  # the profile sets DSV41_KV_PARK: a retracted request is parked, not recomputed
 
     def describe(self) -> str:
         return (f"page {self.page}, window {self.window}, chunk {self.chunk}, max running {self.max_running}, "
@@ -73,6 +74,7 @@ class Fleet:
                 f"Full pool {self.full_tokens:,} tokens ({self.full_source}), cone N {self.cone_tokens} "
                 f"(bound {self.cone_bound}); HiCache (+hicache policies): ratio {self.hicache_ratio:g}, "
                 f"{self.hicache_write_policy} ({'on' if self.hicache_on else 'off'} in the launch line); "
+                f"retraction: {'parked (DSV41_KV_PARK)' if self.kv_park else 'recomputed'}; "
                 f"model: {self.model}; profile: {self.profile}")
 
     def default_policies(self) -> tuple[str, ...]:
@@ -143,7 +145,7 @@ def resolve(env_file: str | None = None, model_path: str | None = None, kv_token
         raise env.ConfigError("--hicache-ratio", str(ratio), "a positive factor (host pool tokens per device token)")
     policy = str((hicache or {}).get("write_policy") or "write_through")
     return Fleet(page, window, chunk, max_running, tails, swa, full, source, n, bound, model_name, profile,
-                 ratio, policy, hicache is not None)
+                 ratio, policy, hicache is not None, bool(environ.get("DSV41_KV_PARK")))
 
 
 def build_kit(policy: str, fleet: Fleet, max_ctx: int) -> Any:

@@ -40,6 +40,7 @@ def summarize(turns: list[Turn], wall_s: float, fallbacks: dict[str, int] | None
         "resume_window_only_lost": sum(t.window_lost for t in cont),
         "retractions": sum(t.retractions for t in turns),
         "retracted_tokens": sum(t.retracted_tokens for t in turns),
+        "parked_tokens": sum(t.parked_tokens for t in turns),
         "cone_plans": sum(t.cone for t in ran),
         "cone_fallbacks": dict(fallbacks or {}),
         "host_loaded_tokens": sum(t.loaded for t in ran) if hicache else None,  # None: no host tier
@@ -67,10 +68,11 @@ def left_out(kv_park: bool = False) -> list[str]:
         "request reserved like a running one (not through add_chunked_req)",
         "outputs run to the trace's output_length (no early stop): new_token_ratio's early-EOS estimate only "
         "under-reserves, never over",
-        "retraction: the retracted request is prefilled again from its prompt + whole pages of its output (the "
+        "retraction: the retracted request comes back as its prompt + whole pages of its output (the "
         "rest of its output is decoded again); release_req's extra eviction of retract-steps headroom is not "
-        "done" + ("; DSV41_KV_PARK is in the profile but parking is not modelled: retracted requests are "
-                  "recomputed" if kv_park else ""),
+        "done" + ("; DSV41_KV_PARK (in the profile): a parked request's KV comes back with no prefill and no "
+                  "cost (the host restore time is not modelled; pages are re-allocated at re-admission)"
+                  if kv_park else "; DSV41_KV_PARK is off in the profile: retracted requests are recomputed"),
         "SWA: running requests' out-of-window SWA is released at page events (maybe_evict_swa per step in the "
         "engine); release_swa_prefix_lock (SGLANG_OPT_RELEASE_PREFILL_SWA) is not modelled",
         "pools: SGLang's SWAKVPool with one SWA and one Full layer stands for the model's pool (at DeepSeek-V4 "
@@ -136,7 +138,7 @@ COLUMNS = [
     ("policy", None), ("recomputed", "recomputed_tokens"), ("recomp. cont.", "recomputed_tokens_continuation"),
     ("history recomp.", "history_recomputed_tokens"), ("whole re-prefills", "whole_reprefills"),
     ("resume hit", "resume_hit_rate"), ("Full lost", "resume_full_lost"), ("window lost", "resume_window_only_lost"),
-    ("retractions", "retractions"), ("retracted tok.", "retracted_tokens"),
+    ("retractions", "retractions"), ("retracted tok.", "retracted_tokens"), ("parked tok.", "parked_tokens"),
     ("cone plans", "cone_plans"), ("fallbacks", "cone_fallbacks"),
     ("host loaded", "host_loaded_tokens"), ("prefill s (model)", "prefill_s_modelled"),
     ("TTFT mean / p90 s (model)", None), ("req/s", "req_per_s"), ("leak", "leak"),

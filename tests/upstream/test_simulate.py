@@ -19,10 +19,12 @@ PAGE, WINDOW, CHUNK, N = 16, 8, 128, 64
 POLICIES = ("stock", "thin", "thin+cone")
 
 
-def _fleet(swa_pool: int = 768, full_tokens: int = 1 << 16, hicache_ratio: float = 2.0) -> fleet.Fleet:
+def _fleet(swa_pool: int = 768, full_tokens: int = 1 << 16, hicache_ratio: float = 2.0,
+           kv_park: bool = False) -> fleet.Fleet:
     return fleet.Fleet(page=PAGE, window=WINDOW, chunk=CHUNK, max_running=8, tails=0, swa_pool=swa_pool,
                        full_tokens=full_tokens, full_source="test", cone_tokens=N, cone_bound=32, model="test",
-                       profile="test", hicache_ratio=hicache_ratio, hicache_write_policy="write_through")
+                       profile="test", hicache_ratio=hicache_ratio, hicache_write_policy="write_through",
+                       kv_park=kv_park)
 
 
 def _trace(tmp_path, rows) -> list[trace.Request]:
@@ -248,8 +250,14 @@ def test_decode_that_outgrows_the_pool_retracts_the_request_with_fewest_outputs_
     assert (a.retractions, b.retractions) == (0, 1) and b.retracted_tokens > 0 and not b.skipped
     _, row = _replay("stock", requests, swa_pool=4096, full_tokens=1024)
     assert row["retractions"] == 1 and row["retracted_tokens"] == b.retracted_tokens
-    _, roomy = _replay("stock", requests, swa_pool=4096, full_tokens=2048)
+    (_, roomy_b), roomy = _replay("stock", requests, swa_pool=4096, full_tokens=2048)
     assert roomy["retractions"] == 0 and roomy["retracted_tokens"] == 0
+    # With DSV41_KV_PARK in the profile the same retraction parks B: its re-admission restores the
+    # 368 tokens (prompt + whole pages of output, less the prompt the tree still matched) and
+    # prefills none of them.
+    (_, parked_b), parked = _replay("stock", requests, swa_pool=4096, full_tokens=1024, kv_park=True)
+    assert parked["retractions"] == 1 and parked["retracted_tokens"] == 0
+    assert parked["parked_tokens"] == b.retracted_tokens and parked_b.prefill_fs == roomy_b.prefill_fs < b.prefill_fs
 
 
 def test_a_request_whose_decode_the_pool_cannot_hold_beside_the_running_batch_waits_for_it(tmp_path):
@@ -283,3 +291,12 @@ def test_a_decode_longer_than_the_swa_pool_runs_because_out_of_window_swa_is_rel
     requests = _trace(tmp_path, [(0, 128, 600, [1])])
     (turn,), row = _replay("stock", requests, swa_pool=256)
     assert not turn.skipped and row["retractions"] == 0 and row["leak"] == 0
+
+
+def test_a_profile_with_kv_park_makes_the_replay_park_retracted_requests(tmp_path):
+    profile = tmp_path / "park.env"
+    profile.write_text((fleet.REPO / ".env.tp4.example").read_text() + "\nDSV41_KV_PARK=ram\n")
+    assert fleet.resolve(str(profile)).kv_park and "retraction: parked (DSV41_KV_PARK)" in fleet.resolve(
+        str(profile)).describe()
+    stock = fleet.resolve(str(fleet.REPO / ".env.tp4.example"))
+    assert not stock.kv_park and "retraction: recomputed" in stock.describe()
