@@ -79,6 +79,8 @@ from adapter.switches.kv_park.capture import CAPTURE_LOCK, CaptureConflict, Capt
 MiB = 1 << 20
 DEFAULT_CHUNK_BYTES = 32 * MiB
 PARALLEL_MIN_BYTES = 4 * MiB  # smaller entries are copied on the calling thread
+# Host rows of an entry: one ``[pages, page_bytes]`` tensor, or the segments of a pool carving.
+HostRows = torch.Tensor | Sequence[torch.Tensor]
 _WORDS = ((8, torch.int64), (4, torch.int32), (2, torch.int16), (1, torch.uint8))
 
 
@@ -281,9 +283,11 @@ class CopyEngine:
         return torch.empty((n, self.page_bytes), dtype=torch.uint8)
 
     @contextmanager
-    def _on_stream(self, after: object | None) -> Iterator[None]:
+    def _on_stream(self, after: object | None, done: list | None = None) -> Iterator[None]:
         """On CUDA: inside the capture lock, on the engine's stream (ordered after ``after``, else
-        after the caller's stream), synchronized before it returns. On CPU: nothing."""
+        after the caller's stream). Synchronized before it returns, unless ``done`` is a list: then
+        an event recorded after the copy is appended to it and the caller fences on it (a failed
+        copy is always synchronized). On CPU: nothing."""
         if self._stream is None:
             yield
             return
@@ -295,11 +299,16 @@ class CopyEngine:
                 self._stream.wait_event(after)  # type: ignore[arg-type]
             else:  # ordered after everything already queued on the caller's stream
                 self._stream.wait_stream(torch.cuda.current_stream(self.device))
+            ok = False
             try:
                 with torch.cuda.stream(self._stream):
                     yield
+                ok = True
             finally:
-                self._stream.synchronize()  # also after a failed copy: nothing of it outlives the lock
+                if ok and done is not None:
+                    done.append(self._stream.record_event())
+                else:
+                    self._stream.synchronize()  # also after a failed copy: nothing of it outlives the lock
 
     def _staging_rows(self, chunk: int, pages: int) -> torch.Tensor:
         """The staging half of chunk ``chunk`` (halves alternate) as ``[pages, page words]``."""
@@ -308,68 +317,116 @@ class CopyEngine:
     def _device_ids(self, ids: torch.Tensor) -> torch.Tensor:
         return ids if self.device.type == "cpu" else ids.to(self.device)
 
-    def save(self, page_ids: torch.Tensor | Sequence[int], out: torch.Tensor | None = None, *, after: object = None) -> torch.Tensor:
-        """Copy pages ``page_ids`` into a host entry (``out`` or a new one) and return it.
+    def _segments(self, rows: HostRows, n: int | None = None) -> list[torch.Tensor]:
+        """``rows`` (one entry tensor, or the segments of a pool carving) as a list of ``[k, page_bytes]``
+        uint8 tensors, each checked; ``n``: the total row count they must have."""
+        segs = [rows] if isinstance(rows, torch.Tensor) else list(rows)
+        for s in segs:
+            if s.dtype != torch.uint8 or s.dim() != 2 or s.shape[1] != self.page_bytes or not s.is_contiguous():
+                raise ValueError(
+                    f"host entry must be contiguous uint8 [pages, {self.page_bytes}] tensors, got {s.dtype} {tuple(s.shape)}"
+                )
+            if s.device.type != "cpu":
+                raise ValueError(f"host entry must be in host memory, got {s.device}")
+        total = sum(int(s.shape[0]) for s in segs)
+        if n is not None and total != n:
+            raise ValueError(f"host entry has {total} rows for {n} pages")
+        return segs
 
-        ``after``: a CUDA event the copy must wait for (the forward that wrote the pages).
+    def _pieces(self, segs: list[torch.Tensor], lo: int, hi: int, step: int | None) -> Iterator[tuple[int, int, torch.Tensor]]:
+        """``(start, stop, host words)`` of rows ``[lo, hi)`` of ``segs``: each inside one segment and
+        at most ``step`` rows (None: whole segments); ``start`` / ``stop`` count from ``lo``."""
+        base = 0
+        for s in segs:
+            k = int(s.shape[0])
+            a, b = max(lo, base), min(hi, base + k)
+            while a < b:
+                c = b if step is None else min(b, a + step)
+                yield a - lo, c - lo, s[a - base : c - base].view(self._dtype)
+                a = c
+            base += k
+            if base >= hi:
+                return
+
+    @staticmethod
+    def _pinned(segs: list[torch.Tensor]) -> bool:
+        return bool(segs) and all(s.is_pinned() for s in segs)
+
+    def save(self, page_ids: torch.Tensor | Sequence[int], out: HostRows | None = None, *, after: object = None) -> HostRows:
+        """Copy pages ``page_ids`` into host rows (``out``: an entry tensor or a pool carving's
+        segments; None: a new pageable entry) and return ``out``.
+
+        ``after``: a CUDA event the copy must wait for (the forward that wrote the pages). Into
+        pinned rows (the park pool) the device-to-host copies are asynchronous on the engine's
+        stream; the call returns once the stream has finished them.
         """
         ids = check_page_ids(page_ids, self.layout.num_pages)
         n = ids.numel()
-        entry = self.new_entry(n) if out is None else out
-        if tuple(entry.shape) != (n, self.page_bytes) or entry.dtype != torch.uint8 or not entry.is_contiguous():
-            raise ValueError(
-                f"host entry must be a contiguous uint8 [{n}, {self.page_bytes}] tensor, got "
-                f"{entry.dtype} {tuple(entry.shape)}"
-            )
+        entry: HostRows = self.new_entry(n) if out is None else out
+        segs = self._segments(entry, n)
         if n == 0:
             return entry
-        host = entry.view(self._dtype)
         with self._lock, self._on_stream(after):
-            if not self.stage:  # CPU: straight into the host entry, regions split over threads
+            if not self.stage:  # CPU: straight into the host rows, regions split over threads
                 cpu_ids = self._device_ids(ids)
+                pieces = list(self._pieces(segs, 0, n, None))
 
                 def gather(cols: list[tuple[torch.Tensor, int, int]]) -> None:
-                    for rows, col, width in cols:
-                        torch.index_select(rows, 0, cpu_ids, out=host[:, col : col + width])
+                    for lo, hi, host in pieces:
+                        part = cpu_ids[lo:hi]
+                        for rows, col, width in cols:
+                            torch.index_select(rows, 0, part, out=host[:, col : col + width])
 
                 _run_groups(self._groups_for(n), gather)
                 return entry
+            pinned = self._pinned(segs)
             dev_ids = self._device_ids(ids)  # on the engine's stream, inside the capture lock
-            for k, (lo, hi) in enumerate(self.chunks(n)):
+            for k, (lo, hi, host) in enumerate(self._pieces(segs, 0, n, self.chunk_pages)):
                 cid = dev_ids[lo:hi]
                 target = self._staging_rows(k, hi - lo)
                 for rows, col, width in self._cols:
                     torch.index_select(rows, 0, cid, out=target[:, col : col + width])
-                host[lo:hi].copy_(target)  # one copy per chunk into pageable memory
+                host.copy_(target, non_blocking=pinned)  # one copy per chunk (async into pinned rows)
             del dev_ids, cid  # the device ids are freed inside the capture lock, not after it
         return entry
 
-    def restore(self, entry: torch.Tensor, page_ids: torch.Tensor | Sequence[int], *, first: int = 0) -> None:
-        """Write entry rows ``first, first+1, ...`` into pages ``page_ids`` (one row per id)."""
+    def restore(
+        self, entry: HostRows, page_ids: torch.Tensor | Sequence[int], *, first: int = 0, fence: list | None = None
+    ) -> None:
+        """Write entry rows ``first, first+1, ...`` into pages ``page_ids`` (one row per id).
+
+        ``fence``: on CUDA from pinned rows, a list that receives the event after which the pages
+        hold the bytes (the call then returns without waiting for the copy: the caller waits on the
+        event before the pages are read, and before the host rows are reused). Otherwise the copy
+        has finished when the call returns.
+        """
         ids = check_page_ids(page_ids, self.layout.num_pages)
         n = ids.numel()
-        if entry.dtype != torch.uint8 or entry.dim() != 2 or entry.shape[1] != self.page_bytes or not entry.is_contiguous():
-            raise ValueError(f"host entry must be a contiguous uint8 [pages, {self.page_bytes}] tensor, got {entry.dtype} {tuple(entry.shape)}")
-        if first < 0 or first + n > entry.shape[0]:
-            raise IndexError(f"entry rows {first}..{first + n - 1} are outside an entry of {entry.shape[0]} pages")
+        segs = self._segments(entry)
+        rows_total = sum(int(s.shape[0]) for s in segs)
+        if first < 0 or first + n > rows_total:
+            raise IndexError(f"entry rows {first}..{first + n - 1} are outside an entry of {rows_total} pages")
         if n == 0:
             return
-        host = entry[first : first + n].view(self._dtype)
-        with self._lock, self._on_stream(None):
-            if not self.stage:  # CPU: straight from the host entry, regions split over threads
+        pinned = self.stage and self._stream is not None and self._pinned(segs)
+        with self._lock, self._on_stream(None, fence if pinned else None):
+            if not self.stage:  # CPU: straight from the host rows, regions split over threads
                 cpu_ids = self._device_ids(ids)
+                pieces = list(self._pieces(segs, first, first + n, None))
 
                 def scatter(cols: list[tuple[torch.Tensor, int, int]]) -> None:
-                    for rows, col, width in cols:
-                        rows.index_copy_(0, cpu_ids, host[:, col : col + width])
+                    for lo, hi, host in pieces:
+                        part = cpu_ids[lo:hi]
+                        for rows, col, width in cols:
+                            rows.index_copy_(0, part, host[:, col : col + width])
 
                 _run_groups(self._groups_for(n), scatter)
                 return
             dev_ids = self._device_ids(ids)  # on the engine's stream, inside the capture lock
-            for k, (lo, hi) in enumerate(self.chunks(n)):
+            for k, (lo, hi, host) in enumerate(self._pieces(segs, first, first + n, self.chunk_pages)):
                 cid = dev_ids[lo:hi]
                 source = self._staging_rows(k, hi - lo)
-                source.copy_(host[lo:hi])  # one host-to-device copy per chunk
+                source.copy_(host, non_blocking=pinned)  # one host-to-device copy per chunk
                 for rows, col, width in self._cols:
                     rows.index_copy_(0, cid, source[:, col : col + width])
             del dev_ids, cid  # the device ids are freed inside the capture lock, not after it

@@ -12,7 +12,12 @@ Invariants (tests check each one):
   a worker, copies synchronously ("saved") and runs ``on_landed`` before returning.
 * A failed copy (worker or synchronous) disables parking for the process with one log line, drops
   every parked entry and still runs ``on_landed``: the requests recompute. Later offers are refused.
-* Entries live in ordinary pageable host memory; eviction drops the reference (nothing to free).
+* Entries live in ordinary pageable host memory (eviction drops the reference), or, with a park
+  pool (:mod:`adapter.switches.kv_park.host_pool`, CUDA pools), in rows carved out of it: the budget
+  is the pool's capacity, a full pool evicts least recently used ready entries as the byte budget
+  does, and every entry's rows go back to the pool when it is evicted, discarded, dropped by a
+  failure, or released after its restore (:meth:`ParkStore.release`; a restore still reading them
+  on the device frees them once its event is done). No entry ever lives outside the pool.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import torch
 
 from adapter.core import api
 from adapter.switches.kv_park.engine import CopyEngine, check_page_ids
+from adapter.switches.kv_park.host_pool import Carving, HostPool
 
 SWITCH = api.handle(__name__)
 _LIVE_STORES: weakref.WeakSet[ParkStore] = weakref.WeakSet()
@@ -53,19 +59,37 @@ def _label(key: Hashable) -> str:
 
 @dataclass
 class Entry:
-    """One parked request: ``data`` is ``[pages, page_bytes]`` in the engine's byte format."""
+    """One parked request: ``rows`` (``[pages, page_bytes]`` in the engine's byte format) are either
+    one pageable tensor (``data``) or the segments of a park-pool carving (``carving``)."""
 
     key: Hashable
-    data: torch.Tensor
+    data: torch.Tensor | None
     meta: dict[str, Any] = field(default_factory=dict)
+    carving: Carving | None = None
+
+    @property
+    def rows(self) -> list[torch.Tensor]:
+        if self.carving is not None:
+            return self.carving.segments
+        assert self.data is not None
+        return [self.data]
 
     @property
     def nbytes(self) -> int:
+        """Host bytes the entry holds (a carving's rows, rounded up to a host page per segment)."""
+        if self.carving is not None:
+            return self.carving.nbytes
+        assert self.data is not None
         return self.data.numel()
 
     @property
     def pages(self) -> int:
-        return int(self.data.shape[0])
+        return self.carving.rows if self.carving is not None else int(self.data.shape[0])  # type: ignore[union-attr]
+
+    def bytes(self) -> torch.Tensor:
+        """The entry's rows as one tensor (a copy when it spans several segments)."""
+        rows = self.rows
+        return rows[0] if len(rows) == 1 else torch.cat(rows)
 
 
 @dataclass
@@ -92,7 +116,20 @@ class Stats:
 
 
 class ParkStore:
-    def __init__(self, budget_bytes: int, *, worker: bool = True, queue_depth: int = 2, idle_exit_s: float = 0.5):
+    """Parked entries under one byte budget: pageable entries (CPU pools), or carvings of a park
+    pool (``host_pool``: CUDA pools; the budget is then the pool's capacity)."""
+
+    def __init__(
+        self,
+        budget_bytes: int,
+        *,
+        worker: bool = True,
+        queue_depth: int = 2,
+        idle_exit_s: float = 0.5,
+        host_pool: HostPool | None = None,
+    ):
+        if host_pool is not None:
+            budget_bytes = host_pool.capacity
         if budget_bytes <= 0:
             raise ValueError(f"budget_bytes must be positive, got {budget_bytes}")
         if queue_depth < 1:
@@ -107,7 +144,20 @@ class ParkStore:
         self.idle_exit_s = idle_exit_s
         self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=queue_depth)
         self._thread: threading.Thread | None = None
+        self.host_pool = host_pool
+        # Carvings a restore still reads on the device (its event not yet done): freed once it is.
+        self._draining: list[tuple[Any, Carving]] = []
         _LIVE_STORES.add(self)
+
+    def use_pool(self, host_pool: HostPool) -> None:
+        """Carve every later entry out of ``host_pool`` (the budget becomes its capacity); entries
+        parked before (pageable) are dropped: the requests recompute."""
+        self.fence()
+        for entry in self._entries.values():
+            self._free(entry)
+        self._entries.clear()
+        self.host_pool = host_pool
+        self.budget = host_pool.capacity
 
     # -- accounting ------------------------------------------------------------------------------
     @property
@@ -150,14 +200,18 @@ class ParkStore:
         self.poll()
         ids = check_page_ids(page_ids, engine.layout.num_pages)  # IndexError here, not in the worker
         nbytes = ids.numel() * engine.page_bytes
-        why = self._make_room(key, nbytes)
+        why, carving = self._make_room(key, nbytes, ids.numel(), engine.page_bytes)
         if why:
             self.stats.refused += 1
             SWITCH.event("declined", level=logging.DEBUG, key=_label(key), bytes=nbytes, why=why.replace(" ", "_"))
             if on_landed is not None:
                 on_landed()
             return f"refused: {why}"
-        job = _Job(Entry(key, engine.new_entry(ids.numel()), dict(meta or {})), engine, ids, after, on_landed)
+        if carving is not None:
+            entry = Entry(key, None, dict(meta or {}), carving)
+        else:
+            entry = Entry(key, engine.new_entry(ids.numel()), dict(meta or {}))
+        job = _Job(entry, engine, ids, after, on_landed)
         with self._lock:
             self._pending[key] = job
         if self.worker:
@@ -174,26 +228,78 @@ class ParkStore:
         self._land(job)
         return "saved" if job.error is None else f"refused: copy failed ({type(job.error).__name__})"
 
-    def _make_room(self, key: Hashable, nbytes: int) -> str:
+    def _make_room(self, key: Hashable, nbytes: int, rows: int, row_bytes: int) -> tuple[str, Carving | None]:
+        """Evict least recently used ready entries until the offer fits: ``("", carving or None)``,
+        or ``(why, None)`` when it cannot."""
         if self.disabled:
-            return "parking disabled"
+            return "parking disabled", None
         if nbytes > self.budget:
-            return f"{nbytes} bytes exceed the budget of {self.budget}"
+            return f"{nbytes} bytes exceed the budget of {self.budget}", None
         if key in self._pending:
-            return "a copy of this key is in flight"
-        self._entries.pop(key, None)  # a newer park of the same request replaces the old entry
+            return "a copy of this key is in flight", None
+        old = self._entries.pop(key, None)  # a newer park of the same request replaces the old entry
+        if old is not None:
+            self._free(old)
+        if self.host_pool is not None:
+            return self._carve(rows, row_bytes)
         while self.used_bytes + self.reserved_bytes + nbytes > self.budget and self._entries:
-            old_key, old = self._entries.popitem(last=False)
-            self.stats.evicted += 1
-            SWITCH.event("evicted", level=logging.DEBUG, key=_label(old_key), bytes=old.nbytes)
+            self._evict_lru()
         if self.used_bytes + self.reserved_bytes + nbytes > self.budget:
-            return "the budget is held by copies in flight"
-        return ""
+            return "the budget is held by copies in flight", None
+        return "", None
+
+    def _carve(self, rows: int, row_bytes: int) -> tuple[str, Carving | None]:
+        pool = self.host_pool
+        assert pool is not None
+        while True:
+            self._drain(wait=False)
+            carving = pool.carve(rows, row_bytes)
+            if carving is not None:
+                return "", carving
+            if self._draining:  # restores still reading their rows: wait for them, then carve again
+                self._drain(wait=True)
+                continue
+            if not self._entries:
+                return "the park pool is held by copies in flight", None
+            self._evict_lru()
+
+    def _evict_lru(self) -> None:
+        old_key, old = self._entries.popitem(last=False)
+        self.stats.evicted += 1
+        SWITCH.event("evicted", level=logging.DEBUG, key=_label(old_key), bytes=old.nbytes)
+        self._free(old)
+
+    def _free(self, entry: Entry, after: object = None) -> None:
+        """Give an entry's pool rows back, at once or (``after``: a device event still reading
+        them) once that event is done."""
+        carving, entry.carving = entry.carving, None
+        if carving is None or carving.released:
+            return
+        if after is not None and not after.query():  # type: ignore[attr-defined]
+            self._draining.append((after, carving))
+        else:
+            carving.release()
+
+    def _drain(self, *, wait: bool) -> None:
+        keep = []
+        for event, carving in self._draining:
+            if wait:
+                event.synchronize()
+            if wait or event.query():
+                carving.release()
+            else:
+                keep.append((event, carving))
+        self._draining = keep
+
+    def release(self, entry: Entry, after: object = None) -> None:
+        """Done with an entry :meth:`take` returned: its pool rows go back to the pool (``after``:
+        once that device event is done, e.g. the restore's copy). Pageable entries need nothing."""
+        self._free(entry, after)
 
     @staticmethod
     def _run(job: _Job) -> None:
         try:
-            job.engine.save(job.page_ids, out=job.entry.data, after=job.after)
+            job.engine.save(job.page_ids, out=job.entry.rows, after=job.after)
         except BaseException as exc:  # any failure disables parking; it never reaches the engine
             job.error = exc  # a BaseException too: the copy is unfinished, never a saved entry
             if not isinstance(exc, Exception):
@@ -273,9 +379,10 @@ class ParkStore:
             self._pending.pop(job.entry.key, None)
         if job.error is not None:
             self.stats.failed += 1
+            self._free(job.entry)
             self.disable(f"copy of {_label(job.entry.key)} failed: {type(job.error).__name__}: {job.error}")
         elif self.disabled:
-            pass  # parked after the store was disabled: drop it, the request recomputes
+            self._free(job.entry)  # parked after the store was disabled: drop it, the request recomputes
         else:
             self._entries[job.entry.key] = job.entry
             self.stats.saved += 1
@@ -287,6 +394,8 @@ class ParkStore:
         if self.disabled:
             return
         self.disabled_reason = reason
+        for entry in self._entries.values():
+            self._free(entry)
         self._entries.clear()
         SWITCH.event("disabled", level=logging.WARNING, reason=" ".join(reason.split()).replace(" ", "_"))
 
@@ -295,6 +404,8 @@ class ParkStore:
         landed = [job for job in list(self._pending.values()) if job.done.is_set()]
         for job in landed:
             self._land(job)
+        if self._draining:
+            self._drain(wait=False)
         return len(landed)
 
     def fence(self, key: Hashable | None = None, timeout: float | None = None) -> bool:
@@ -335,7 +446,9 @@ class ParkStore:
         return self._entries.get(key)
 
     def take(self, key: Hashable) -> Entry | None:
-        """Remove and return the entry of ``key`` (waiting for its copy); None: recompute."""
+        """Remove and return the entry of ``key`` (waiting for its copy); None: recompute.
+
+        The entry's pool rows stay held until :meth:`release` (after the restore read them)."""
         self.fence(key)
         entry = self._entries.pop(key, None)
         if entry is None:
@@ -346,7 +459,9 @@ class ParkStore:
 
     def discard(self, key: Hashable) -> None:
         self.fence(key)
-        self._entries.pop(key, None)
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            self._free(entry)
 
     def close(self) -> None:
         """Land what is in flight and stop the worker (an alias of :meth:`stop_worker`)."""

@@ -93,6 +93,7 @@ import torch
 from adapter.core import api
 from adapter.switches.kv_park import beside_hicache, capture, regions
 from adapter.switches.kv_park.engine import CopyEngine
+from adapter.switches.kv_park.host_pool import CudaHostRegister, HostPool, PageLocker, PoolError
 from adapter.switches.kv_park.store import SWITCH, ParkStore
 
 GIB = 1 << 30
@@ -113,6 +114,7 @@ class _State:
     # (its admission then locks them as its prefix) so running rows do not evict them meanwhile.
     pins: dict[Any, tuple[Any, Any]] = field(default_factory=dict)
     checked_hicache: bool = False  # the first scheduler pass asked whether HiCache is attached
+    restoring: list[Any] = field(default_factory=list)  # CUDA events of restores not yet fenced
 
     def once(self, what: str, **params: object) -> None:
         line = what + repr(sorted(params.items()))
@@ -263,12 +265,13 @@ def _get_next_batch_to_run(wrapped: Any, instance: Any, args: tuple, kwargs: dic
     state = STATE
     if state is None:
         return wrapped(*args, **kwargs)
-    if not state.checked_hicache:  # the tree is built before the first pass
+    if not state.checked_hicache:  # the tree and the KV pool are built before the first pass
         state.checked_hicache = True
         host_pool = beside_hicache.measured(getattr(instance, "tree_cache", None))
         if host_pool is not None:  # every wrapper off: stock retraction from here on
             SWITCH.refuse_late(beside_hicache.reason(host_pool, state.store.budget // GIB), revert=True)
             return wrapped(*args, **kwargs)
+        _boot_pool(state, instance)
     state.store.poll()
     if state.pins:
         _release_pins(state, instance)
@@ -278,9 +281,47 @@ def _get_next_batch_to_run(wrapped: Any, instance: Any, args: tuple, kwargs: dic
         state.store.disable(f"restore failed: {type(exc).__name__}: {exc}")
     plan = wrapped(*args, **kwargs)
     batch = getattr(plan, "batch_to_run", None)
+    if batch is not None and state.restoring:
+        _fence_restores(state)
     if batch is not None and state.store.pending():
         _fence_writes(state, instance.token_to_kv_pool_allocator, getattr(batch, "out_cache_loc", None))
     return plan
+
+
+def _fence_restores(state: _State) -> None:
+    """Before a forward reads restored pages: wait for the restores' copies (CUDA events; they had
+    the whole scheduling pass to land, so this rarely waits)."""
+    for event in state.restoring:
+        event.synchronize()
+    state.restoring.clear()
+
+
+def boot_pool(budget_gib: int, *, locker: PageLocker | None = None, chunk_bytes: int | None = None) -> HostPool:
+    """The park pool of a CUDA KV pool: ``budget_gib`` GiB page-locked once, in chunks.
+
+    A pool that cannot be allocated or locked is a boot failure (:class:`api.BootError`) naming
+    ``DSV41_KV_PARK_GIB``, the size and the limit it hit. ``locker`` is the page-locking call
+    (``cudaHostRegister``; tests inject a failing one)."""
+    what = f"DSV41_KV_PARK_GIB={budget_gib}"
+    kwargs = {} if chunk_bytes is None else {"chunk_bytes": chunk_bytes}
+    try:
+        return HostPool.allocate(budget_gib * GIB, locker=CudaHostRegister() if locker is None else locker, what=what, **kwargs)
+    except PoolError as exc:
+        raise api.BootError(f"kv_park: {exc}") from exc
+
+
+def _boot_pool(state: _State, scheduler: Any) -> None:
+    """At the first scheduler pass: a CUDA KV pool parks into a pinned pool allocated now, once;
+    a CPU pool keeps pageable entries (nothing to pin)."""
+    allocator = getattr(scheduler, "token_to_kv_pool_allocator", None)
+    if allocator is None or state.store.host_pool is not None:
+        return
+    device = getattr(allocator, "device", None) or getattr(allocator.get_kvcache(), "device", "cpu")
+    if torch.device(device).type != "cuda":
+        return
+    pool = boot_pool(state.store.budget // GIB)
+    state.store.use_pool(pool)
+    SWITCH.event("pool", **pool.describe())
 
 
 def _fence_writes(state: _State, allocator: Any, loc: torch.Tensor | None) -> None:
@@ -449,22 +490,33 @@ def _restore_one(state: _State, scheduler: Any, req: Any, *, may_evict: bool) ->
             # Under the overlap loop a forward may still be in flight on another stream and touch
             # pages just handed out (a row that finished last step): let it drain first.
             torch.cuda.synchronize(engines.full.device)
+        taken: list[Any] = []  # entries taken from the store: their pool rows are released below
+        fence: list[Any] = []  # CUDA events of the restores' copies (from pinned pool rows), in order
         try:
             entry = store.take(req.rid)
             assert entry is not None
+            taken.append(entry)
             pages = torch.div(slots[::page_size], page_size, rounding_mode="floor")
-            engines.full.restore(entry.data, pages.cpu(), first=have // page_size)
+            engines.full.restore(entry.rows, pages.cpu(), first=have // page_size, fence=fence)
             params = InsertParams(key=key, value=torch.cat([prefix, slots]), prev_prefix_len=have)
             if swa_from is not None:
                 swa_entry = store.take((req.rid, "swa"))
                 assert swa_entry is not None and engines.swa is not None
+                taken.append(swa_entry)
                 swa_slots = allocator.full_to_swa_index_mapping[slots[tail_from - have :]].to(torch.int64)
                 swa_pages = torch.div(swa_slots[::page_size], page_size, rounding_mode="floor")
-                engines.swa.restore(swa_entry.data, swa_pages.cpu(), first=(tail_from - swa_from) // page_size)
+                engines.swa.restore(swa_entry.rows, swa_pages.cpu(), first=(tail_from - swa_from) // page_size, fence=fence)
                 params.set_evicted_seqlen(ComponentType.SWA, tail_from)  # no SWA KV below the window we had
         except BaseException:
             allocator.free(slots)  # neither in the tree nor owned by a request: give them back
+            for event in fence:
+                event.synchronize()
             raise
+        finally:
+            # The pool rows go back once the copies that read them are done (fenced below).
+            for i, e in enumerate(taken):
+                store.release(e, after=fence[i] if i < len(fence) else None)
+        state.restoring.extend(fence)
         tree.insert(params)
         # Until the admission takes them as the request's prefix, running rows' decode could evict
         # the restored pages (pool-full retractions wait for them to finish): pin them.
