@@ -4,13 +4,18 @@
 Each test states the device-side invariant it checks:
 
 * save and restore through the staged device schedule are byte-identical to the per-view copies;
-* RAM mode pins no host memory (entries are pageable; PyTorch's pinned host allocator is untouched);
+* without a park pool nothing is pinned (entries are pageable; PyTorch's pinned host allocator is
+  untouched); the park pool is page-locked once, in chunks, carving pins nothing, and close unlocks it;
+* saves into and restores from pinned pool rows (several segments, pipelined over the engine's two
+  streams) are byte-identical to the per-view copies; a pinned restore hands back its event;
+* the fence before reuse: pool rows a restore still reads are not carved again until its event is done;
 * a bad page id raises ``IndexError`` on the host before any device indexing (no device assert,
   the context stays usable);
 * the copy stream is fenced before a freed page is written (``fence_pages`` returns only after
   the copy stream has finished reading the pages);
 * a copy and a global-mode CUDA graph capture on another thread never overlap (the capture lock),
-  the capture replays correctly and every parked byte is right; a thread-local capture needs no lock.
+  the capture replays correctly and every parked byte is right (pageable and pinned pool rows); a
+  thread-local capture needs no lock.
 """
 
 from __future__ import annotations
@@ -327,3 +332,130 @@ def test_a_copy_on_the_capturing_thread_is_refused_without_breaking_the_capture(
             graph = torch.cuda.CUDAGraph()
     assert lock.captures_open == 0
     assert torch.equal(engine.save(torch.arange(3)), good)
+
+
+# -- the park pool: pinned once, carved per entry, copies async on the engine's two streams ----------
+
+MiB = 1 << 20
+
+
+def _small_pool(capacity: int, chunk_bytes: int):
+    from adapter.switches.kv_park.host_pool import CudaHostRegister, HostPool
+
+    return HostPool.allocate(capacity, chunk_bytes=chunk_bytes, locker=CudaHostRegister())
+
+
+def test_the_park_pool_is_page_locked_once_in_chunks_and_unlocked_at_close():
+    from adapter.switches.kv_park import switch
+
+    pool = switch.boot_pool(1, chunk_bytes=256 * MiB)
+    try:
+        assert len(pool.chunks) == 4 and all(c.is_pinned() for c in pool.chunks), "a chunk is not page-locked"
+        assert pool.describe()["pinned"] == "cudaHostRegister" and pool.lock_ms > 0
+        before = _host_allocs()
+        carving = pool.carve(3, 5000)
+        assert all(s.is_pinned() for s in carving.segments)
+        if before is not None:
+            assert _host_allocs() == before, "carving allocated pinned memory"
+    finally:
+        pool.close()
+    assert not any(c.is_pinned() for c in pool.chunks), "close left a chunk registered"
+
+
+@pytest.mark.parametrize("chunk_pages", [1, 3, 64], ids=["1-page-chunks", "3-page-chunks", "one-chunk"])
+def test_saves_into_and_restores_from_pinned_pool_rows_are_byte_identical_across_segments(chunk_pages):
+    layout = _wide_layout(11, row=37440, layers=3)
+    engine = CopyEngine(layout, chunk_bytes=chunk_pages * layout.page_bytes)
+    row = layout.page_bytes
+    per_chunk = 5  # rows a chunk holds: the carving spans several segments
+    pool = _small_pool(4 * per_chunk * -(-row // 4096) * 4096, per_chunk * -(-row // 4096) * 4096)
+    try:
+        src = _ids(17, seed=12)
+        carving = pool.carve(17, row)
+        assert carving is not None and len(carving.segments) == 4
+        engine.save(src, out=carving.segments)
+        oracle = per_view_save(layout, src.tolist(), torch.empty((17, row), dtype=torch.uint8))
+        assert torch.equal(torch.cat(carving.segments), oracle), "the pinned rows differ from the per-view copies"
+        dst = torch.tensor([p for p in _ids(POOL_PAGES, seed=13).tolist() if p not in set(src.tolist())][:15])
+        fence: list = []
+        engine.restore(carving.segments, dst, first=2, fence=fence)
+        assert len(fence) == 1, "a restore from pinned rows hands back its event instead of waiting"
+        fence[0].synchronize()
+        for i, page in enumerate(dst.tolist()):
+            got = torch.cat([r.rows[page].cpu() for r in layout.regions])
+            assert torch.equal(got, oracle[i + 2]), f"page {page} differs after the pinned restore"
+        pageable: list = []
+        engine.restore(oracle, dst[:3], fence=pageable)
+        assert pageable == [], "a restore from pageable memory must finish before it returns"
+    finally:
+        pool.close()
+
+
+def test_a_restores_pool_rows_are_not_reused_before_its_copy_has_read_them():
+    """The fence before reuse: a restore still in flight (its stream held back by a sleep) keeps its
+    rows out of the pool; the next carve waits for it, and the restored pages hold the old bytes."""
+    layout = _wide_layout(14, row=1 << 20, layers=2)
+    engine = CopyEngine(layout, chunk_bytes=4 << 20)
+    pool = _small_pool(8 * layout.page_bytes, 8 * layout.page_bytes)  # exactly 8 rows
+    store = ParkStore(1, worker=False, host_pool=pool)
+    try:
+        src, other = _ids(8, seed=15), _ids(8, seed=16)
+        assert store.offer("a", engine, src) == "saved"
+        want = per_view_save(layout, src.tolist(), torch.empty((8, layout.page_bytes), dtype=torch.uint8))
+        entry = store.take("a")
+        dst = torch.tensor([p for p in range(POOL_PAGES) if p not in set(src.tolist())][:8])
+        torch.cuda._sleep(2_000_000_000)  # hold the caller's stream (the restore is ordered after it)
+        fence: list = []
+        engine.restore(entry.rows, dst, fence=fence)
+        assert not fence[0].query(), "the restore finished before the test could see it in flight"
+        store.release(entry, after=fence[0])
+        assert pool.used_bytes == pool.capacity, "rows a restore still reads went back to the pool"
+        assert store.offer("b", engine, other) == "saved"  # needs those rows: waits for the restore first
+        assert fence[0].query()
+        for i, page in enumerate(dst.tolist()):
+            got = torch.cat([r.rows[page].cpu() for r in layout.regions])
+            assert torch.equal(got, want[i]), "the next save overwrote rows before the restore read them"
+    finally:
+        store.close()
+        pool.close()
+
+
+def test_a_pinned_pool_save_waits_out_a_global_mode_capture_on_another_thread(monkeypatch):
+    lock = _RecordingLock()
+    layout = _wide_layout(17, pool_pages=64, row=1 << 20, layers=2)
+    engine = CopyEngine(layout, chunk_bytes=8 << 20, capture_lock=lock)
+    pool = _small_pool(64 << 20, 64 << 20)
+    carving = pool.carve(32, layout.page_bytes)
+    ids = _ids(32, seed=18, pool_pages=64)
+    want = per_view_save(layout, ids.tolist(), torch.empty((32, layout.page_bytes), dtype=torch.uint8))
+    stop = threading.Event()
+    results: list[bool] = []
+    errors: list[BaseException] = []
+
+    def loop() -> None:
+        try:
+            while not stop.is_set():
+                engine.save(ids, out=carving.segments)
+                results.append(torch.equal(torch.cat(carving.segments), want))
+        except BaseException as exc:
+            errors.append(exc)
+
+    try:
+        with _locked_graphs(lock, monkeypatch):
+            worker = threading.Thread(target=loop, daemon=True)
+            worker.start()
+            try:
+                while not results and not errors:
+                    time.sleep(0.001)
+                replays = [_capture_and_replay(None, hold_s=0.05) for _ in range(4)]
+            finally:
+                stop.set()
+                worker.join(60)
+        assert not errors, f"a pinned save failed during the captures: {errors[0]!r}"
+        assert replays == [True] * 4 and results and all(results)
+        assert lock.waits >= 1, "no copy met an open capture"
+        for c0, c1 in lock.capture_spans:
+            for s0, s1 in lock.copy_spans:
+                assert s1 <= c0 or s0 >= c1, "a pinned save overlapped a global-mode capture"
+    finally:
+        pool.close()

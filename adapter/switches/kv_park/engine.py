@@ -69,7 +69,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -78,6 +78,7 @@ from adapter.switches.kv_park.capture import CAPTURE_LOCK, CaptureConflict, Capt
 
 MiB = 1 << 20
 DEFAULT_CHUNK_BYTES = 32 * MiB
+DEVICE_CHUNK_BYTES = 64 * MiB  # a CUDA engine: fewer chunks, fewer index-op launches per entry
 PARALLEL_MIN_BYTES = 4 * MiB  # smaller entries are copied on the calling thread
 # Host rows of an entry: one ``[pages, page_bytes]`` tensor, or the segments of a pool carving.
 HostRows = torch.Tensor | Sequence[torch.Tensor]
@@ -232,11 +233,13 @@ class CopyEngine:
         self,
         layout: PageLayout,
         *,
-        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        chunk_bytes: int | None = None,
         stage: bool | None = None,
         threads: int | None = None,
         capture_lock: CaptureLock | None = None,
     ):
+        if chunk_bytes is None:
+            chunk_bytes = DEVICE_CHUNK_BYTES if layout.device.type == "cuda" else DEFAULT_CHUNK_BYTES
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
         if threads is not None and threads < 1:
@@ -254,6 +257,10 @@ class CopyEngine:
             size = self.chunk_pages * self.page_bytes
             self._staging = [torch.empty(size, dtype=torch.uint8, device=self.device) for _ in range(2)]
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        # The host link's own stream: chunk k's host copy overlaps chunk k+1's gather (or scatter).
+        self._xfer = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._ready = [torch.cuda.Event() for _ in range(2)] if self._xfer is not None else []
+        self._freed = [torch.cuda.Event() for _ in range(2)] if self._xfer is not None else []
         shared = CAPTURE_LOCK if capture_lock is None else capture_lock
         self._capture_lock = shared if self._stream is not None else None
         # Region views in the engine's word width, and each region's column span in words.
@@ -381,14 +388,49 @@ class CopyEngine:
                 return entry
             pinned = self._pinned(segs)
             dev_ids = self._device_ids(ids)  # on the engine's stream, inside the capture lock
+            self._link_after_engine()
             for k, (lo, hi, host) in enumerate(self._pieces(segs, 0, n, self.chunk_pages)):
                 cid = dev_ids[lo:hi]
                 target = self._staging_rows(k, hi - lo)
+                self._wait(self._stream, self._freed, k, k >= 2)  # the link has read chunk k-2 out of this half
                 for rows, col, width in self._cols:
                     torch.index_select(rows, 0, cid, out=target[:, col : col + width])
-                host.copy_(target, non_blocking=pinned)  # one copy per chunk (async into pinned rows)
+                self._hand_over(self._stream, self._ready, k, self._xfer)  # the half holds chunk k
+                with self._link():
+                    host.copy_(target, non_blocking=pinned)  # one copy per chunk (async into pinned rows)
+                self._signal(self._xfer, self._freed, k)
+            self._engine_after_link()
             del dev_ids, cid  # the device ids are freed inside the capture lock, not after it
         return entry
+
+    # Two streams on CUDA: the engine's (gathers, scatters) and the link's (host copies), handing the
+    # two staging halves to each other with events: ``ready[h]`` (half h holds what the other side
+    # needs) and ``freed[h]`` (the other side is done with half h), so chunk k's host copy overlaps
+    # chunk k+1's gather (save) or chunk k-1's scatter (restore). On CPU these do nothing.
+    def _link_after_engine(self) -> None:
+        if self._xfer is not None:
+            self._xfer.wait_stream(self._stream)  # type: ignore[arg-type]
+
+    def _engine_after_link(self) -> None:
+        if self._xfer is not None:
+            self._stream.wait_stream(self._xfer)  # type: ignore[union-attr]
+
+    def _signal(self, stream: object, events: list, k: int) -> None:
+        if self._xfer is not None:
+            events[k & 1].record(stream)
+
+    def _wait(self, stream: object, events: list, k: int, needed: bool) -> None:
+        if self._xfer is not None and needed:
+            stream.wait_event(events[k & 1])  # type: ignore[attr-defined]
+
+    def _hand_over(self, src: object, events: list, k: int, dst: object) -> None:
+        """``events[k & 1]`` recorded on ``src`` now, and ``dst`` waits for it."""
+        if self._xfer is not None:
+            events[k & 1].record(src)
+            dst.wait_event(events[k & 1])  # type: ignore[attr-defined]
+
+    def _link(self):
+        return torch.cuda.stream(self._xfer) if self._xfer is not None else nullcontext()
 
     def restore(
         self, entry: HostRows, page_ids: torch.Tensor | Sequence[int], *, first: int = 0, fence: list | None = None
@@ -423,12 +465,18 @@ class CopyEngine:
                 _run_groups(self._groups_for(n), scatter)
                 return
             dev_ids = self._device_ids(ids)  # on the engine's stream, inside the capture lock
+            self._link_after_engine()
             for k, (lo, hi, host) in enumerate(self._pieces(segs, first, first + n, self.chunk_pages)):
                 cid = dev_ids[lo:hi]
                 source = self._staging_rows(k, hi - lo)
-                source.copy_(host, non_blocking=pinned)  # one host-to-device copy per chunk
+                self._wait(self._xfer, self._freed, k, k >= 2)  # the scatter of chunk k-2 has read this half
+                with self._link():
+                    source.copy_(host, non_blocking=pinned)  # one host-to-device copy per chunk
+                self._hand_over(self._xfer, self._ready, k, self._stream)  # the half holds chunk k
                 for rows, col, width in self._cols:
                     rows.index_copy_(0, cid, source[:, col : col + width])
+                self._signal(self._stream, self._freed, k)
+            self._engine_after_link()
             del dev_ids, cid  # the device ids are freed inside the capture lock, not after it
 
 
