@@ -71,6 +71,9 @@ def test_the_dry_run_bench_reports_every_figure_and_each_target_with_met_or_unme
     ):
         assert isinstance(figures[key], (int, float)) and figures[key] > 0, key
     assert summary["bytes_identical"] is True
+    for key in ("pool_save_ms", "pool_restore_ms"):
+        assert isinstance(figures[key], (int, float)) and figures[key] > 0, key
+    assert figures["pool_pinned"] is False, "the CPU dry run's pool is ordinary memory"
     assert set(summary["targets"]) == {
         "save_speedup_vs_perview",
         "save_vs_memcpy",
@@ -113,13 +116,20 @@ def test_without_a_folder_or_out_the_script_refuses():
     assert proc.returncode == 2 and "give a results folder (or set OUT)" in proc.stderr
 
 
-def _parts(folder: Path, tests_xml: str | None, status: str = "ok") -> None:
+def _cuda_targets(met: bool = True) -> dict:
+    return {
+        name: {"value": 0.9 if met else 0.5, "op": ">=", "limit": 0.8, "met": met} for name in summarize.CUDA_TARGETS
+    }
+
+
+def _parts(folder: Path, tests_xml: str | None, status: str = "ok", targets: dict | None = None) -> None:
     rows = [f"{n}\t0\t1\tok" for n in ("env", "imports", "bench", "probe")]
     rows.append(f"tests\t{0 if status == 'ok' else 127}\t0\t{status}")
     (folder / "steps.tsv").write_text("\n".join(rows) + "\n")
     (folder / "imports.json").write_text(json.dumps({"ok": True}))
     (folder / "bench.out").write_text(
-        "table\n" + json.dumps({"bytes_identical": True, "targets": {}, "targets_met": True}) + "\n"
+        "table\n" + json.dumps({"bytes_identical": True, "targets": _cuda_targets() if targets is None else targets,
+                                "targets_met": True}) + "\n"
     )
     if tests_xml is not None:
         (folder / "tests.xml").write_text(tests_xml)
@@ -146,3 +156,33 @@ def test_on_the_device_a_skipped_cuda_test_or_an_unclean_locked_capture_fails_th
     assert any("1 skipped, 1 passed on the device" in p for p in summary["problems"])
     assert any(p.startswith("capture probe thread_local_unlocked") for p in summary["problems"])
     assert not any("global_locked" in p for p in summary["problems"])
+
+
+def test_on_the_device_an_unmet_or_missing_pool_target_fails_the_check(tmp_path):
+    xml = '<testsuites><testsuite><testcase name="a"/></testsuite></testsuites>'
+    clean = {"status": "ran", "capture_errors": [], "copy_errors": [], "replays_ok": True, "saves_identical": True}
+    probe = {"device": "cuda", "scenarios": {"global_locked": clean, "thread_local_unlocked": clean}}
+    (tmp_path / "probe.json").write_text(json.dumps(probe))
+    _parts(tmp_path, xml)
+    assert summarize.summarize(tmp_path, "cuda", dry_run=False, elapsed=1.0)["ok"] is True
+    targets = _cuda_targets()
+    targets["pool_restore_speed_vs_pinned_memcpy"].update(value=0.5, met=False)
+    _parts(tmp_path, xml, targets=targets)
+    summary = summarize.summarize(tmp_path, "cuda", dry_run=False, elapsed=1.0)
+    assert summary["ok"] is False
+    assert summary["problems"] == ["bench target pool_restore_speed_vs_pinned_memcpy unmet: 0.5 (want >= 0.8)"]
+    _parts(tmp_path, xml, targets={"save_vs_memcpy": {"value": 1, "op": "<=", "limit": 2.5, "met": True}})
+    assert any("not ['pool_" in p for p in summarize.summarize(tmp_path, "cuda", dry_run=False, elapsed=1.0)["problems"])
+
+
+def test_the_bench_reports_the_pool_targets_on_cuda_and_judges_each(monkeypatch):
+    from devkit.bench import kv_park
+
+    assert set(kv_park.CUDA_TARGETS) == set(summarize.CUDA_TARGETS), "check.json and the bench name other targets"
+    figures = {"device": "cuda", "pool_save_speed_vs_pinned_memcpy": 0.93, "pool_restore_speed_vs_pinned_memcpy": 0.79,
+               "pool_save_vs_stock_get_cpu_copy": 1.0}
+    table = kv_park._target_table(figures)
+    assert {n: t["met"] for n, t in table.items()} == {
+        "pool_save_speed_vs_pinned_memcpy": True, "pool_restore_speed_vs_pinned_memcpy": False,
+        "pool_save_vs_stock_get_cpu_copy": True,
+    }

@@ -14,15 +14,18 @@
 #
 # Steps:
 #   1 env      python, torch, CUDA device, whether sglang / pytest import (sglang should not)
-#   2 imports  adapter.switches.kv_park.{engine,capture,store}, devkit.bench.kv_park, adapter.ops.cli import with
+#   2 imports  adapter.switches.kv_park.{engine,capture,store,host_pool}, devkit.bench.kv_park, adapter.ops.cli import with
 #              sglang blocked (the GPU machine has no SGLang)
-#   3 bench    python -m adapter bench kv-park --device cuda: page-major save into pageable memory vs
-#              per-view copies vs per-view into a pinned-per-save entry vs SGLang's get_cpu_copy;
-#              restore; GB/s and ratios to a D2H/H2D memcpy of the same bytes; bytes identical;
-#              targets: save >= 4x per-view, save <= 2.5x memcpy, restore <= 3x memcpy (and <= per-view)
-#   4 tests    pytest -m cuda tests/unit/test_kv_park_cuda.py (byte identity on the device, no pinned
-#              allocation in RAM mode, IndexError before device indexing, the copy-stream fence,
-#              copies vs a concurrent global / thread-local CUDA graph capture)
+#   3 bench    python -m adapter bench kv-park --device cuda: save and restore through the park pool
+#              (page-locked once with cudaHostRegister, carved rows, chunks pipelined over two streams)
+#              vs a pinned D2H / H2D memcpy of the same bytes vs SGLang's get_cpu_copy, beside the
+#              pageable page-major and per-view schedules; GB/s; bytes identical; targets (check.json
+#              "targets"): pool save and pool restore each >= 0.8x the pinned memcpy's speed, pool
+#              save <= 1x stock get_cpu_copy's time (the CPU dry run keeps the CPU targets)
+#   4 tests    pytest -m cuda tests/unit/test_kv_park_cuda.py (byte identity on the device, pageable and
+#              through pinned pool rows; the pool page-locked once and unlocked at close; IndexError
+#              before device indexing; the copy-stream fence; pool rows not reused before a restore
+#              read them; copies vs a concurrent global / thread-local CUDA graph capture)
 #   5 probe    tools/gpu/capture_probe.py: what an unlocked / locked / thread-local capture does to
 #              copies on another thread (observations; the locked and thread-local ones must be clean)
 #
@@ -136,7 +139,7 @@ class NoSGLang(importlib.abc.MetaPathFinder):
             raise ImportError(f"sglang is blocked in this check ({name})")
         return None
 sys.meta_path.insert(0, NoSGLang())
-mods = ["adapter.switches.kv_park.engine", "adapter.switches.kv_park.capture", "adapter.switches.kv_park.store", "devkit.bench.kv_park", "adapter.ops.cli"]
+mods = ["adapter.switches.kv_park.engine", "adapter.switches.kv_park.capture", "adapter.switches.kv_park.store", "adapter.switches.kv_park.host_pool", "devkit.bench.kv_park", "adapter.ops.cli"]
 out = {"ok": True, "modules": mods, "error": None}
 try:
     for m in mods:

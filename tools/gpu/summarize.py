@@ -13,7 +13,9 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-SCHEMA = 2  # 2: the capture probe's scenarios and fields say "locked" (were "gated")
+SCHEMA = 3  # 3: the device run's targets are the park pool's (and an unmet one is a problem)
+# The targets a device run must report (devkit/bench/kv_park.py CUDA_TARGETS; stdlib only here).
+CUDA_TARGETS = ("pool_save_speed_vs_pinned_memcpy", "pool_restore_speed_vs_pinned_memcpy", "pool_save_vs_stock_get_cpu_copy")
 KEYS = (
     "check", "schema", "device", "dry_run", "elapsed_s", "env", "steps", "imports_without_sglang",
     "bench", "targets", "targets_met", "bytes_identical", "tests", "capture_probe", "ok", "problems",
@@ -94,6 +96,12 @@ def summarize(folder: Path, device: str, dry_run: bool, elapsed: float) -> dict:
         problems.append(f"bench: {bench['status']}")
     elif identical is not True:
         problems.append("bench: parked bytes differ from the per-view copies")
+    if not dry_run:  # on the device every target must be met (the CPU dry run only shows them)
+        for name, t in sorted(targets.items()):
+            if not t.get("met"):
+                problems.append(f"bench target {name} unmet: {t.get('value')} (want {t.get('op')} {t.get('limit')})")
+        if bench["status"] == "ok" and set(targets) != set(CUDA_TARGETS):
+            problems.append(f"bench: the device run reported targets {sorted(targets)}, not {sorted(CUDA_TARGETS)}")
     tests = _tests(folder / "tests.xml")
     if tests["status"] != "ran":
         problems.append(f"tests: {tests['status']}")
