@@ -184,9 +184,10 @@ HICACHE_ARGS = "--enable-hierarchical-cache --hicache-ratio 4 --hicache-write-po
     ("--enable-hierarchical-cache --hicache-size 64 --hicache-write-policy write_through "
      "--hicache-storage-backend file", "--hicache-size 64: 64 GB per rank"),
 ])
-def test_check_reads_the_hicache_flags_and_predicts_kv_park_refused_and_the_other_switches_installed(
+def test_check_reads_the_hicache_flags_and_predicts_kv_park_inside_hicaches_budget_and_the_others_installed(
         tmp_path, mellum, flags, host_pool):
-    """Beside HiCache: kv_park refuses with the line its first scheduler pass logs; cone replay is
+    """Beside HiCache: kv_park installs and ``check`` says its pool is carved out of HiCache's host
+    pool (one host-RAM total, HiCache's); cone replay is
     predicted from its bound as without HiCache (it acts beside it); SWA thin and the fast tree core
     install (their receipt is the install outcome)."""
     profile = tmp_path / "p.env"
@@ -199,7 +200,8 @@ def test_check_reads_the_hicache_flags_and_predicts_kv_park_refused_and_the_othe
     receipts = report["receipts"]
     from adapter.switches.kv_park import beside_hicache
 
-    assert receipts["kv_park"] == f"refused: {beside_hicache.reason(host_pool, 8)}"
+    assert receipts["kv_park"] == "installed"
+    assert beside_hicache.prediction_note(host_pool, 8) in report["notes"]
     assert receipts["cone_replay"] == "installed"
     assert receipts["swa_thin"] == receipts["fast_tree_core"] == "installed"
 

@@ -1,14 +1,15 @@
 """``DSV41_KV_PARK=ram`` beside HiCache, on the real SGLang scheduler (CPU) with HiCache attached to
 its cache (``devkit.testkit.scheduler.build_scheduler(hicache=...)``: ``init_hicache``, the real host
-pools and controller). The switch refuses at the first scheduler pass with one line, takes every
-wrapper off (a retraction then runs stock: nothing parked), and fails the boot under strict mode."""
+pools and controller). One host budget: the park pool is carved out of HiCache's host pools at the
+first scheduler pass (their own allocator hands the slots over), every parked byte lives inside
+HiCache's host buffers, and a retraction parks and restores byte for byte."""
 
 from __future__ import annotations
 
 import importlib
-import re
 
 import pytest
+import torch
 
 from adapter.core import boot
 from devkit.testkit.radix_cache import HiCache
@@ -17,10 +18,11 @@ importlib.import_module("sglang.srt.managers.scheduler")
 from devkit.testkit.scheduler import build_scheduler  # noqa: E402
 
 HICACHE = HiCache(ratio=2.0, write_policy="write_back")
+PAGE = 16
 
 
 def _build(hicache: HiCache | None = HICACHE):
-    return build_scheduler(page_size=16, pool_tokens=1024, max_reqs=8, chunked_prefill_size=256, hybrid_swa=True,
+    return build_scheduler(page_size=PAGE, pool_tokens=1024, max_reqs=8, chunked_prefill_size=256, hybrid_swa=True,
                            swa_pool_tokens=512, sliding_window=32, hicache=hicache)
 
 
@@ -28,42 +30,123 @@ def _park():
     return importlib.import_module("adapter.switches.kv_park.switch")
 
 
-def test_beside_hicache_kv_park_refuses_at_the_first_pass_and_a_retraction_parks_nothing(capfd):
+def _host_ranges(tree) -> list[tuple[int, int]]:
+    out = []
+    for entry in tree.host_pool_group.entries:
+        buf = entry.host_pool.kv_buffer
+        for b in buf if isinstance(buf, (list, tuple)) else [buf]:
+            out.append((b.data_ptr(), b.data_ptr() + b.numel() * b.element_size()))
+    return out
+
+
+def _inside(ranges, t: torch.Tensor) -> bool:
+    start, end = t.data_ptr(), t.data_ptr() + t.numel()
+    return any(lo <= start and end <= hi for lo, hi in ranges)
+
+
+def _full_bytes(h, req, n: int) -> torch.Tensor:
+    kv = h.scheduler.token_to_kv_pool_allocator.get_kvcache().full_kv_pool
+    slots = h.scheduler.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :n].long()
+    return torch.cat([b[slots].view(torch.uint8).reshape(n, -1) for b in [*kv.k_buffer, *kv.v_buffer]], dim=1)
+
+
+def _randomize(h, seed: int = 0) -> None:
+    g = torch.Generator().manual_seed(seed)
+    kv = h.scheduler.token_to_kv_pool_allocator.get_kvcache()
+    for pool in (kv.full_kv_pool, kv.swa_kv_pool):
+        for buf in [*pool.k_buffer, *pool.v_buffer]:
+            raw = buf.view(torch.uint8)
+            raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, generator=g))
+
+
+def test_beside_hicache_the_park_pool_is_carved_out_of_hicaches_host_pool_one_budget():
     state = boot.install({"DSV41_KV_PARK": "ram", "DSV41_KV_PARK_GIB": "4"})
+    h = _build()
+    tree = h.scheduler.tree_cache
+    free_before = [e.host_pool.available_size() for e in tree.host_pool_group.entries]
+    host_total = sum(int(e.host_pool.size) * int(e.host_pool.size_per_token) for e in tree.host_pool_group.entries)
+    h.step()  # the first scheduler pass carves the pool
     assert state.outcomes["kv_park"].status == "installed"
+    s = _park().STATE
+    pool = s.store.host_pool
+    assert s.beside_hicache and pool is not None
+    taken = [b - e.host_pool.available_size() for b, e in zip(free_before, tree.host_pool_group.entries, strict=True)]
+    assert all(t > 0 for t in taken), "every host pool gave its share of slots through its own allocator"
+    carved = sum(t * int(e.host_pool.size_per_token) for t, e in zip(taken, tree.host_pool_group.entries, strict=True))
+    assert pool.capacity <= carved <= host_total // 2, "the carve-out is at most half of HiCache's host pools"
+    ranges = _host_ranges(tree)
+    assert all(_inside(ranges, c) for c in pool.chunks), "a park-pool chunk lies outside HiCache's host buffers"
+    assert s.store.budget == pool.capacity
+
+
+def test_a_retraction_beside_hicache_parks_inside_hicaches_budget_and_restores_byte_for_byte():
+    boot.install({"DSV41_KV_PARK": "ram", "DSV41_KV_PARK_GIB": "4"})
     h = _build()
-    assert h.scheduler.tree_cache.cache_controller is not None
+    tree = h.scheduler.tree_cache
+    host_total = sum(int(e.host_pool.size) * int(e.host_pool.size_per_token) for e in tree.host_pool_group.entries)
     a = h.add_request(100, max_new_tokens=200)
-    h.add_request(70, max_new_tokens=200)
-    h.run(10)
+    b = h.add_request(70, max_new_tokens=200)
+    _randomize(h)
+    h.run(31)
+    committed = {r.rid: len(r.origin_input_ids) + len(r.output_ids) - 1 for r in (a, b)}
+    whole = {rid: n // PAGE * PAGE for rid, n in committed.items()}
+    before = {r.rid: _full_bytes(h, r, whole[r.rid]) for r in (a, b)}
     h.retract_all()
-    h.run(5)
-    outcome = state.outcomes["kv_park"]
-    assert outcome.status == "refused"
-    assert re.fullmatch(
-        r"--enable-hierarchical-cache is on: HiCache pinned its own host pool at boot \(\d+\.\d+ [MG]iB\) and keeps a "
-        r"retracted request's inserted prefix there; the park store \(DSV41_KV_PARK_GIB=4\) would be a second "
-        r"host-RAM budget outside it, parking what HiCache holds \(unset DSV41_KV_PARK, or turn HiCache off\)",
-        outcome.reason), outcome.reason
-    err = capfd.readouterr().err
-    assert len(re.findall(r"\[dsv41\] kv_park refused: ", err)) == 1, err
-    # Every wrapper is off and the store is gone: the retraction above ran stock, nothing was parked.
-    from sglang.srt.managers import schedule_batch
+    store = _park().STATE.store
+    store.fence()
+    assert {"r1", "r2"} <= set(store.ready_keys()), "the retracted rows were not parked beside HiCache"
+    ranges = _host_ranges(tree)
+    for key in store.ready_keys():
+        assert all(_inside(ranges, seg) for seg in store._entries[key].rows), "a parked row outside HiCache's host pool"
+    # Parked bytes plus what HiCache itself holds on host never exceed HiCache's host pool.
+    hicache_held = sum((int(e.host_pool.size) - int(e.host_pool.available_size())) * int(e.host_pool.size_per_token)
+                       for e in tree.host_pool_group.entries)
+    assert hicache_held <= host_total and store.used_bytes <= store.host_pool.capacity
+    # Other traffic: the device tree loses every unlocked node, every free device page is zeroed.
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
-    assert _park().STATE is None and not hasattr(schedule_batch.release_req, "__wrapped__")
-    assert a.kv.holds_kv or a.finished()  # re-admitted stock (a re-prefill) after the retraction
+    tree.evict(EvictParams(num_tokens=1 << 30))
+    alloc = h.scheduler.token_to_kv_pool_allocator
+    kv = alloc.get_kvcache()
+    for pool, side in ((kv.full_kv_pool, alloc.full_attn_allocator), (kv.swa_kv_pool, alloc.swa_attn_allocator)):
+        free = side.get_all_free_pages().long()
+        for buf in [*pool.k_buffer, *pool.v_buffer]:
+            buf.view(-1, PAGE, *buf.shape[1:])[free] = 0
+    step = h.step()
+    assert step.kind == "prefill" and set(step.rids) == {"r1", "r2"}
+    prefix = dict(zip(step.rids, step.prefix_lens, strict=True))
+    for r in (a, b):
+        assert prefix[r.rid] == whole[r.rid], f"{r.rid}: the parked pages were not found as a cached prefix"
+        assert torch.equal(_full_bytes(h, r, whole[r.rid]), before[r.rid]), f"{r.rid}: other full-attention bytes"
+    assert store.stats.restored >= 2 and store.stats.failed == 0
+    h.run_until(lambda: a.finished() and b.finished(), max_passes=1000)
+    assert store.host_pool.used_bytes == store.used_bytes, "pool rows held by no entry"
 
 
-def test_beside_hicache_kv_park_under_strict_fails_the_first_pass():
-    boot.install({"DSV41_KV_PARK": "ram", "DSV41_STRICT": "1"})
+def test_a_park_budget_larger_than_hicaches_host_pool_takes_half_of_it():
+    boot.install({"DSV41_KV_PARK": "ram", "DSV41_KV_PARK_GIB": "4096"})
     h = _build()
-    with pytest.raises(boot.BootError, match="kv_park refused under DSV41_STRICT=1: --enable-hierarchical-cache is on"):
+    h.step()
+    pool = _park().STATE.store.host_pool
+    host_total = sum(int(e.host_pool.size) * int(e.host_pool.size_per_token)
+                     for e in h.scheduler.tree_cache.host_pool_group.entries)
+    assert 0 < pool.capacity <= host_total // 2
+
+
+def test_hicache_without_a_host_page_to_spare_fails_the_first_pass_naming_the_key(monkeypatch):
+    from adapter.switches.kv_park import beside_hicache
+
+    monkeypatch.setattr(beside_hicache, "SHARE", 0.0)
+    boot.install({"DSV41_KV_PARK": "ram", "DSV41_KV_PARK_GIB": "2"})
+    h = _build()
+    with pytest.raises(boot.BootError, match=r"DSV41_KV_PARK_GIB=2: HiCache's host pools \(.*\) have no whole host page"):
         h.step()
 
 
-def test_without_hicache_kv_park_stays_installed_after_the_first_pass():
+def test_without_hicache_kv_park_stays_installed_after_the_first_pass_and_keeps_pageable_entries():
     state = boot.install({"DSV41_KV_PARK": "ram"})
     h = _build(hicache=None)
     h.add_request(100, max_new_tokens=4)
     h.run(3)
     assert state.outcomes["kv_park"].status == "installed"
+    assert _park().STATE.store.host_pool is None, "a CPU KV pool keeps today's pageable entries"

@@ -1,27 +1,54 @@
-"""Why the park store does not run beside HiCache: the one line the switch logs when it refuses at
-the first scheduler pass, and the line ``python -m adapter check`` predicts from the launch line."""
+"""KV parking beside HiCache: one host budget, HiCache's.
+
+With ``--enable-hierarchical-cache`` the park pool is not a second host-RAM budget: at the first
+scheduler pass it is *carved out of HiCache's host pools*. The switch allocates host slots from
+each pool's own allocator (``HostKVCache.alloc``: HiCache then sees them as used, forever) and
+parks into the bytes behind those slots (each run of consecutive slots is, per leading index of the
+host buffer, one contiguous byte range; every range is trimmed to host pages and becomes one chunk
+of a :class:`~adapter.switches.kv_park.host_pool.HostPool`). On CUDA those bytes are HiCache's
+page-locked buffers, so nothing is pinned twice either. The carve-out is
+``min(DSV41_KV_PARK_GIB, SHARE x HiCache's host pools)``: the host-RAM total of the profile is
+HiCache's host pool alone (``--hicache-ratio`` / ``--hicache-size``), and HiCache keeps at least
+``1 - SHARE`` of it for its own prefixes.
+
+What is parked: a retraction whose servable prefix the tree already holds in full (on the device,
+or on host through HiCache) parks nothing. Otherwise the whole servable prefix is parked, as without
+HiCache, so a restore never depends on HiCache loading part of it back first (a load-back is
+scheduled by the admission, after the restore); the prefix pages HiCache also keeps on host
+(write-through, or written back on eviction) are then held twice *inside the one budget*: the
+carve-out is counted in HiCache's host pool, so parked bytes plus HiCache's own never exceed it.
+Parking only the tail past what HiCache keeps needs that load-back ordering: not built.
+
+Importing this module imports no SGLang.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
+
+from adapter.switches.kv_park.host_pool import HOST_PAGE, HostPool, PoolError
+
 GIB = 1 << 30
+SHARE = 0.5  # at most this share of HiCache's host pools is carved out for parking
 
 
-def reason(host_pool: str, budget_gib: int) -> str:
-    """The refusal, ``host_pool`` saying how large HiCache's host pool is (measured, or the flag)."""
-    return (f"--enable-hierarchical-cache is on: HiCache pinned its own host pool at boot ({host_pool}) "
-            f"and keeps a retracted request's inserted prefix there; the park store "
-            f"(DSV41_KV_PARK_GIB={budget_gib}) would be a second host-RAM budget outside it, parking what "
-            f"HiCache holds (unset DSV41_KV_PARK, or turn HiCache off)")
+def attached(tree_cache: Any) -> bool:
+    return getattr(tree_cache, "cache_controller", None) is not None and getattr(tree_cache, "host_pool_group", None) is not None
 
 
-def measured(tree_cache: Any) -> str | None:
-    """HiCache's host pools attached to ``tree_cache``, in bytes as text (None: no HiCache)."""
-    if getattr(tree_cache, "cache_controller", None) is None or getattr(tree_cache, "host_pool_group", None) is None:
-        return None
-    host = sum(int(e.host_pool.size) * int(e.host_pool.size_per_token) for e in tree_cache.host_pool_group.entries)
-    return f"{host / GIB:.2f} GiB" if host >= GIB else f"{host / (1 << 20):.1f} MiB"
+def host_pools(tree_cache: Any) -> list[Any]:
+    return [e.host_pool for e in tree_cache.host_pool_group.entries]
+
+
+def host_bytes(tree_cache: Any) -> int:
+    """HiCache's host pools attached to ``tree_cache``, in bytes."""
+    return sum(int(p.size) * int(p.size_per_token) for p in host_pools(tree_cache))
+
+
+def describe(nbytes: int) -> str:
+    return f"{nbytes / GIB:.2f} GiB" if nbytes >= GIB else f"{nbytes / (1 << 20):.1f} MiB"
 
 
 def from_flags(server_args: Any) -> str | None:
@@ -32,3 +59,95 @@ def from_flags(server_args: Any) -> str | None:
     if size:
         return f"--hicache-size {size}: {size} GB per rank"
     return f"--hicache-ratio {getattr(server_args, 'hicache_ratio', 2.0)}: that many times the device KV pool"
+
+
+def _token_dim(pool: Any, buf: torch.Tensor) -> int | None:
+    dims = [d for d, n in enumerate(buf.shape) if n == int(pool.size)]
+    return dims[0] if dims else None
+
+
+def _runs(slots: torch.Tensor) -> list[tuple[int, int]]:
+    """Runs ``[start, stop)`` of consecutive slot ids."""
+    ids = sorted(int(i) for i in slots.tolist())
+    runs: list[tuple[int, int]] = []
+    for i in ids:
+        if runs and runs[-1][1] == i:
+            runs[-1] = (runs[-1][0], i + 1)
+        else:
+            runs.append((i, i + 1))
+    return runs
+
+
+def _chunks_of(pool: Any, slots: torch.Tensor) -> list[torch.Tensor]:
+    """The bytes behind host slots ``slots`` of ``pool``, as host-page aligned uint8 chunks."""
+    buffers = pool.kv_buffer if isinstance(pool.kv_buffer, (list, tuple)) else [pool.kv_buffer]
+    chunks = []
+    for buf in buffers:
+        if not isinstance(buf, torch.Tensor) or buf.device.type != "cpu":
+            raise PoolError(f"{type(pool).__name__}: its host buffer is not a host tensor")
+        d = _token_dim(pool, buf)
+        if d is None:
+            raise PoolError(f"{type(pool).__name__}: no dimension of its host buffer {tuple(buf.shape)} counts its {pool.size} slots")
+        lead = buf.shape[:d]
+        for start, stop in _runs(slots):
+            for idx in torch.cartesian_prod(*[torch.arange(n) for n in lead]).reshape(-1, len(lead)).tolist() if lead else [[]]:
+                part = buf[tuple(idx)].narrow(0, start, stop - start)
+                if not part.is_contiguous():
+                    raise PoolError(f"{type(pool).__name__}: a run of host slots is not contiguous in its buffer")
+                raw = part.reshape(-1).view(torch.uint8)
+                skip = (-raw.data_ptr()) % HOST_PAGE
+                usable = (raw.numel() - skip) // HOST_PAGE * HOST_PAGE
+                if usable > 0:
+                    chunks.append(raw[skip : skip + usable])
+    return chunks
+
+
+def carve_pool(tree_cache: Any, budget_gib: int) -> tuple[HostPool, dict[str, object]]:
+    """The park pool carved out of HiCache's host pools: ``min(budget, SHARE x host pools)``, taken
+    from each pool in proportion to its size. :class:`PoolError` names the sizes when nothing fits."""
+    pools = host_pools(tree_cache)
+    total = host_bytes(tree_cache)
+    want = min(budget_gib * GIB, int(total * SHARE))
+    chunks: list[torch.Tensor] = []
+    skipped: list[str] = []
+    taken = 0
+    for pool in pools:
+        per_slot = int(pool.size_per_token)
+        page = int(getattr(pool, "logical_page_size", pool.page_size))
+        share = want * (int(pool.size) * per_slot) // max(total, 1)
+        slots_wanted = min(int(pool.available_size()), share // per_slot) // page * page
+        if slots_wanted <= 0:
+            continue
+        slots = pool.alloc(slots_wanted)
+        if slots is None:
+            continue
+        try:
+            chunks += _chunks_of(pool, slots)
+        except PoolError as exc:  # this pool's layout cannot be carved: give its slots back
+            pool.free(slots)
+            skipped.append(str(exc))
+            continue
+        taken += slots_wanted * per_slot
+    if not chunks:
+        why = f" ({'; '.join(skipped)})" if skipped else ""
+        raise PoolError(
+            f"DSV41_KV_PARK_GIB={budget_gib}: HiCache's host pools ({describe(total)}) have no whole host page "
+            f"free for the park pool (it takes at most {SHARE:g} of them){why}"
+        )
+    pool = HostPool(chunks)
+    facts = {
+        "carved_from": "hicache",
+        "hicache_host": describe(total).replace(" ", ""),
+        "pool": describe(pool.capacity).replace(" ", ""),
+        "slots_bytes": taken,
+    }
+    return pool, facts
+
+
+def prediction_note(host_pool: str, budget_gib: int) -> str:
+    """What ``check`` says beside HiCache: one host-RAM total, HiCache's."""
+    return (
+        f"beside HiCache ({host_pool}): the park pool is carved out of HiCache's host pool at the first "
+        f"scheduler pass, min(DSV41_KV_PARK_GIB={budget_gib}, {SHARE:g} x HiCache's host pool); the profile's "
+        f"host-RAM total is HiCache's host pool alone"
+    )

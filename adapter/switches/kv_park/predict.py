@@ -1,5 +1,6 @@
-"""What ``python -m adapter check`` predicts for kv_park: the refusal at the first scheduler pass when
-the launch line turns HiCache on (``--enable-hierarchical-cache``)."""
+"""What ``python -m adapter check`` predicts for kv_park: beside HiCache (``--enable-hierarchical-cache``)
+the park pool is carved out of HiCache's host pool, so the profile has one host-RAM total, HiCache's;
+without HiCache, ``DSV41_KV_PARK_GIB`` of host RAM page-locked at the first scheduler pass (CUDA)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,12 @@ from adapter.switches.kv_park import beside_hicache
 
 
 def predict(profile: api.Profile) -> api.Prediction:
-    host_pool = beside_hicache.from_flags(profile.server_args) if profile.server_args is not None else None
-    if profile.status != "installed" or host_pool is None:
+    if profile.status != "installed":
         return api.Prediction()
-    budget = int(profile.values.get("DSV41_KV_PARK_GIB") or 0)
-    return api.Prediction(f"refused: {beside_hicache.reason(host_pool, budget)}", {"hicache": "on"})
+    budget = int(profile.values.get("DSV41_KV_PARK_GIB") or 8)
+    host_pool = beside_hicache.from_flags(profile.server_args) if profile.server_args is not None else None
+    if host_pool is None:
+        note = (f"host RAM: DSV41_KV_PARK_GIB={budget} GiB per rank, page-locked once at the first scheduler pass "
+                f"on a CUDA KV pool (a boot that cannot lock it fails naming the size and the limit)")
+        return api.Prediction(None, {"hicache": "off", "host_gib": budget}, notes=(note,))
+    return api.Prediction(None, {"hicache": "on"}, notes=(beside_hicache.prediction_note(host_pool, budget),))

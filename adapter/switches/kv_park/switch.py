@@ -40,18 +40,32 @@ Copies in flight (pages are write-fenced, not held in the allocator)
     SWA page of ``loc``) and a restore. So the batch that ``get_next_batch_to_run`` returns
     waits, before it is launched, for every copy in flight that reads a full page or (through
     the full-to-SWA mapping) a SWA page that batch writes, and a restore waits for all copies.
-    (A HiCache load-back would write pages before the batch is known; the switch refuses beside
-    HiCache, below.) Allocation, freeing and tree eviction write no bytes. A full queue saves
-    synchronously.
+    (A HiCache load-back writes freshly allocated pages during the pass, before the batch is known:
+    beside HiCache every copy in flight is fenced at the start of each pass.) Allocation, freeing
+    and tree eviction write no bytes. A full queue saves synchronously.
 
-Not beside HiCache
-    With ``--enable-hierarchical-cache`` the switch refuses at the first scheduler pass (the tree
-    and its host pool are built before it): one line, a boot failure under ``DSV41_STRICT=1``, and
-    every wrapper off. HiCache pins its host pool at boot and keeps a retracted request's inserted
-    prefix there (its checkpoints are in the tree; write-back and write-through copy them to host),
-    so the park store would be a second host-RAM budget beside it, parking what HiCache already
-    holds. Sharing one budget would need the store to carve its bytes out of HiCache's pinned pool
-    and to park only the tail past what the tree holds: not built.
+Host memory: the park pool (allocated once, at the first scheduler pass)
+    On a CUDA KV pool, ``DSV41_KV_PARK_GIB`` of host RAM is allocated in 1 GiB chunks, each starting
+    on a host page and page-locked once (``cudaHostRegister``; the ``kv_park pool ... pin_ms=..``
+    line gives the time), and every entry is carved out of it page by page
+    (:mod:`adapter.switches.kv_park.host_pool`); a full pool evicts least recently used entries as
+    the byte budget does. A pool that cannot be allocated or locked fails the boot (``BootError``
+    naming ``DSV41_KV_PARK_GIB``, the size, how far pinning got and the host limit). Saves and
+    restores move device pages straight into and out of the pinned rows on the copy engine's
+    streams (the link overlaps the gather / scatter of the next chunk): a save runs on the park
+    worker, a restore returns before its copy lands and the pass fences on its event before it
+    returns a batch; its pool rows go back to the pool only once that event is done. A CPU KV pool
+    keeps pageable entries (nothing to pin).
+
+Beside HiCache: one host budget, HiCache's
+    With ``--enable-hierarchical-cache`` the park pool is carved out of HiCache's host pools at the
+    first scheduler pass (:mod:`adapter.switches.kv_park.beside_hicache`: their own allocator hands
+    the slots over; ``min(DSV41_KV_PARK_GIB, half of HiCache's host pools)``), so the profile's
+    host-RAM total is HiCache's host pool alone and parked bytes plus HiCache's own never exceed
+    it. A retraction whose servable prefix the tree already holds (device or host) parks nothing;
+    otherwise the whole servable prefix is parked (the prefix pages HiCache also keeps on host are
+    then held twice inside that one budget: parking only the tail needs HiCache to load its part
+    back before the restore, not built).
 
 Nothing is ever lost
     A refused offer (over ``DSV41_KV_PARK_GIB``), an entry evicted by LRU, a restore that finds no
@@ -115,6 +129,7 @@ class _State:
     pins: dict[Any, tuple[Any, Any]] = field(default_factory=dict)
     checked_hicache: bool = False  # the first scheduler pass asked whether HiCache is attached
     restoring: list[Any] = field(default_factory=list)  # CUDA events of restores not yet fenced
+    beside_hicache: bool = False  # the park pool is carved out of HiCache's host pools
 
     def once(self, what: str, **params: object) -> None:
         line = what + repr(sorted(params.items()))
@@ -242,6 +257,10 @@ def _park(state: _State, req: Any, req_to_token_pool: Any, allocator: Any, tree_
         if swa_pages is None:
             state.once("unsupported", reason="swa_slots_are_not_whole_pages")
             return
+    if state.beside_hicache and _held_by_tree(tree_cache, req, tokens[:n], page_size) >= n:
+        # Beside HiCache the tree (device, or host through HiCache) holds all of it: nothing to add.
+        SWITCH.event("dropped", level=logging.DEBUG, rid=req.rid, reason="tree_holds_it", servable=n, at="park")
+        return
     if engines.full.device.type == "cuda":
         torch.cuda.synchronize(engines.full.device)  # the forward that wrote these pages must be complete
     meta = {"tokens": array("q", tokens[:n]), "page_size": page_size, "pool": id(pool), "swa_from": swa_from}
@@ -267,11 +286,11 @@ def _get_next_batch_to_run(wrapped: Any, instance: Any, args: tuple, kwargs: dic
         return wrapped(*args, **kwargs)
     if not state.checked_hicache:  # the tree and the KV pool are built before the first pass
         state.checked_hicache = True
-        host_pool = beside_hicache.measured(getattr(instance, "tree_cache", None))
-        if host_pool is not None:  # every wrapper off: stock retraction from here on
-            SWITCH.refuse_late(beside_hicache.reason(host_pool, state.store.budget // GIB), revert=True)
-            return wrapped(*args, **kwargs)
         _boot_pool(state, instance)
+    if state.beside_hicache and state.store.pending():
+        # HiCache loads host pages back into freshly allocated device pages during this pass,
+        # before the batch is known: no copy may still read a freed page then.
+        state.store.fence()
     state.store.poll()
     if state.pins:
         _release_pins(state, instance)
@@ -311,10 +330,21 @@ def boot_pool(budget_gib: int, *, locker: PageLocker | None = None, chunk_bytes:
 
 
 def _boot_pool(state: _State, scheduler: Any) -> None:
-    """At the first scheduler pass: a CUDA KV pool parks into a pinned pool allocated now, once;
-    a CPU pool keeps pageable entries (nothing to pin)."""
+    """At the first scheduler pass: beside HiCache, the park pool is carved out of HiCache's host
+    pools (one host budget); otherwise a CUDA KV pool parks into a pinned pool allocated now, once,
+    and a CPU pool keeps pageable entries (nothing to pin)."""
     allocator = getattr(scheduler, "token_to_kv_pool_allocator", None)
     if allocator is None or state.store.host_pool is not None:
+        return
+    tree = getattr(scheduler, "tree_cache", None)
+    if beside_hicache.attached(tree):
+        try:
+            carved, facts = beside_hicache.carve_pool(tree, state.store.budget // GIB)
+        except PoolError as exc:
+            raise api.BootError(f"kv_park: {exc}") from exc
+        state.store.use_pool(carved)
+        state.beside_hicache = True
+        SWITCH.event("pool", **facts, **carved.describe())
         return
     device = getattr(allocator, "device", None) or getattr(allocator.get_kvcache(), "device", "cpu")
     if torch.device(device).type != "cuda":
@@ -322,6 +352,17 @@ def _boot_pool(state: _State, scheduler: Any) -> None:
     pool = boot_pool(state.store.budget // GIB)
     state.store.use_pool(pool)
     SWITCH.event("pool", **pool.describe())
+
+
+def _held_by_tree(tree_cache: Any, req: Any, tokens: list[int], page_size: int) -> int:
+    """Tokens of ``tokens`` (whole pages) the tree already holds, on the device or on host."""
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    key = RadixKey(token_ids=tokens, extra_key=req.extra_key, cache_salt=req.cache_salt)
+    match = tree_cache.match_prefix(MatchPrefixParams(key=key))
+    held = int(match.device_prefix_len) + int(getattr(match, "host_hit_length", 0) or 0)
+    return min(held, len(tokens)) // page_size * page_size
 
 
 def _fence_writes(state: _State, allocator: Any, loc: torch.Tensor | None) -> None:
