@@ -413,9 +413,16 @@ SWITCHES: tuple[Switch, ...] = (
             "sglang.srt.managers.scheduler",
             "sglang.srt.mem_cache.deepseek_v4_memory_pool",
             "sglang.srt.mem_cache.deepseek_v4_compress_state",
+            "sglang.srt.disaggregation.decode",
         ),
         wraps=(
             "sglang.srt.managers.schedule_batch:release_req",
+            # SGLang's own DSV4 retraction offload (sglang#33385): the pool's CPU copy and load come
+            # from the copy engine, and a DSV4 pool it moves no longer needs a rebootstrap.
+            "sglang.srt.mem_cache.memory_pool:KVCache.get_cpu_copy",
+            "sglang.srt.mem_cache.memory_pool:KVCache.load_cpu_copy",
+            "sglang.srt.mem_cache.common:dsv4_needs_rebootstrap",
+            "sglang.srt.disaggregation.decode:dsv4_needs_rebootstrap",
             "sglang.srt.managers.scheduler:Scheduler.get_next_batch_to_run",
             # torch 2.14.1's graph capture seam: a global-mode capture drains the parking copies in
             # flight and holds new ones back until it ends (SGLang captures while serving, e.g. on a
@@ -456,6 +463,15 @@ SWITCHES: tuple[Switch, ...] = (
             "sglang.srt.mem_cache.deepseek_v4_memory_pool:DeepSeekV4TokenToKVPool.get_state_buf_infos",
             "sglang.srt.mem_cache.deepseek_v4_compress_state:CompressStatePool.translate_from_swa_loc_to_state_loc",
             "sglang.srt.managers.schedule_batch:ScheduleBatch.retract_decode",
+            # The DSV4 offload: what calls the pool's CPU copy and load, the request-scoped state rings
+            # it moves, and the SWA mapping of the pool.
+            "sglang.srt.managers.schedule_batch:Req.offload_kv_cache",
+            "sglang.srt.managers.schedule_batch:Req.load_kv_cache",
+            "sglang.srt.mem_cache.deepseek_v4_memory_pool:DeepSeekV4TokenToKVPool.translate_loc_from_full_to_swa",
+            "sglang.srt.mem_cache.deepseek_v4_compress_state:CompressStatePool.translate_from_req_position_to_state_loc",
+            # HiCache's host pools the park pool is carved out of (their allocator hands the slots over).
+            "sglang.srt.mem_cache.pool_host.base:HostKVCache.alloc",
+            "sglang.srt.mem_cache.pool_host.base:HostKVCache.free",
         ),
         install="adapter.switches.kv_park.switch:install",
         predict="adapter.switches.kv_park.predict:predict",

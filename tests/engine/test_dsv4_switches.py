@@ -12,7 +12,9 @@ The server is SGLang 0.5.23's real one serving the kit's seeded tiny ``DeepseekV
 * ``park`` (``DSV41_KV_PARK=ram``, 2048-token pool that forces retractions, launched through
   :mod:`devkit.engine_kit.dsv4.kv_park_probe`): the crowd, then the stock prefix hit of each restore;
 * ``roomy`` (stock, 16384-token pool and SWA ratio 1.0: no retraction): the crowd;
-* ``retract`` (stock, the park boot's pool and retraction hook): the crowd (the park test's control).
+* ``retract`` (stock, the park boot's pool and retraction hook): the crowd (the park test's control);
+* ``park_hicache`` (the park boot with HiCache's host tier, ratio 2, write-through): kv_park carves its
+  pool out of HiCache's host pool; the crowd, then the stock prefix hit of each restore.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import pytest
 from devkit.engine_kit import client, launcher
 from devkit.engine_kit.dsv4 import checkpoint, kv_park_probe, launch, workloads
 from devkit.gate.verdict import decode_steps_between_chunks
+from devkit.testkit.hicache import hicache_flags
 
 pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
@@ -37,15 +40,18 @@ BOOTS = {
     "roomy": ({}, workloads.ROOMY_POOL, (), ("crowd",)),  # the crowd without retraction
     "retract": ({}, workloads.SMALL_POOL, (), ("crowd",)),  # stock, the park boot's retractions (control)
     "yield": ({"DSV41_DECODE_YIELD": "50"}, workloads.SWA_GEOMETRY, STEP_LOG, ("yield",)),
+    "park_hicache": ({"DSV41_KV_PARK": "ram", "DSV41_DEBUG_LOG": "1"}, workloads.SMALL_POOL,
+                     tuple(hicache_flags(2, write_policy="write_through")), ("crowd", "stock_hit")),
 }
 # Besides the full pool: SGLang's retraction test hook retracts a decode row every 3 steps, so rows
 # are also retracted off a page boundary. A pool-full retraction on 256-token pages always happens
 # at one (the row needs a new page), where the tree's last-token rule (match <= len - 1) leaves a
 # 256-token-shorter prefix whose SWA window (128 < 256) is gone, so kv_park drops the entry (read from
 # the code; a pool-full-only boot parked 1 row and restored none: /work/notes/15-switches.md).
-SERVER_ENV = {"park": {"SGLANG_TEST_RETRACT": "1"}, "retract": {"SGLANG_TEST_RETRACT": "1"}}
+SERVER_ENV = {"park": {"SGLANG_TEST_RETRACT": "1"}, "retract": {"SGLANG_TEST_RETRACT": "1"},
+              "park_hicache": {"SGLANG_TEST_RETRACT": "1"}}
 RUN = {"resume": workloads.resume_after_churn, "yield": workloads.yield_phase, "crowd": workloads.crowd}
-PROBED = {"park"}  # boots launched through the kv_park probe (its events: the "stock_hit" phase)
+PROBED = {"park", "park_hicache"}  # boots launched through the kv_park probe (its events: the "stock_hit" phase)
 
 
 class _ProbeServer(launcher.Server):
@@ -162,23 +168,30 @@ def test_decode_yield_runs_decode_steps_between_chunks_where_stock_runs_none(boo
         assert n > 0 and a[:n] == b[:n]
 
 
-def test_kv_park_restores_retracted_rows_byte_for_byte_and_their_extend_equals_a_stock_prefix_hit(boot):
+@pytest.mark.parametrize("name", ["park", "park_hicache"])
+def test_kv_park_restores_retracted_rows_byte_for_byte_and_their_extend_equals_a_stock_prefix_hit(boot, name):
     """The exact oracle (/work/notes/15-kv-park-dsv4.md): every restore puts back the parked bytes
     of every region (SWA pages, C4 attention and indexer compressor state rings, C4 / C128 latents,
     C4 index keys), and the restored row's first extend gives bit-identical logits to a stock prefix
     hit on the same pages with the same tokens. Greedy tokens against a boot without retraction are
     not compared: a restored row continues from decode-written KV and re-extends with prefill-written
     KV, which differ in fp8 rounding (measured: 2 of 3 rows of layer 2's SWA KV, one e4m3 step), so
-    such a mixed run may flip a near-tie token (2 of 3 runs compared did, 1 matched)."""
-    (park,) = boot("park")
+    such a mixed run may flip a near-tie token (2 of 3 runs compared did, 1 matched).
+
+    ``park_hicache``: the same beside HiCache's host tier, the park pool carved out of HiCache's host
+    pool (one ``kv_park pool carved_from=hicache`` line, no refusal)."""
+    (park,) = boot(name)
     log = park["log"]
     assert _installed(log, "kv_park")
+    if name == "park_hicache":
+        assert len([line for line in log if "[dsv41] kv_park pool carved_from=hicache" in line]) == 1, log[-40:]
+        assert not [line for line in log if "kv_park refused" in line]
     assert not [line for line in log if "kv_park disabled" in line or "kv_park unsupported" in line]
     retractions = sum(r["meta_info"]["num_retractions"] for r in park["crowd"])
     parks = [line for line in log if "[dsv41] kv_park parked" in line]
     restores = [line for line in log if "[dsv41] kv_park restored" in line]
     hit = park["stock_hit"]
-    print(f"\n[dsv4 switches] kv_park: {retractions} retractions, {len(parks)} parks, {len(restores)} restores; "
+    print(f"\n[dsv4 switches] {name}: {retractions} retractions, {len(parks)} parks, {len(restores)} restores; "
           f"restores {[(e['n'], e['parked_at'], e['diff']) for e in hit['restores']]}; stock hit cached "
           f"{hit.get('cached')}, logits equal {hit.get('logits_equal')} (max abs {hit.get('logits_max_abs')}); "
           f"decode vs prefill {(hit.get('restored_extend') or {}).get('decode_vs_prefill')}")

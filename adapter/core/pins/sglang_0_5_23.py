@@ -353,6 +353,38 @@ PINS: dict[str, str] = {
     "sglang.srt.managers.schedule_batch:Req._compute_max_prefix_len": (
         "28ac28ced09b6cb7bbf0f69febbcba4103cd96b90c362a9ae354093a58686a74"
     ),
+    # kv_park (wrapped: the DSV4 pool's CPU copy and load, sglang#33385, and the rebootstrap decision;
+    # relied on: their callers, the DSV4 mapping and state rings, and HiCache's host slot allocator)
+    "sglang.srt.mem_cache.memory_pool:KVCache.get_cpu_copy": (
+        "49376fffe6de8a24b8b4d89f4f02d59baf83e307444cafa0d4b21b3d11e6fd90"
+    ),
+    "sglang.srt.mem_cache.memory_pool:KVCache.load_cpu_copy": (
+        "8159a3a88522cf3f0280e43c80bcefb95b72c085e7a20139cc262cd231a301ff"
+    ),
+    "sglang.srt.mem_cache.common:dsv4_needs_rebootstrap": (
+        "4239399b59761469c9a472a1da5ad11159725ce4238c5b41a427947c9998103e"
+    ),
+    "sglang.srt.disaggregation.decode:dsv4_needs_rebootstrap": (
+        "4239399b59761469c9a472a1da5ad11159725ce4238c5b41a427947c9998103e"
+    ),
+    "sglang.srt.managers.schedule_batch:Req.offload_kv_cache": (
+        "58756a6939f8eb368862931f7aaa6533a73c07e03a2d2511d8f7ca6c4c96c033"
+    ),
+    "sglang.srt.managers.schedule_batch:Req.load_kv_cache": (
+        "70a47fe2caff96b90d6fcbb6f5cbc6c5774abbb143656e10b45f8026949ab23b"
+    ),
+    "sglang.srt.mem_cache.deepseek_v4_memory_pool:DeepSeekV4TokenToKVPool.translate_loc_from_full_to_swa": (
+        "d7280c8fa4a4828a262f06fd9c43786220a32ba9d854df2ed7fc8a8c13bbfaee"
+    ),
+    "sglang.srt.mem_cache.deepseek_v4_compress_state:CompressStatePool.translate_from_req_position_to_state_loc": (
+        "7496d7d7ccaa061c5e26fcc5b75786a8f02c2b37b8343efc188f645b872f2286"
+    ),
+    "sglang.srt.mem_cache.pool_host.base:HostKVCache.alloc": (
+        "39f2e5fd15250b98221bbb7951c89b77abf92a7f6604ba94e3a7c7d338f3b02f"
+    ),
+    "sglang.srt.mem_cache.pool_host.base:HostKVCache.free": (
+        "eb78333d2e64be5a55eddee34550dc71df88c3a4b266440e3cf136f123ebb11d"
+    ),
     # kv_park (wrapped: torch's CUDA graph capture seam, for the capture lock)
     "torch.cuda.graphs:CUDAGraph.capture_begin": (
         "ba451719cb5f4a81a168ed1978d01bbe39fcdcc8be20c49ab2e9014ac198904b"

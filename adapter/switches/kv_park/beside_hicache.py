@@ -42,9 +42,20 @@ def host_pools(tree_cache: Any) -> list[Any]:
     return [e.host_pool for e in tree_cache.host_pool_group.entries]
 
 
+def _buffers(pool: Any) -> list[torch.Tensor]:
+    buf = getattr(pool, "kv_buffer", None)
+    if buf is None:
+        return []  # a logical pool (DeepSeek-V4's slot bookkeeping): no bytes of its own
+    return [b for b in (buf if isinstance(buf, (list, tuple)) else [buf]) if isinstance(b, torch.Tensor)]
+
+
+def pool_bytes(pool: Any) -> int:
+    return sum(b.numel() * b.element_size() for b in _buffers(pool))
+
+
 def host_bytes(tree_cache: Any) -> int:
-    """HiCache's host pools attached to ``tree_cache``, in bytes."""
-    return sum(int(p.size) * int(p.size_per_token) for p in host_pools(tree_cache))
+    """HiCache's host pools attached to ``tree_cache``, in bytes (their buffers)."""
+    return sum(pool_bytes(p) for p in host_pools(tree_cache))
 
 
 def describe(nbytes: int) -> str:
@@ -61,9 +72,17 @@ def from_flags(server_args: Any) -> str | None:
     return f"--hicache-ratio {getattr(server_args, 'hicache_ratio', 2.0)}: that many times the device KV pool"
 
 
-def _token_dim(pool: Any, buf: torch.Tensor) -> int | None:
-    dims = [d for d, n in enumerate(buf.shape) if n == int(pool.size)]
-    return dims[0] if dims else None
+def _slot_dim(pool: Any, buf: torch.Tensor) -> tuple[int, int] | None:
+    """The buffer dimension its host slots index, and how many slots one of its rows holds (1 for a
+    token-major buffer, the slot page for a page-major one); None when no dimension counts them."""
+    size, page = int(pool.size), int(pool.page_size)
+    for d, n in enumerate(buf.shape):
+        if n == size:
+            return d, 1
+    for d, n in enumerate(buf.shape):
+        if page > 1 and n * page == size:
+            return d, page
+    return None
 
 
 def _runs(slots: torch.Tensor) -> list[tuple[int, int]]:
@@ -80,16 +99,19 @@ def _runs(slots: torch.Tensor) -> list[tuple[int, int]]:
 
 def _chunks_of(pool: Any, slots: torch.Tensor) -> list[torch.Tensor]:
     """The bytes behind host slots ``slots`` of ``pool``, as host-page aligned uint8 chunks."""
-    buffers = pool.kv_buffer if isinstance(pool.kv_buffer, (list, tuple)) else [pool.kv_buffer]
     chunks = []
-    for buf in buffers:
-        if not isinstance(buf, torch.Tensor) or buf.device.type != "cpu":
+    for buf in _buffers(pool):
+        if buf.device.type != "cpu":
             raise PoolError(f"{type(pool).__name__}: its host buffer is not a host tensor")
-        d = _token_dim(pool, buf)
-        if d is None:
+        found = _slot_dim(pool, buf)
+        if found is None:
             raise PoolError(f"{type(pool).__name__}: no dimension of its host buffer {tuple(buf.shape)} counts its {pool.size} slots")
+        d, per_row = found
         lead = buf.shape[:d]
-        for start, stop in _runs(slots):
+        for first, last in _runs(slots):
+            start, stop = -(-first // per_row), last // per_row  # whole rows only
+            if stop <= start:
+                continue
             for idx in torch.cartesian_prod(*[torch.arange(n) for n in lead]).reshape(-1, len(lead)).tolist() if lead else [[]]:
                 part = buf[tuple(idx)].narrow(0, start, stop - start)
                 if not part.is_contiguous():
@@ -112,13 +134,20 @@ def carve_pool(tree_cache: Any, budget_gib: int) -> tuple[HostPool, dict[str, ob
     skipped: list[str] = []
     taken = 0
     for pool in pools:
-        per_slot = int(pool.size_per_token)
+        nbytes = pool_bytes(pool)
+        if nbytes == 0:
+            continue
+        per_slot = nbytes / int(pool.size)
         page = int(getattr(pool, "logical_page_size", pool.page_size))
-        share = want * (int(pool.size) * per_slot) // max(total, 1)
-        slots_wanted = min(int(pool.available_size()), share // per_slot) // page * page
+        share = want * nbytes // max(total, 1)
+        slots_wanted = min(int(pool.available_size()), int(share // per_slot)) // page * page
         if slots_wanted <= 0:
             continue
-        slots = pool.alloc(slots_wanted)
+        try:
+            slots = pool.alloc(slots_wanted)
+        except NotImplementedError as exc:  # a pool without an allocator of its own (DSV4's C4 state)
+            skipped.append(f"{type(pool).__name__}: {exc}")
+            continue
         if slots is None:
             continue
         try:
@@ -127,7 +156,7 @@ def carve_pool(tree_cache: Any, budget_gib: int) -> tuple[HostPool, dict[str, ob
             pool.free(slots)
             skipped.append(str(exc))
             continue
-        taken += slots_wanted * per_slot
+        taken += int(slots_wanted * per_slot)
     if not chunks:
         why = f" ({'; '.join(skipped)})" if skipped else ""
         raise PoolError(

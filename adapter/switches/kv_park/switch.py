@@ -105,7 +105,7 @@ from typing import Any
 import torch
 
 from adapter.core import api
-from adapter.switches.kv_park import beside_hicache, capture, regions
+from adapter.switches.kv_park import beside_hicache, capture, dsv4_offload, regions
 from adapter.switches.kv_park.engine import CopyEngine
 from adapter.switches.kv_park.host_pool import CudaHostRegister, HostPool, PageLocker, PoolError
 from adapter.switches.kv_park.store import SWITCH, ParkStore
@@ -164,6 +164,11 @@ def install(ctx: api.SwitchContext) -> dict[str, object]:
     # not see them (capture.py): the capture drains them and holds new ones back until it ends.
     ctx.wrap("CUDAGraph.capture_begin", capture.locked_capture_begin)
     ctx.wrap("CUDAGraph.capture_end", capture.locked_capture_end)
+    # SGLang's own DSV4 retraction offload (PD decode, cpu_tensor backup) through the copy engine.
+    ctx.wrap("KVCache.get_cpu_copy", dsv4_offload.wrapped_get_cpu_copy)
+    ctx.wrap("KVCache.load_cpu_copy", dsv4_offload.wrapped_load_cpu_copy)
+    ctx.wrap("sglang.srt.mem_cache.common:dsv4_needs_rebootstrap", dsv4_offload.wrapped_needs_rebootstrap)
+    ctx.wrap("sglang.srt.disaggregation.decode:dsv4_needs_rebootstrap", dsv4_offload.wrapped_needs_rebootstrap)
     ctx.set_attr(sys.modules[__name__], "STATE", state)
     return {"mode": ctx.value, "budget_gib": budget_gib, "worker": "background", "capture_lock": "global"}
 
