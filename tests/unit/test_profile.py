@@ -76,7 +76,7 @@ def test_the_datacenter_profile_runs_hicache_beside_the_switches_and_leaves_out_
     assert "--enable-hierarchical-cache" in args and "--hicache-size" not in args  # DeepSeek-V4 refuses a size
     assert args[args.index("--hicache-ratio") + 1] == "2"
     assert args[args.index("--hicache-write-policy") + 1] == "write_through"
-    assert "DSV41_KV_PARK" not in profile  # refuses beside HiCache
+    assert "DSV41_KV_PARK" not in profile  # off until tools/gpu/check.sh meets its targets on the image
     assert "DSV41_SWA_NATIVE_DECODE" not in profile  # SM120/SM121 only
     assert {"DSV41_SWA_THIN", "DSV41_SWA_CONE_REPLAY", "DSV41_DECODE_YIELD"} <= set(profile)
     assert "--enable-hierarchical-cache" not in env.read_env_file(str(PROFILE))["LAUNCH_ARGS"]  # GB10: shared memory

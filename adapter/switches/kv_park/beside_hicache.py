@@ -140,11 +140,9 @@ def carve_pool(tree_cache: Any, budget_gib: int) -> tuple[HostPool, dict[str, ob
         per_slot = nbytes / int(pool.size)
         page = int(getattr(pool, "logical_page_size", pool.page_size))
         share = want * nbytes // max(total, 1)
-        slots_wanted = min(int(pool.available_size()), int(share // per_slot)) // page * page
-        if slots_wanted <= 0:
-            continue
         try:
-            slots = pool.alloc(slots_wanted)
+            slots_wanted = min(int(pool.available_size()), int(share // per_slot)) // page * page
+            slots = pool.alloc(slots_wanted) if slots_wanted > 0 else None
         except NotImplementedError as exc:  # a pool without an allocator of its own (DSV4's C4 state)
             skipped.append(f"{type(pool).__name__}: {exc}")
             continue
