@@ -6,6 +6,7 @@ The page-locking itself needs CUDA (``tests/unit/test_kv_park_cuda.py``); here t
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -35,7 +36,7 @@ def _spans(pool: HostPool, carvings) -> list[tuple[int, int, int]]:
 
 def _assert_consistent(pool: HostPool, live) -> None:
     spans = sorted(_spans(pool, live), key=lambda s: s[1])
-    for (_, _, end), (_, start, _) in zip(spans, spans[1:], strict=False):
+    for (_, _, end), (_, start, _) in itertools.pairwise(spans):
         assert end <= start, "two live segments overlap"
     for _, start, _ in spans:
         assert start % HOST_PAGE == 0, "a segment does not start on a host page"
