@@ -183,6 +183,10 @@ def test_no_module_imported_before_load_plugins_holds_a_copy_of_a_wrapped_functi
     for name in CALL_SITES:
         importlib.import_module(name)
     targets = sorted({t for s in registry.SWITCHES for t in s.wraps} | {registry.RANK_HOOK})
+    # A copy that is itself a wrapped target (kv_park wraps ``dsv4_needs_rebootstrap`` both in
+    # ``mem_cache.common`` and where ``disaggregation.decode`` imported it) sees the wrapper too.
+    wrapped_namespaces = [vars(sys.modules[t.partition(":")[0]]) for t in targets
+                          if t.partition(":")[0] in sys.modules and "." not in t.partition(":")[2]]
     checked, copies = 0, []
     for target in targets:
         module_name, _, qualname = target.partition(":")
@@ -198,6 +202,8 @@ def test_no_module_imported_before_load_plugins_holds_a_copy_of_a_wrapped_functi
         for ref in gc.get_referrers(obj):
             if isinstance(ref, types.FrameType) or ref is namespace:
                 continue
+            if isinstance(ref, dict) and ref.get(attr) is obj and [ns for ns in wrapped_namespaces if ns is ref]:
+                continue  # another module's binding of this function, wrapped as its own target
             copies.append(f"{target}: {type(ref).__name__} {str(ref)[:120]}")
         checked += 1
     assert copies == []

@@ -49,6 +49,8 @@ NOT_UPSTREAM: dict[str, str] = {
     "get_kvcache": "pinned on SWATokenToKVPoolAllocator; the base allocator's returns the same attribute",
     "insert": "pinned on UnifiedRadixCache; RadixCache.insert is never reached (kv_park refuses other trees)",
     "is_root": "pinned on UnifiedTreeCore; UnifiedRadixCache.is_root delegates to it",
+    "add": "set.add of the switch's own sets (kv_park); the PD decode queues' add is never called by a switch",
+    "extend": "list.extend of the switch's own lists (kv_park); the PD decode queues' extend is never called",
 }
 
 

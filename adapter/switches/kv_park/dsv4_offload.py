@@ -106,7 +106,7 @@ def get_cpu_copy(pool: Any, indices: torch.Tensor, req_pool_index: Any) -> Dsv4B
     page = int(pool.page_size)
     slots = indices.to(torch.int64)
     n = slots.numel()
-    if torch.device(str(pool.device)).type == "cuda":
+    if str(pool.device).startswith("cuda"):
         torch.cuda.synchronize(pool.device)  # the forward that wrote these slots has finished
     full = full_engine.save(_pages(slots, page, "full").cpu()) if n else full_engine.new_entry(0)
     swa_slots = pool.translate_loc_from_full_to_swa(slots).to(torch.int64)

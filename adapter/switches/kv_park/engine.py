@@ -324,7 +324,7 @@ class CopyEngine:
     def _device_ids(self, ids: torch.Tensor) -> torch.Tensor:
         return ids if self.device.type == "cpu" else ids.to(self.device)
 
-    def _segments(self, rows: HostRows, n: int | None = None) -> list[torch.Tensor]:
+    def _host_rows(self, rows: HostRows, n: int | None = None) -> list[torch.Tensor]:
         """``rows`` (one entry tensor, or the segments of a pool carving) as a list of ``[k, page_bytes]``
         uint8 tensors, each checked; ``n``: the total row count they must have."""
         segs = [rows] if isinstance(rows, torch.Tensor) else list(rows)
@@ -370,7 +370,7 @@ class CopyEngine:
         ids = check_page_ids(page_ids, self.layout.num_pages)
         n = ids.numel()
         entry: HostRows = self.new_entry(n) if out is None else out
-        segs = self._segments(entry, n)
+        segs = self._host_rows(entry, n)
         if n == 0:
             return entry
         with self._lock, self._on_stream(after):
@@ -444,7 +444,7 @@ class CopyEngine:
         """
         ids = check_page_ids(page_ids, self.layout.num_pages)
         n = ids.numel()
-        segs = self._segments(entry)
+        segs = self._host_rows(entry)
         rows_total = sum(int(s.shape[0]) for s in segs)
         if first < 0 or first + n > rows_total:
             raise IndexError(f"entry rows {first}..{first + n - 1} are outside an entry of {rows_total} pages")

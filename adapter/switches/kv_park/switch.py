@@ -352,7 +352,7 @@ def _boot_pool(state: _State, scheduler: Any) -> None:
         SWITCH.event("pool", **facts, **carved.describe())
         return
     device = getattr(allocator, "device", None) or getattr(allocator.get_kvcache(), "device", "cpu")
-    if torch.device(device).type != "cuda":
+    if not str(device).startswith("cuda"):
         return
     pool = boot_pool(state.store.budget // GIB)
     state.store.use_pool(pool)
