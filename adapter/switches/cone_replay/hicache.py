@@ -7,7 +7,7 @@ SWA component's LOAD_BACK transfer (``SWAComponent.build_hicache_transfers``) ne
 before F on device or host, which is gone (that is why the cone was asked). Stock then resumes
 at the deepest host match whose windows survive (B) and recomputes ``[B, L)``.
 
-:func:`load` runs HiCache's own admission-time load-back (``UnifiedRadixCache.init_load_back`` on
+:func:`load_full_kv` runs HiCache's own admission-time load-back (``UnifiedRadixCache.init_load_back`` on
 F's node, from the adder's admission, after the adder's own load-back budget
 ``memory_budget.prepare_load_back``) with the SWA component's LOAD_BACK transfer left out while it
 runs (:func:`_swa_transfers`): the Full component's spec (every host-only node from F up to the
@@ -65,7 +65,7 @@ def plan_unsupported(cache: Any, host_node: Any, F: int) -> str | None:
     return None
 
 
-def load(adder: Any, req: Any, plan: ConePlan, extend_len: int, max_new_tokens: int) -> str | None:
+def load_full_kv(adder: Any, req: Any, plan: ConePlan, extend_len: int, max_new_tokens: int) -> str | None:
     """Load ``[D, F)``'s Full KV back through HiCache for an admitted plan; None on success (the
     request's ``last_node`` is then F's node, as after a stock load-back), else the reason."""
     from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams

@@ -134,7 +134,7 @@ def plan(cache: Any, params: Any, result: Any) -> Any:
         SWITCH.event("DSV41_SWA_CONE plan", rid=req.rid, F=F, s=s, N=F - s, P=P, **extra)
     # No stock load-back is queued (a stock host hit below s is superseded: the replay starts
     # deeper than its load-back would end). Without a load the prefix [0, s) is on device; with one
-    # the request's device node is D's until the admission has loaded [D, F) (.hicache.load).
+    # the request's device node is D's until the admission has loaded [D, F) (.hicache.load_full_kv).
     return result._replace(
         device_prefix_len=s, last_device_node=device_node if load else anchor, last_host_node=anchor,
         best_match_node=anchor,

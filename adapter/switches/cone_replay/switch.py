@@ -154,7 +154,7 @@ def _select_admission(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> An
     elif admit(req, admission.prefix_len, admission.extend_len):
         if not plan.load:
             return admission
-        why = hicache.load(instance, req, plan, admission.extend_len, admission.max_new_tokens)
+        why = hicache.load_full_kv(instance, req, plan, admission.extend_len, admission.max_new_tokens)
         if why is None:
             return admission
         # HiCache cannot give the pages: stock (with its own load-back, if any), once per request.
