@@ -193,6 +193,7 @@ def test_beside_hicache_full_kv_on_host_is_loaded_back_full_only_and_the_cone_re
     assert nxt.plan is None and nxt.prefix_len == len(turn.history) // kit.geometry.page * kit.geometry.page
     _sane(kit)
     err = capfd.readouterr().err
+    assert re.search(r"cone_replay installed N=64 bound=\d+ .*host_full_kv=load_back", err), err  # the receipt says so
     assert re.search(rf"DSV41_SWA_CONE plan rid={turn.rid} F={F} s={plan.s} N={N} P=\d+ B={plan.B} load={plan.load}", err), err
     assert len(re.findall(rf"DSV41_SWA_CONE load rid={turn.rid} tokens={plan.load} D={F - plan.load} F={F}", err)) == 1, err
     assert cone_replay.FALLBACKS == {}
@@ -234,7 +235,9 @@ def test_beside_hicache_the_rust_tree_core_falls_back_with_load_back_rust_core(c
     turn = cone_turn(kit, history + toks.fresh(64), out_len=16)
     assert turn.plan is None and turn.prefix_len == turn.stock_prefix
     assert cone_replay.FALLBACKS == {"load_back_rust_core": 1}, cone_replay.FALLBACKS
-    assert re.search(rf"DSV41_SWA_CONE fallback rid={turn.rid} reason=load_back_rust_core", capfd.readouterr().err)
+    err = capfd.readouterr().err
+    assert re.search(r"cone_replay installed N=64 .*host_full_kv=stock_rust_core", err), err
+    assert re.search(rf"DSV41_SWA_CONE fallback rid={turn.rid} reason=load_back_rust_core", err), err
 
 
 def test_beside_hicache_a_cone_with_full_kv_loaded_from_host_is_bit_identical_to_a_prefix_hit():

@@ -49,6 +49,22 @@ SWITCH = api.handle(__name__)
 _LOADING: list[Any] = [None]
 
 
+def host_full_kv(cache: Any) -> str | None:
+    """The installed line's ``host_full_kv`` field, read when the cache is built (HiCache attaches
+    just after, from the same server arguments): ``load_back`` (the cone loads F's Full KV from
+    host), ``stock_rust_core`` (falls back: ``load_back_rust_core``); None without HiCache."""
+    from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore
+
+    urc = __import__(SWITCH.module_of("UnifiedRadixCache.match_prefix"), fromlist=["get_memory"])
+    try:  # the memory arguments in effect (those init_hicache reads next)
+        hierarchical = bool(urc.get_memory().enable_hierarchical_cache)
+    except Exception:  # nothing published (a bare cache): no HiCache either
+        hierarchical = False
+    if not hierarchical and getattr(cache, "cache_controller", None) is None:
+        return None
+    return "load_back" if isinstance(cache.tree_core, UnifiedTreeCore) else "stock_rust_core"
+
+
 def plan_unsupported(cache: Any, host_node: Any, F: int) -> str | None:
     """Why the cone cannot load F's Full KV through this cache (None: it can)."""
     from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore

@@ -120,8 +120,9 @@ def _check_cache(cache: Any) -> ConeConfig:
         SWITCH.refuse_late(decided.refusal)
         return cfg
     tail = {} if decided.tail_from is None else {"decoder_tail_from": decided.tail_from}
+    host = hicache.host_full_kv(cache)
     SWITCH.confirm(N=tokens, bound=decided.bound, window=facts.window, page=facts.page, swa_layers=cfg.swa_layers,
-                   **tail)
+                   **tail, **({} if host is None else {"host_full_kv": host}))
     return cfg
 
 
