@@ -5,8 +5,10 @@
   at ``s = page_floor(F - N)`` anchored on F's node (``tree_core.match_full_device_prefix``); the
   stock ``MatchResult`` is kept on the request to fall back to. Beside HiCache the stock admission
   loads host copies back up to ``best_match_node`` (its depth B): the cone plans only when s lies
-  past B, with no host hit in its match (no load-back queued); Full KV up to F on host only falls
-  back (``full_on_host``: HiCache's load-back needs the window's SWA on device or host).
+  past B, with no host hit in its match (no stock load-back queued). Where the Full KV of
+  ``[D, F)`` sits on host only (D: the deepest node with Full KV on device), the anchor is F's host
+  node (the match walk's last node) and ``plan.load = F - D``: the admission loads that Full KV
+  back through HiCache (:mod:`.hicache`) before the copy.
 * :func:`admit` (after ``PrefillAdder._select_prefill_admission``): the first prefill pass must be
   one chunk covering ``[s, F)``, else the stock match is restored and the reason logged.
 
