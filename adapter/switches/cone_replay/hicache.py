@@ -31,7 +31,7 @@ When HiCache cannot give the pages, the request runs stock (its own load-back, i
   (write-back; HiCache's spec comes back empty);
 * ``load_back_threshold``: fewer tokens than ``load_back_threshold`` (page 1 only);
 * ``load_back_refused``: no device room after eviction, or the controller refused the copies;
-* at plan time (:func:`plan_unsupported`): ``load_back_rust_core`` (the Rust tree core builds its
+* at plan time (:func:`.plan.load_unsupported`): ``load_back_rust_core`` (the Rust tree core builds its
   load-back spec in Rust, with no per-component seam; ``DSV41_SWA_THIN=1`` selects the Python
   core), ``load_back_buffer_mode`` (HiCache buffer mode loads through its own pipeline),
   ``load_back_prefill_delayer`` (a delayed admission must not queue a load).
@@ -63,22 +63,6 @@ def host_full_kv(cache: Any) -> str | None:
     if not hierarchical and getattr(cache, "cache_controller", None) is None:
         return None
     return "load_back" if isinstance(cache.tree_core, UnifiedTreeCore) else "stock_rust_core"
-
-
-def plan_unsupported(cache: Any, host_node: Any, F: int) -> str | None:
-    """Why the cone cannot load F's Full KV through this cache (None: it can)."""
-    from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore
-
-    if not isinstance(cache.tree_core, UnifiedTreeCore):
-        return "load_back_rust_core"
-    if getattr(cache, "buffer_pipeline", None) is not None:
-        return "load_back_buffer_mode"
-    if host_node is None:
-        return "full_on_host"
-    (path,) = cache.tree_core.collect_path_info([host_node])
-    if not path or int(path[-1].path_end) != F:  # the walk's last node does not end at F
-        return "full_on_host"
-    return None
 
 
 def load_full_kv(adder: Any, req: Any, plan: ConePlan, extend_len: int, max_new_tokens: int) -> str | None:

@@ -115,9 +115,7 @@ def plan(cache: Any, params: Any, result: Any) -> Any:
             # Full component only (.hicache); the match walk's last node is F's node.
             if getattr(req, NO_LOAD_ATTR, None) == F:  # its load-back fell back: stock, once
                 return result
-            from adapter.switches.cone_replay.hicache import plan_unsupported
-
-            why = plan_unsupported(cache, result.last_visited_node_id, F)
+            why = load_unsupported(cache, result.last_visited_node_id, F)
             if why is None:
                 device_node, anchor, load = anchor, result.last_visited_node_id, F - f_len
         elif f_len < F:
@@ -143,6 +141,23 @@ def plan(cache: Any, params: Any, result: Any) -> Any:
         cache_protected_len=None if protected is None else s,
         host_hit_length=0, swa_host_hit_length=0, mamba_host_hit_length=0,
     )
+
+
+def load_unsupported(cache: Any, host_node: Any, F: int) -> str | None:
+    """Beside HiCache: why the cone cannot load F's Full KV through this cache (None: it can;
+    :mod:`.hicache` names each reason)."""
+    from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore
+
+    if not isinstance(cache.tree_core, UnifiedTreeCore):
+        return "load_back_rust_core"
+    if getattr(cache, "buffer_pipeline", None) is not None:
+        return "load_back_buffer_mode"
+    if host_node is None:
+        return "full_on_host"
+    (path,) = cache.tree_core.collect_path_info([host_node])
+    if not path or int(path[-1].path_end) != F:  # the walk's last node does not end at F
+        return "full_on_host"
+    return None
 
 
 def _stock_resume_point(cache: Any, result: Any) -> int:
