@@ -28,7 +28,7 @@ from typing import Any
 
 from devkit.engine_kit import client, launcher
 from devkit.engine_kit.dsv4 import checkpoint, launch
-from devkit.testkit.dsv4_cone import GEOMETRY, N, TOP, Kit, ProbeServer, _ids
+from devkit.testkit.dsv4_cone import GEOMETRY, Kit, N, ProbeServer, _ids
 
 A_LEN = 2048  # turn 1's prompt (8 pages); F = A_LEN: A's Full KV goes to host whole
 F = A_LEN
@@ -104,4 +104,4 @@ if __name__ == "__main__":  # python -m devkit.testkit.dsv4_cone_hicache WORKDIR
     print("\n".join(cone_lines(figures["log"])))
     print(json.dumps({k: {kk: vv for kk, vv in v.items() if kk in ("cached_tokens", "token", "e2e_s")}
                       for k, v in figures.items() if isinstance(v, dict)}))
-    _ = TOP
+
