@@ -4,9 +4,11 @@ One boot of SGLang 0.5.23's real server serving the tiny DeepSeek-V4 (or V4.1) c
 :mod:`devkit.engine_kit.dsv4.cone_probe` (its ``control.json`` turns the cone off for a phase), with
 HiCache write-back at host ratio 1 and the Python tree core (as ``DSV41_SWA_THIN=1`` selects it).
 Every phase starts from an empty tree (``/flush_cache``) and runs turn 1 (prompt A, ``A_LEN`` tokens)
-then turn 2 = A + B with the logprobs of every row from ``F = A_LEN``:
+then turn 2 = A + B with the logprobs of every row from the session's end (``START``). The resume point
+F is where the match's Full KV ends (the cone's plan line says it: a page short of A on the kits,
+whose last leaf leaves both tiers whole):
 
-* ``hit``: turn 2 right after turn 1: the stock prefix hit at F (the reference);
+* ``hit``: turn 2 right after turn 1: the stock prefix hit at the session's end (the reference);
 * ``cold``: turn 2 alone: the stock full re-prefill;
 * ``stock``: between the turns, churn prompts push A's Full KV to host (write-back on eviction) and
   its window out of both tiers (the host SWA pool, as small as the device's, evicts oldest first);
@@ -30,8 +32,8 @@ from devkit.engine_kit import client, launcher
 from devkit.engine_kit.dsv4 import checkpoint, launch
 from devkit.testkit.dsv4_cone import GEOMETRY, Kit, N, ProbeServer, _ids
 
-A_LEN = 2048  # turn 1's prompt (8 pages); F = A_LEN: A's Full KV goes to host whole
-F = A_LEN
+A_LEN = 2048  # turn 1's prompt (8 pages)
+START = A_LEN  # turn 2's logprobs start at the session's end (the resume point F is the plan line's)
 B_LEN = 512
 CHURN_LEN = 2048  # each churn prompt; CHURN of them press the Full pool (16,384 tokens) past A
 CHURN = 10
@@ -57,7 +59,7 @@ def boot(workdir: Path, *, model: Path | None = None, extra: tuple[str, ...] = (
 
 
 def _turn2(kit: Kit) -> dict[str, Any]:
-    out = kit.generate(_ids(1, A_LEN) + _ids(2, B_LEN), start=F)
+    out = kit.generate(_ids(1, A_LEN) + _ids(2, B_LEN), start=START)
     meta = out["meta_info"]
     return {"cached_tokens": int(meta.get("cached_tokens", -1)), "token": out["output_ids"][0],
             "logprobs": [row[0] for row in meta["input_token_logprobs"]],
