@@ -16,7 +16,7 @@ whose last leaf leaves both tiers whole):
 * ``cone``: the same churn, turn 2 with the cone: it loads A's Full KV back from host and replays N.
 
 :func:`run` returns per phase the prefix the server reported (``cached_tokens``), the logprobs and
-top logprobs of rows >= F, the greedy token, and the boot's log.
+top logprobs of rows >= START, the greedy token, and the boot's log.
 """
 
 from __future__ import annotations
