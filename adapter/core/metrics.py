@@ -127,6 +127,10 @@ METRICS: tuple[Metric, ...] = (
            "Bytes of Full-side KV copied for the replays.", amount=_num("bytes")),
     Metric("dsv41_cone_replay_tokens_recomputed_total", "cone_replay", _CONE + "forward",
            "Replay rows recomputed in forward passes (tokens).", amount=_num("rows")),
+    Metric("dsv41_cone_replay_loads_total", "cone_replay", _CONE + "load",
+           "Beside HiCache: plans whose Full KV below F was loaded back from host."),
+    Metric("dsv41_cone_replay_loaded_tokens_total", "cone_replay", _CONE + "load",
+           "Beside HiCache: Full tokens the cone loaded back from host.", amount=_num("tokens")),
     Metric("dsv41_cone_replay_fallbacks_total", "cone_replay", _CONE + "fallback",
            "Requests that fell back to the stock resume point, by reason.", labels=("reason",)),
     # KV park

@@ -308,6 +308,7 @@ SWITCHES: tuple[Switch, ...] = (
         "replays N tokens instead of re-prefilling from the stock match",
         modules=(
             "sglang.srt.mem_cache.unified_radix_cache",
+            "sglang.srt.mem_cache.unified_cache.unified_tree_core",
             "sglang.srt.mem_cache.unified_cache.components.swa",
             "sglang.srt.mem_cache.common",
             "sglang.srt.managers.schedule_policy",
@@ -326,6 +327,9 @@ SWITCHES: tuple[Switch, ...] = (
             "sglang.srt.layers.radix_attention:RadixAttention.forward",
             "sglang.srt.model_executor.runner.prefill_cuda_graph_runner:PrefillCudaGraphRunner.can_run_graph",
             "sglang.srt.model_executor.model_runner:ModelRunner.forward",
+            # Beside HiCache: the cone's load-back of F's Full KV leaves the SWA transfer out.
+            "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore.build_load_back_spec",
+            "sglang.srt.mem_cache.unified_cache.components.swa:SWAComponent.build_hicache_transfers",
         ),
         relies_on=(
             # Called with a fixed signature (found by tests/upstream/test_upstream_calls_are_pinned.py).
@@ -333,8 +337,15 @@ SWITCHES: tuple[Switch, ...] = (
             "sglang.srt.model_executor.forward_batch_info:ForwardMode.is_extend",
             "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore.match_full_device_prefix",
             "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore.collect_path_info",
-            # Beside HiCache: the stock resume point B is where init_load_back's splice ends.
+            # Beside HiCache: the stock resume point B is where init_load_back's splice ends; the
+            # cone's own load-back goes through it, after the adder's load-back budget, and the copy
+            # waits for the batch's load event (LayerLoadingEvent.wait).
             "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.init_load_back",
+            "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.load_back",
+            "sglang.srt.mem_cache.prefill_budget:PrefillBudget.prepare_load_back",
+            "sglang.srt.mem_cache.prefill_budget:SharedSWAPrefillBudget.prepare_load_back",
+            "sglang.srt.managers.cache_controller:LayerLoadingEvent.wait",
+            "sglang.srt.mem_cache.unified_cache.components.full:FullComponent.build_hicache_transfers",
             "sglang.srt.mem_cache.swa_memory_pool:SWAKVPool.get_key_buffer",
             "sglang.srt.mem_cache.swa_memory_pool:SWAKVPool.get_value_buffer",
             "sglang.srt.mem_cache.allocator.swa:SWATokenToKVPoolAllocator.get_kvcache",

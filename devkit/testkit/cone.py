@@ -201,6 +201,7 @@ def prefill_pass(kit: CacheKit, turn: ConeTurn, end: int,
     req.extend_end = end
     req.kv.kv_committed_len = req.kv.kv_allocated_len = end
     checkpoint_kv_cache(req, kit.cache)
+    kit.sync_hicache()  # HiCache: the backups the checkpoint queued (the scheduler's next pass)
     if first and plan is not None:
         tree = kit.cache.path_device_indices(plan.anchor)[plan.s : plan.F]
         turn.checks.update(
@@ -228,6 +229,7 @@ def end_turn(kit: CacheKit, turn: ConeTurn, out_len: int,
         req.output_ids = array("q", [OUTPUT_TOKEN] * out_len)
         req.kv.kv_committed_len = req.kv.kv_allocated_len = total + out_len
     _finish(kit, req)
+    kit.sync_hicache()
     if history:
         turn.history = list(req.origin_input_ids) + list(req.output_ids)
     turn.req = None

@@ -65,7 +65,7 @@ __all__ = [
     "STANDIN_KEY", "SWITCH", "TOKENS_KEY", "_ACTIVE", "_COPIED", "_STANDIN", "_TOKENS", "CacheFacts", "ConeConfig",
     "ConePlan", "Counters", "Decision", "_attention_forward", "_can_run_graph", "_forward_batch_init",
     "_model_forward", "admit", "align_up", "cache_config", "cone_bound", "cone_bound_dsv4", "cone_start",
-    "copy_full_pages", "copy_replay_rows", "decide", "dsv4_forward_fields", "facts_of_cache", "facts_of_pool",
+    "copy_full_pages", "copy_replay_rows", "decide", "dsv4_forward_fields", "dsv4_window_floor", "facts_of_cache", "facts_of_pool",
     "fallback", "forward_rows", "forward_unsupported", "full_side_buffers", "install", "is_dsv4_pool",
     "replay_rows", "reset_counters", "restore_stock", "substitute_full_kv", "swa_kv_pool_unsupported",
     "swa_layer_count",
@@ -84,3 +84,13 @@ def forward_unsupported(kvpool: Any, *, standin: bool = False) -> str | None:
     window, page = 128, 256
     facts = facts_of_pool(kvpool, tokens=1 << 20, window=window, page=page, standin=standin)
     return decide(facts).refusal
+
+
+def dsv4_window_floor(rows: list[tuple[int, int, Any]]) -> Any:
+    """The per-row window floor a DeepSeek-V4 replay batch would carry in ``encoder_swa_row_floor``
+    (``s`` on a cone's rows, 0 elsewhere; ``rows`` as :func:`dsv4_forward_fields` takes them). The
+    switch sets none (``adapter.switches.cone_replay.dsv4``): the seam tests show what it would cut."""
+    import torch
+
+    parts = [torch.full((extend,), 0 if plan is None else plan.s, dtype=torch.int32) for _, extend, plan in rows]
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int32)

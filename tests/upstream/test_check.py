@@ -206,6 +206,20 @@ def test_check_reads_the_hicache_flags_and_predicts_kv_park_inside_hicaches_budg
     assert receipts["swa_thin"] == receipts["fast_tree_core"] == "installed"
 
 
+def test_beside_hicache_check_predicts_whether_the_cone_loads_full_kv_from_host_by_the_tree_core(mellum):
+    """The cone loads F's Full KV from host on the Python tree core (SWA thin, or the core chosen by
+    name) and falls back on the Rust core: check says which, with a note; without HiCache it says nothing."""
+    base = ["--model-path", mellum.path, "--page-size", "1"]
+    hier = check.parse_launch([*base, "--enable-hierarchical-cache", "--hicache-ratio", "2"])
+    values = {"DSV41_SWA_CONE_TOKENS": 64}
+    assert _cone(mellum, hier, values | {"DSV41_SWA_THIN": True}, {})[1]["host_full_kv"] == "load_back"
+    named = {"SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND": "python"}
+    assert _cone(mellum, hier, values, named)[1]["host_full_kv"] == "load_back"
+    receipt, facts = _cone(mellum, hier, values, {})
+    assert receipt == "installed" and facts["host_full_kv"] == "stock_rust_core"
+    assert "host_full_kv" not in _cone(mellum, check.parse_launch(base), values | {"DSV41_SWA_THIN": True}, {})[1]
+
+
 def test_check_without_hicache_predicts_kv_park_installed(tmp_path, mellum):
     profile = tmp_path / "p.env"
     profile.write_text(f'LAUNCH_ARGS=--model-path {mellum.path} --page-size 1\nDSV41_KV_PARK=ram\n')

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from devkit.testkit.cone_replay_parts import ConePlan, align_up, copy_full_pages, dsv4_forward_fields
+from devkit.testkit.cone_replay_parts import ConePlan, align_up, copy_full_pages, dsv4_forward_fields, dsv4_window_floor
 
 PAGE, W = 256, 128
 
@@ -127,7 +127,7 @@ def test_write_mask_sends_masked_replay_rows_to_slot_zero_through_compressor_out
     s, F, L = 2 * PAGE, 6 * PAGE, 6 * PAGE + 100
     other = (1000, 50, None)  # a plain extend in the same batch
     rows = [other, (s, L - s, _plan(s, F))]
-    keep, floor = dsv4_forward_fields(rows, W, PAGE)
+    keep, floor = dsv4_forward_fields(rows, W, PAGE), dsv4_window_floor(rows)
     n = 50 + (L - s)
     fb = object.__new__(ForwardBatch)
     fb.out_cache_loc = torch.arange(10_000, 10_000 + n, dtype=torch.int64)
@@ -152,7 +152,7 @@ def test_window_floor_through_build_causal_swa_page_indices_only_cuts_keys_below
     req_to_token[1, :L] = torch.arange(PAGE, PAGE + L, dtype=torch.int32)
     full_to_swa = torch.arange(size + PAGE + 1, dtype=torch.int64) + 5
     full_to_swa[-1] = -1  # the sentinel: -1 stays -1
-    _, floor = dsv4_forward_fields([(s, L - s, _plan(s, F))], W, PAGE)
+    floor = dsv4_window_floor([(s, L - s, _plan(s, F))])
     q = torch.arange(s, L)
     args = dict(req_to_token=req_to_token, full_to_swa_mapping=full_to_swa,
                 req_pool_indices_repeated=torch.ones(L - s, dtype=torch.int64),

@@ -3,14 +3,17 @@
 
 HiCache keeps an idle session's window on host when it leaves the device (write-back: on eviction;
 write-through: when a node is hit), and the stock admission loads it back. The cone acts only where
-that cannot help: the window at F is on neither device nor host while the Full KV of ``[0, F)`` is
-on device. It then starts from ``s = F - N`` if s lies past the stock resume point after load-back
-(``best_match_node``'s depth B), queues no load-back, and replays N tokens.
+that cannot help: the window at F is on neither device nor host. With the Full KV of ``[0, F)`` on
+device it starts from ``s = F - N`` if s lies past the stock resume point after load-back
+(``best_match_node``'s depth B), queues no load-back, and replays N tokens. With the Full KV of
+``[D, F)`` on host only, the admission loads it back through HiCache's own ``init_load_back`` (the
+Full component only: HiCache's counters move, the SWA host pool is not touched), then replays N.
 """
 
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 import torch
@@ -56,6 +59,23 @@ def _lose_window_everywhere(kit: rc.CacheKit, toks: rc.Tokens) -> list[int]:
         first = kit.run_turn(toks.fresh(512), out_len=16)
         kit.run_turn(first.history + toks.fresh(64), out_len=16)
     raise AssertionError(f"A's window never left both tiers: {_window_state(kit, history)}")
+
+
+def _lose_window_and_full_kv(kit: rc.CacheKit, toks: rc.Tokens, history: list[int],
+                             traffic: Any = None) -> dict[str, Any]:
+    """Push every turn's Full KV off the device (to host: write-back backs it up on eviction,
+    write-through already has) while the small host SWA tier churns A's window out; until A's
+    resume point F keeps its Full KV on host only and its window nowhere. ``traffic(tokens)`` runs a
+    turn (default: the kit's own, without a model)."""
+    run = traffic or (lambda tokens: kit.run_turn(tokens, out_len=16))
+    kit.evict(full=1 << 20)
+    for _ in range(40):
+        run(toks.fresh(256))
+        kit.evict(full=1 << 20)
+        where = _window_state(kit, history)
+        if not where["full_device"] and where["full_host"] and not where["swa_device"] and not where["swa_host"]:
+            return where
+    raise AssertionError(f"A's Full KV never sat on host only with its window gone: {_window_state(kit, history)}")
 
 
 def _sane(kit: rc.CacheKit) -> None:
@@ -145,23 +165,120 @@ def test_beside_hicache_a_cone_turn_is_bit_identical_to_a_prefix_hit():
     _sane(kit_b)
 
 
-def test_beside_hicache_full_kv_on_host_only_falls_back_once_with_full_on_host(capfd):
-    """Every turn's KV is pushed to host (write-back) and the small host SWA tier churns A's window
-    out: A's Full KV up to F is on host only and its window nowhere. HiCache's load-back needs the
-    window's SWA on device or host, so the cone falls back (one line) and the turn runs stock."""
+@pytest.mark.parametrize("policy", POLICIES)
+def test_beside_hicache_full_kv_on_host_is_loaded_back_full_only_and_the_cone_replays_n_tokens(policy, capfd):
+    """A's Full KV up to F is on host only and its window on neither tier: stock resumes at B (0
+    here) and re-prefills everything; the cone loads [D, F) back through HiCache (Full only; its
+    load-back counters move, no SWA host slot is read) and recomputes N + the new tokens."""
+    install(N)
+    kit = rc.build(rc.SMALL, hicache=rc.HiCache(ratio=0.5, write_policy=policy))
+    toks = rc.Tokens()
+    history = kit.run_turn(toks.fresh(400), out_len=16).history
+    _lose_window_and_full_kv(kit, toks, history)
+    h2d = dict(kit.cache.metrics_collector.h2d_tokens)
+    new = toks.fresh(64)
+    turn = cone_turn(kit, history + new, out_len=16)
+    plan = turn.plan
+    assert plan is not None, cone_replay.FALLBACKS
+    F, L = plan.F, len(history) + len(new)
+    assert plan.s == F - N and turn.prefix_len == plan.s and 0 < plan.load <= F
+    assert turn.recomputed == N + (L - F) < L - plan.B  # stock + HiCache re-prefills [B, L)
+    loaded = {k: v - h2d.get(k, 0) for k, v in kit.cache.metrics_collector.h2d_tokens.items() if v != h2d.get(k, 0)}
+    assert loaded == {"kv": plan.load}, loaded  # one batch of Full copies, counted by HiCache; no SWA
+    assert cone_replay.COUNTERS.loads == 1 and cone_replay.COUNTERS.loaded_tokens == plan.load
+    assert turn.checks["cache_protected_len"] == F and turn.checks["window_holes"] == []
+    assert turn.checks["row_is_tree_pages"] and turn.checks["leak_after_first_checkpoint"] == {"full": 0}
+    _sane(kit)
+    nxt = cone_turn(kit, turn.history + toks.fresh(32), out_len=16)  # a prefix hit: the window is back
+    assert nxt.plan is None and nxt.prefix_len == len(turn.history) // kit.geometry.page * kit.geometry.page
+    _sane(kit)
+    err = capfd.readouterr().err
+    assert re.search(r"cone_replay installed N=64 bound=\d+ .*host_full_kv=load_back", err), err  # the receipt says so
+    assert re.search(rf"DSV41_SWA_CONE plan rid={turn.rid} F={F} s={plan.s} N={N} P=\d+ B={plan.B} load={plan.load}", err), err
+    assert len(re.findall(rf"DSV41_SWA_CONE load rid={turn.rid} tokens={plan.load} D={F - plan.load} F={F}", err)) == 1, err
+    assert cone_replay.FALLBACKS == {}
+
+
+def test_beside_hicache_a_load_back_hicache_refuses_falls_back_to_stock_once_naming_why(capfd):
+    """HiCache will not load fewer tokens than its ``load_back_threshold``: the cone's load-back
+    comes back empty, the request runs stock (one fallback line, however often it is matched)."""
     install(N)
     kit = rc.build(rc.SMALL, hicache=rc.HiCache(ratio=0.5, write_policy="write_back"))
+    toks = rc.Tokens()
+    history = kit.run_turn(toks.fresh(400), out_len=16).history
+    _lose_window_and_full_kv(kit, toks, history)
+    kit.cache.load_back_threshold = 1 << 20
+    prompt = history + toks.fresh(64)
+    turn = cone_turn(kit, prompt, out_len=16)
+    # Stock + HiCache: its own load-back (whose SWA transfer the threshold does not stop) up to B < s.
+    assert turn.plan is None and turn.F is not None and turn.prefix_len < turn.F - N
+    assert turn.recomputed == len(prompt) - turn.prefix_len > N + len(prompt) - turn.F
+    assert cone_replay.FALLBACKS == {"load_back_threshold": 1} and cone_replay.COUNTERS.loads == 0
+    err = capfd.readouterr().err
+    assert len(re.findall(rf"DSV41_SWA_CONE fallback rid={turn.rid} reason=load_back_threshold", err)) == 1, err
+    _sane(kit)
+
+
+def test_beside_hicache_the_rust_tree_core_falls_back_with_load_back_rust_core(capfd):
+    """The Rust tree core builds its load-back spec in Rust (no per-component seam to leave the SWA
+    transfer out): the cone names it and the turn runs stock."""
+    install(N)
+    kit = rc.build(rc.SMALL, backend="rust", hicache=rc.HiCache(ratio=0.5, write_policy="write_back"))
     toks = rc.Tokens()
     history = kit.run_turn(toks.fresh(400), out_len=16).history
     kit.evict(full=1 << 20)
     for _ in range(40):
         kit.run_turn(toks.fresh(256), out_len=16)
         kit.evict(full=1 << 20)
-    where = _window_state(kit, history)
-    assert not where["full_device"] and not where["swa_device"] and not where["swa_host"], where
+        if "load_back_rust_core" in cone_replay.FALLBACKS:
+            break
     turn = cone_turn(kit, history + toks.fresh(64), out_len=16)
-    assert turn.plan is None and turn.F is not None and turn.prefix_len == turn.stock_prefix
-    assert cone_replay.FALLBACKS == {"full_on_host": 1}
+    assert turn.plan is None and turn.prefix_len == turn.stock_prefix
+    assert cone_replay.FALLBACKS == {"load_back_rust_core": 1}, cone_replay.FALLBACKS
     err = capfd.readouterr().err
-    assert len(re.findall(rf"DSV41_SWA_CONE fallback rid={turn.rid} reason=full_on_host F={turn.F} P=\d+ B=\d+", err)) == 1, err
-    _sane(kit)
+    assert re.search(r"cone_replay installed N=64 .*host_full_kv=stock_rust_core", err), err
+    assert re.search(rf"DSV41_SWA_CONE fallback rid={turn.rid} reason=load_back_rust_core", err), err
+
+
+def test_beside_hicache_a_cone_with_full_kv_loaded_from_host_is_bit_identical_to_a_prefix_hit():
+    """The tiny model on the cache's own SWAKVPool: kit A (no HiCache, everything kept) resumes
+    with a prefix hit at F; kit B (HiCache write-back) has A's Full KV on host only and its window
+    on neither tier, loads the Full KV back and replays. The loaded Full KV of [0, F) and every row
+    from F (which reads the replayed window) agree with the hit's bit for bit."""
+    install(N)
+    model = TinyHybrid("SFSS", window=8, d=16)  # bound 48 <= N
+    g = rc.SMALL.with_pools(full_tokens=16384, swa_tokens=1024)
+    outs: dict[str, dict[int, torch.Tensor]] = {"hit": {}, "cone": {}, "t1a": {}, "t1b": {}, "other": {}}
+
+    def rec(kit, name):
+        return recorder(model, kit, outs[name])
+
+    prompt = rc.Tokens(start=5).fresh(400)
+    new = rc.Tokens(start=100_000).fresh(48)
+    kit_a = model_kit(model, g.with_pools(swa_tokens=16384))
+    hist = cone_turn(kit_a, prompt, 16, forward=rec(kit_a, "t1a")).history
+    hit = cone_turn(kit_a, hist + new, 16, forward=rec(kit_a, "hit"))
+    assert hit.plan is None and hit.F is None
+    kit_b = model_kit(model, g, hicache=rc.HiCache(ratio=0.5, write_policy="write_back"))
+    cone_turn(kit_b, prompt, 16, forward=rec(kit_b, "t1b"))
+    toks = rc.Tokens(start=200_000)
+    # Traffic through the model, so the freed pages are overwritten with other KV.
+    _lose_window_and_full_kv(kit_b, toks, hist, lambda tokens: cone_turn(kit_b, tokens, 16, forward=rec(kit_b, "other")))
+    cone = cone_turn(kit_b, hist + new, 16, forward=rec(kit_b, "cone"))
+    assert cone.plan is not None and cone.plan.load > 0, cone_replay.FALLBACKS
+    F = cone.plan.F
+    rows = sorted(r for r in outs["hit"] if r >= F)
+    assert rows and all(torch.equal(outs["cone"][r], outs["hit"][r]) for r in rows)
+    # The Full KV the two caches hold for [0, F) (loaded from host in B), slot by slot. The replayed
+    # window is what every row >= F read in the three sliding-window layers (compared above).
+    key = hist[:F]
+    slots = {name: kit.cache.path_device_indices(kit.node_at(key))[:F].to(torch.int64)
+             for name, kit in (("a", kit_a), ("b", kit_b))}
+    assert all(len(v) == F for v in slots.values())
+    for layer in model.full_layer_ids:
+        for get in ("get_key_buffer", "get_value_buffer"):
+            a = getattr(kit_a.allocator.get_kvcache(), get)(layer)[slots["a"]]
+            b = getattr(kit_b.allocator.get_kvcache(), get)(layer)[slots["b"]]
+            assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (layer, get)
+    _sane(kit_a)
+    _sane(kit_b)

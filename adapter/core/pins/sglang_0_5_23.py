@@ -204,6 +204,30 @@ PINS: dict[str, str] = {
     "sglang.srt.model_executor.model_runner:ModelRunner.forward": (
         "19034759e5d5ec511c71cfd535d168a4b7d48040e0b895321f12d7233e27b88f"
     ),
+    # cone_replay (wrapped, beside HiCache: F's Full KV loaded back without the SWA component's transfer)
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore.build_load_back_spec": (
+        "51fcb497d95115e7e0633ce89f1868bc805d6a40f451159bba2fe1f93108a696"
+    ),
+    "sglang.srt.mem_cache.unified_cache.components.swa:SWAComponent.build_hicache_transfers": (
+        "60103170c3ee342089e0f2fa767bd8ea16e81f3ff0761a78ffc52bb42ab7b8e5"
+    ),
+    # cone_replay (relied on, beside HiCache: the load-back the cone runs through init_load_back, its
+    # Full-only spec, the adder's load-back budget, the copy's wait for the batch's load event)
+    "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.load_back": (
+        "40239d4f78e6af9d686effb94b834be8d8a8de9d55a5982d90afd20dd941cc59"
+    ),
+    "sglang.srt.mem_cache.unified_cache.components.full:FullComponent.build_hicache_transfers": (
+        "0093ca25e9458ca3e09a74c1e57bdfa60fceae37f61da070926f8aa11173c48e"
+    ),
+    "sglang.srt.mem_cache.prefill_budget:PrefillBudget.prepare_load_back": (
+        "918948dffefbc067562d52990f8fca43646370348e45b147d18d09da3c2ab318"
+    ),
+    "sglang.srt.mem_cache.prefill_budget:SharedSWAPrefillBudget.prepare_load_back": (
+        "d9b00ba98dc2e1d4348e19c9713e9dcb425955fc79271bf9ac8eba18558e52f9"
+    ),
+    "sglang.srt.managers.cache_controller:LayerLoadingEvent.wait": (
+        "6f2d7033e2cda24ddc4109f9b1facb977f83580f792d99bba2e5c355a359c2c0"
+    ),
     # cone_replay (pinned, not wrapped: F's definition, the fields a fallback restores, the anchor lock)
     # Beside HiCache: B, the stock resume point after load-back (init_load_back splices up to
     # best_match_node), read through collect_path_info.

@@ -63,31 +63,28 @@ from typing import Any
 from adapter.switches.cone_replay.geometry import dsv4_republished_rows
 
 
-def forward_fields(rows: list[tuple[int, int, Any]], window: int, page: int) -> tuple[Any, Any]:
-    """DeepSeek-V4's forward fields for one extend batch: ``(encoder_swa_compress_rows,
-    encoder_swa_row_floor)``. ``rows``: per request ``(prefix_len, extend_len, plan or None)`` in
-    batch order. A cone's rows ``[s, F - R)`` are left out of ``compress_rows`` (their
-    compressor and indexer writes go to slot 0: the copied latents stay). The floor is returned
-    for the seam tests only; the switch does not set it (see the module docstring)."""
+def forward_fields(rows: list[tuple[int, int, Any]], window: int, page: int) -> Any:
+    """DeepSeek-V4's forward field for one extend batch: ``encoder_swa_compress_rows``. ``rows``:
+    per request ``(prefix_len, extend_len, plan or None)`` in batch order. A cone's rows
+    ``[s, F - R)`` are left out (their compressor and indexer writes go to slot 0: the copied
+    latents stay). No window floor is built (see the module docstring)."""
     import torch
 
-    keep, floor = [], []
+    keep = []
     for prefix, extend, plan in rows:
-        pos = torch.arange(prefix, prefix + extend, dtype=torch.int64)
         if plan is None:
             keep.append(torch.ones(extend, dtype=torch.bool))
-            floor.append(torch.zeros(extend, dtype=torch.int32))
             continue
+        pos = torch.arange(prefix, prefix + extend, dtype=torch.int64)
         lo, hi = plan.s, plan.F - dsv4_republished_rows(window, page)
         keep.append(~((pos >= lo) & (pos < hi)))
-        floor.append(torch.full((extend,), plan.s, dtype=torch.int32))
     mask = torch.cat(keep) if keep else torch.zeros(0, dtype=torch.bool)
-    return torch.nonzero(mask).flatten(), (torch.cat(floor) if floor else torch.zeros(0, dtype=torch.int32))
+    return torch.nonzero(mask).flatten()
 
 
 def apply(forward_batch: Any, layout: list[tuple[int, int, Any]], window: int, page: int) -> int:
     """Set ``encoder_swa_compress_rows`` on a replay batch; returns the number of masked rows."""
-    keep, _floor = forward_fields(layout, window, page)
+    keep = forward_fields(layout, window, page)
     device = forward_batch.out_cache_loc.device
     total = int(forward_batch.out_cache_loc.shape[0])
     forward_batch.encoder_swa_compress_rows = keep.to(device)

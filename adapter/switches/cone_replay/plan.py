@@ -5,8 +5,10 @@
   at ``s = page_floor(F - N)`` anchored on F's node (``tree_core.match_full_device_prefix``); the
   stock ``MatchResult`` is kept on the request to fall back to. Beside HiCache the stock admission
   loads host copies back up to ``best_match_node`` (its depth B): the cone plans only when s lies
-  past B, with no host hit in its match (no load-back queued); Full KV up to F on host only falls
-  back (``full_on_host``: HiCache's load-back needs the window's SWA on device or host).
+  past B, with no host hit in its match (no stock load-back queued). Where the Full KV of
+  ``[D, F)`` sits on host only (D: the deepest node with Full KV on device), the anchor is F's host
+  node (the match walk's last node) and ``plan.load = F - D``: the admission loads that Full KV
+  back through HiCache (:mod:`.hicache`) before the copy.
 * :func:`admit` (after ``PrefillAdder._select_prefill_admission``): the first prefill pass must be
   one chunk covering ``[s, F)``, else the stock match is restored and the reason logged.
 
@@ -24,6 +26,7 @@ from adapter.switches.cone_replay.geometry import cache_config, cone_start
 
 SWITCH = api.handle(__name__)
 REQ_ATTR = "_dsv41_cone"  # the plan of one request (set on its Req)
+NO_LOAD_ATTR = "_dsv41_cone_no_load"  # F of a request whose cone load-back fell back (runs stock)
 PLANNED, ADMITTED, COPIED, FORWARDED = "planned", "admitted", "copied", "forwarded"
 
 
@@ -41,6 +44,7 @@ class ConePlan:
     B: int = 0  # HiCache: the stock resume point after its load-back (P without HiCache)
     state: str = PLANNED
     source: Any = None  # F's tree slots of [s, F) (the copy source; locked through the anchor)
+    load: int = 0  # HiCache: Full tokens [F - load, F) on host only, loaded back at admission
 
 
 @dataclass
@@ -54,6 +58,8 @@ class Counters:
     substituted_layers: int = 0  # Full-attention layer calls whose replay rows read the resident KV
     masked_rows: int = 0  # DeepSeek-V4: replay rows whose compressor / indexer writes went to slot 0
     fallbacks: int = 0
+    loads: int = 0  # HiCache: plans whose Full KV of [D, F) was loaded back from host
+    loaded_tokens: int = 0
 
     def reset(self) -> None:
         self.__init__()
@@ -90,7 +96,7 @@ def plan(cache: Any, params: Any, result: Any) -> Any:
     from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 
     urc = __import__(SWITCH.module_of("UnifiedRadixCache.match_prefix"), fromlist=["get_disagg"])
-    why = None
+    why, load, device_node = None, 0, None
     if cache.linker is not None:
         why = "linker"
     elif urc.get_disagg().disaggregation_mode == "decode":
@@ -104,29 +110,54 @@ def plan(cache: Any, params: Any, result: Any) -> Any:
 
         anchor_key = RadixKey(token_ids=key.token_ids, extra_key=key.extra_key, limit=F, cache_salt=key.cache_salt)
         f_len, anchor, _pinned = cache.tree_core.match_full_device_prefix(anchor_key)
-        if f_len < F:
-            # Under HiCache the Full KV of [f_len, F) may sit on host only: its load-back
-            # (swa.py LOAD_BACK) brings a node's Full and SWA back together and requires every
-            # node of the window to hold SWA on device or host, which F's lost window does not.
-            why = "full_on_host" if hicache and result.full_kv_hit_length >= F else "full_not_resident"
+        if f_len < F and hicache and result.full_kv_hit_length >= F:
+            # The Full KV of [f_len, F) sits on host only: the cone loads it back through HiCache,
+            # Full component only (.hicache); the match walk's last node is F's node.
+            if getattr(req, NO_LOAD_ATTR, None) == F:  # its load-back fell back: stock, once
+                return result
+            why = load_unsupported(cache, result.last_visited_node_id, F)
+            if why is None:
+                device_node, anchor, load = anchor, result.last_visited_node_id, F - f_len
+        elif f_len < F:
+            why = "full_not_resident"
     if why is not None:
         if getattr(req, REQ_ATTR + "_why", None) != (why, F):  # once per request and reason
             setattr(req, REQ_ATTR + "_why", (why, F))
             fallback(req, why, F=F, P=P, **({"B": B} if hicache else {}))
         return result
     protected = result.cache_protected_len
-    plan = ConePlan(req.rid, F, s, P, anchor, result, P if protected is None else int(protected), B=B)
+    plan = ConePlan(req.rid, F, s, P, anchor, result, P if protected is None else int(protected), B=B, load=load)
     setattr(req, REQ_ATTR, plan)
-    if previous is None or (previous.F, previous.s) != (F, s):  # a waiting request is matched every round
+    if previous is None or (previous.F, previous.s, previous.load) != (F, s, load):  # matched every round
         COUNTERS.plans += 1
-        SWITCH.event("DSV41_SWA_CONE plan", rid=req.rid, F=F, s=s, N=F - s, P=P, **({"B": B} if hicache else {}))
-    # The cone's prefix [0, s) is all on device: no host hit, so no load-back is queued (a stock
-    # host hit below s is superseded: the replay starts deeper than its load-back would end).
+        extra = ({"B": B} if hicache else {}) | ({"load": load} if load else {})
+        SWITCH.event("DSV41_SWA_CONE plan", rid=req.rid, F=F, s=s, N=F - s, P=P, **extra)
+    # No stock load-back is queued (a stock host hit below s is superseded: the replay starts
+    # deeper than its load-back would end). Without a load the prefix [0, s) is on device; with one
+    # the request's device node is D's until the admission has loaded [D, F) (.hicache.load_full_kv).
     return result._replace(
-        device_prefix_len=s, last_device_node=anchor, last_host_node=anchor, best_match_node=anchor,
+        device_prefix_len=s, last_device_node=device_node if load else anchor, last_host_node=anchor,
+        best_match_node=anchor,
         cache_protected_len=None if protected is None else s,
         host_hit_length=0, swa_host_hit_length=0, mamba_host_hit_length=0,
     )
+
+
+def load_unsupported(cache: Any, host_node: Any, F: int) -> str | None:
+    """Beside HiCache: why the cone cannot load F's Full KV through this cache (None: it can;
+    :mod:`.hicache` names each reason)."""
+    from sglang.srt.mem_cache.unified_cache.unified_tree_core import UnifiedTreeCore
+
+    if not isinstance(cache.tree_core, UnifiedTreeCore):
+        return "load_back_rust_core"
+    if getattr(cache, "buffer_pipeline", None) is not None:
+        return "load_back_buffer_mode"
+    if host_node is None:
+        return "full_on_host"
+    (path,) = cache.tree_core.collect_path_info([host_node])
+    if not path or int(path[-1].path_end) != F:  # the walk's last node does not end at F
+        return "full_on_host"
+    return None
 
 
 def _stock_resume_point(cache: Any, result: Any) -> int:

@@ -102,4 +102,21 @@ def predict(profile: api.Profile) -> api.Prediction:
     ))
     if decided.bound:
         facts["bound"] = decided.bound
-    return api.Prediction(decided.receipt, facts)
+    notes: tuple[str, ...] = ()
+    if decided.refusal is None and "--enable-hierarchical-cache" in flags:
+        facts["host_full_kv"] = host = host_full_kv(profile)
+        notes = (("beside HiCache, a resume point whose Full KV sits on host while its window is gone is "
+                  "loaded back (Full KV only) and replayed from page_floor(F - N)") if host == "load_back" else
+                 ("beside HiCache on the Rust tree core, a resume point whose Full KV sits on host runs stock "
+                  "(fallback load_back_rust_core); DSV41_SWA_THIN=1 selects the Python tree core"),)
+    return api.Prediction(decided.receipt, facts, notes=notes)
+
+
+def host_full_kv(profile: api.Profile) -> str:
+    """The installed line's ``host_full_kv`` beside HiCache: ``load_back`` on the Python tree core
+    (chosen by ``SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND=python``, by SWA thin, or by the session radix
+    cache), else ``stock_rust_core`` (the engine's default core; its platform fallbacks are not predicted)."""
+    core = profile.environ.get("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", "").strip().lower()
+    python = core == "python" or (not core and (bool(profile.values.get("DSV41_SWA_THIN"))
+                                                or "--enable-session-radix-cache" in profile.argv))
+    return "load_back" if python else "stock_rust_core"

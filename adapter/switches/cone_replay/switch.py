@@ -76,7 +76,7 @@ from __future__ import annotations
 from typing import Any
 
 from adapter.core import api
-from adapter.switches.cone_replay import decision
+from adapter.switches.cone_replay import decision, hicache
 from adapter.switches.cone_replay import plan as plan_mod
 from adapter.switches.cone_replay.copy import copy_replay_rows
 from adapter.switches.cone_replay.decision import STANDIN_KEY, TOKENS_KEY
@@ -93,6 +93,7 @@ from adapter.switches.cone_replay.plan import (
     ADMITTED,
     COUNTERS,
     FALLBACKS,
+    NO_LOAD_ATTR,
     PLANNED,
     REQ_ATTR,
     admit,
@@ -119,8 +120,9 @@ def _check_cache(cache: Any) -> ConeConfig:
         SWITCH.refuse_late(decided.refusal)
         return cfg
     tail = {} if decided.tail_from is None else {"decoder_tail_from": decided.tail_from}
+    host = hicache.host_full_kv(cache)
     SWITCH.confirm(N=tokens, bound=decided.bound, window=facts.window, page=facts.page, swa_layers=cfg.swa_layers,
-                   **tail)
+                   **tail, **({} if host is None else {"host_full_kv": host}))
     return cfg
 
 
@@ -151,7 +153,15 @@ def _select_admission(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> An
         fallback(req, "host_load_back", F=plan.F, s=plan.s)
         restore_stock(req, plan)
     elif admit(req, admission.prefix_len, admission.extend_len):
-        return admission
+        if not plan.load:
+            return admission
+        why = hicache.load_full_kv(instance, req, plan, admission.extend_len, admission.max_new_tokens)
+        if why is None:
+            return admission
+        # HiCache cannot give the pages: stock (with its own load-back, if any), once per request.
+        setattr(req, NO_LOAD_ATTR, plan.F)
+        fallback(req, why, F=plan.F, s=plan.s, load=plan.load)
+        restore_stock(req, plan)
     # The caller priced the request from prefix s; the stock prefix is shorter, and the stock host
     # hit (HiCache) goes back to the selection with it.
     kwargs = dict(kwargs, total_tokens=kwargs["total_tokens"] + plan.s - plan.P,
@@ -166,6 +176,8 @@ def _prepare_for_extend(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> 
         if plan is None or plan.state != ADMITTED:
             continue
         if req.prefix_len == plan.s:
+            if plan.load:  # the loaded pages land on the controller's stream
+                hicache.wait_loaded(instance)
             copy_replay_rows(instance.tree_cache, instance.req_to_token_pool.req_to_token, req.kv.req_pool_idx, plan)
         else:  # not the pass it was admitted for (retracted and re-matched): no replay
             setattr(req, REQ_ATTR, None)
@@ -188,6 +200,8 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
         ("RadixAttention.forward", _attention_forward),
         ("PrefillCudaGraphRunner.can_run_graph", _can_run_graph),
         ("ModelRunner.forward", _model_forward),
+        ("UnifiedTreeCore.build_load_back_spec", hicache._build_load_back_spec),
+        ("SWAComponent.build_hicache_transfers", hicache._swa_transfers),
     ):
         ctx.wrap(target, wrapper)
     ctx.decide_later()  # installed or refused once a cache is built and its geometry is known
@@ -199,5 +213,6 @@ def reset_counters() -> None:
     FALLBACKS.clear()
     _COPIED[0] = 0
     _ACTIVE[0] = None
+    hicache._LOADING[0] = None
 
 

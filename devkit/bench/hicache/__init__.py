@@ -74,6 +74,11 @@ def print_table(rows: list[dict[str, Any]], say: Callable[[str], None] = print) 
     for line in table.render(header, cells).splitlines():
         say(line)
     for r in rows:
+        if r.get("cone"):
+            c = r["cone"]
+            say(f"cone: {r['kit']} {r['workload']} {r['name']}: plans {c['plans']}, loads from host {c['loads']} "
+                f"({c['loaded_tokens']} Full tokens), replayed {c['replayed']}, fallbacks "
+                f"{' '.join(f'{k}={v}' for k, v in c['fallbacks'].items()) or 'none'}")
         if r.get("reference_cached"):
             say(f"note: {r['kit']} {r['workload']} {r['name']}: the reference re-prefill itself found "
                 f"{r['reference_cached']} tokens cached (L3 files outlive /flush_cache); its logprob diff is not from a re-prefill")

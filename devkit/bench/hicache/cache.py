@@ -14,15 +14,23 @@ Workloads (each row builds a fresh cache):
 * ``idle_swa``: two idle 2,048-token sessions, then 8x the SWA pool of other traffic (sub-agent
   turns and new 4K sessions) with a Full pool of 1M tokens: only the sessions' windows go;
 * ``idle_full``: the same with a Full pool of 8K tokens: the churn evicts their Full KV too;
+* ``branch``: two idle 2,048-token sessions, each continued once by a branch (a retried or forked
+  agent turn: the session's resume point becomes an inner node), the same traffic, then each
+  resumes from its own history; Full pool 8K;
 * ``agent``: four sessions share a 1,024-token system prompt (each adds its own 256-token first
   message), take three turns each in rotation (+128 tokens a turn), with one SWA pool of other
   traffic before every turn; Full pool 8K.
 
 Rows: ``stock``; ``stock_hicache`` (write-through, the server's default policy, host 4x the device
-pools); ``stock_hicache_small`` (host 0.5x: the host evicts too); ``profile`` (SWA thin, the one
-profile switch that acts at cache level; cone replay and decode yield need a forward) and
-``profile_hicache`` (thin, host 4x). No L3 row here: the kit's cache has no scheduler to run the
-L3 prefetch, so ``loaded_from_l3`` is 0 by construction (the server form has the L3 row).
+pools); ``stock_hicache_small`` (host 0.5x: the host evicts too); ``profile`` (the profile switches
+that act at cache level: SWA thin and cone replay at ``N = CONE_TOKENS``, 8 pages as the datacenter
+profile's 2,048 at page 256; every turn of a cone row goes through :func:`devkit.testkit.cone.cone_turn`,
+a real ``PrefillAdder`` admission with the cone's copy and, beside HiCache, its load-back; decode
+yield needs a forward) and ``profile_hicache`` / ``profile_hicache_small`` (thin + cone, host 4x /
+0.5x); ``stock_hicache_wb`` / ``profile_hicache_wb``: write-back, host 1x (the host keeps the Full KV
+that leaves the device, and drops windows it never got: the cone loads the Full KV back). No L3 row here: the kit's cache has no scheduler to run the L3 prefetch, so
+``loaded_from_l3`` is 0 by construction (the server form has the L3 row). Cone rows also report
+``cone`` (plans, loads from host, the Full tokens loaded, replayed turns, fallbacks by reason).
 
 Per row: history tokens prefilled again on the resumed turns (``recomputed``: prompt minus the
 matched prefix minus the turn's new tokens), prefix tokens served through a host load-back
@@ -40,19 +48,23 @@ import time
 from typing import Any
 
 from devkit.testkit import radix_cache as rc
-from devkit.testkit.swa_thin import CHUNK, PAGE, WINDOW, cache_kit, install_thin, traffic_unit
+from devkit.testkit.swa_thin import CHUNK, PAGE, WINDOW, cache_kit, traffic_unit
 
 SWA_POOL = 1024  # half swa-thin-hicache's: the quick form's rows in seconds
 IDLE_LEN, LONG_LEN, NEW_TURN = 2048, 4096, 128
 TRAFFIC = 8 * SWA_POOL  # SWA slots of other traffic before the idle sessions resume
-FULL_POOL = {"idle_swa": 1 << 20, "idle_full": 8 * 1024, "agent": 8 * 1024}
+FULL_POOL = {"idle_swa": 1 << 20, "idle_full": 8 * 1024, "agent": 8 * 1024, "branch": 8 * 1024}
 SYSTEM, FIRST_MESSAGE, SESSIONS, TURNS = 1024, 256, 4, 3
-ROWS = (  # name, thin, HiCache
+CONE_TOKENS = 8 * PAGE  # the datacenter profile's N = 2,048 is 8 pages of 256
+ROWS = (  # name, profile (thin + cone), HiCache
     ("stock", False, None),
     ("stock_hicache", False, rc.HiCache(ratio=4.0, write_policy="write_through")),
     ("stock_hicache_small", False, rc.HiCache(ratio=0.5, write_policy="write_through")),
     ("profile", True, None),
     ("profile_hicache", True, rc.HiCache(ratio=4.0, write_policy="write_through")),
+    ("profile_hicache_small", True, rc.HiCache(ratio=0.5, write_policy="write_through")),
+    ("stock_hicache_wb", False, rc.HiCache(ratio=1.0, write_policy="write_back")),
+    ("profile_hicache_wb", True, rc.HiCache(ratio=1.0, write_policy="write_back")),
 )
 WHY_NULL = "form cache: no model runs, so no TTFT and no logprobs (the server form measures them)"
 
@@ -85,12 +97,54 @@ def _agent(kit: rc.CacheKit, tok: rc.Tokens, rng: random.Random) -> list[rc.Turn
     return resumed
 
 
-WORKLOADS = {"idle_swa": _idle, "idle_full": _idle, "agent": _agent}
+def _branch(kit: rc.CacheKit, tok: rc.Tokens, rng: random.Random) -> list[rc.TurnResult]:
+    """Two idle sessions, each continued once by a branch (a retried or forked agent turn: its resume
+    point becomes an inner node, whose window HiCache keeps on neither tier once it leaves the device),
+    traffic, then each session resumes from its own history."""
+    idle = [kit.run_turn(tok.fresh(IDLE_LEN), PAGE).history for _ in range(2)]
+    for history in idle:
+        kit.run_turn(history + tok.fresh(NEW_TURN), PAGE)
+    _traffic(kit, tok, rng, TRAFFIC)
+    return [kit.run_turn(history + tok.fresh(NEW_TURN), PAGE) for history in idle]
+
+
+WORKLOADS = {"idle_swa": _idle, "idle_full": _idle, "agent": _agent, "branch": _branch}
+
+
+def _with_cone(kit: rc.CacheKit, on: bool) -> None:
+    """Cone replay on this kit (every turn through ``cone_turn``), or off (the switch's config taken
+    off the cache: its match is stock)."""
+    from devkit.testkit import cone_replay_parts as cone
+    from devkit.testkit.cone import cone_turn
+
+    if not on:
+        if hasattr(kit.cache, cone.CACHE_ATTR):
+            delattr(kit.cache, cone.CACHE_ATTR)
+        return
+    assert cone.cache_config(kit.cache).enabled, cone.cache_config(kit.cache)
+
+    def run_turn(tokens: list[int], out_len: int, chunk: int | None = None, session_id: str | None = None) -> Any:
+        turn = cone_turn(kit, tokens, out_len, chunk)
+        return rc.TurnResult(turn.rid, turn.prefix_len, turn.F, turn.recomputed, turn.history)
+
+    kit.run_turn = run_turn  # the workloads' turns, traffic included
+
+
+def _cone_figures() -> dict[str, Any]:
+    from devkit.testkit import cone_replay_parts as cone
+
+    c = cone.COUNTERS
+    return {"plans": c.plans, "loads": c.loads, "loaded_tokens": c.loaded_tokens, "replayed": c.copies,
+            "fallbacks": dict(sorted(cone.FALLBACKS.items()))}
 
 
 def run_row(workload: str, thin: bool, hicache: rc.HiCache | None, seed: int = 1) -> dict[str, Any]:
+    from devkit.testkit import cone_replay_parts as cone
+
     t0 = time.process_time()
     kit = cache_kit(FULL_POOL[workload], SWA_POOL, thin, hicache)
+    _with_cone(kit, thin)
+    cone.reset_counters()
     loaded_before = kit.loaded_from_host
     resumed = WORKLOADS[workload](kit, rc.Tokens(), random.Random(seed))
     kit.cache.sanity_check()
@@ -107,6 +161,8 @@ def run_row(workload: str, thin: bool, hicache: rc.HiCache | None, seed: int = 1
         "leak": sum(kit.leak_check().values()),
         "cpu_s": round(time.process_time() - t0, 2),
     }
+    if thin:
+        out["cone"] = _cone_figures()
     if hicache is not None:
         kit.cache.release_host_resources()
     return out
@@ -114,7 +170,17 @@ def run_row(workload: str, thin: bool, hicache: rc.HiCache | None, seed: int = 1
 
 def rows() -> list[dict[str, Any]]:
     """Every workload x row of this form, in the benchmark's row schema."""
-    install_thin()
+    import importlib
+    import os
+
+    from devkit.testkit.cone import install
+
+    os.environ.pop("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", None)  # SWA thin chooses the Python core
+    state = install(CONE_TOKENS, DSV41_SWA_THIN="1")
+    importlib.import_module("sglang.srt.mem_cache.unified_radix_cache")
+    for name in ("fast_tree_core", "swa_thin"):
+        if state.outcomes[name].status != "installed":
+            raise RuntimeError(f"{name} did not install: {state.outcomes[name].reason}")
     out = []
     for workload in WORKLOADS:
         for name, thin, hicache in ROWS:
@@ -127,6 +193,6 @@ def describe() -> str:
     return (f"form cache (SGLang's UnifiedRadixCache + HiCache in-process, no model): page {PAGE}, window {WINDOW}, "
             f"chunk {CHUNK}, SWA pool {SWA_POOL}; idle: two {IDLE_LEN}-token sessions resume (+{NEW_TURN}) after "
             f"{TRAFFIC} SWA slots of traffic, Full pool {FULL_POOL['idle_swa']} (idle_swa) / {FULL_POOL['idle_full']} "
-            f"(idle_full); agent: {SESSIONS} sessions on a shared {SYSTEM}-token system prompt, {TURNS} turns each, "
+            f"(idle_full); branch: the idle sessions each continued once by a branch first, Full pool {FULL_POOL['branch']}; agent: {SESSIONS} sessions on a shared {SYSTEM}-token system prompt, {TURNS} turns each, "
             f"one SWA pool of traffic before each turn, Full pool {FULL_POOL['agent']}. HiCache write-through "
-            f"(host 4x; _small 0.5x); profile = SWA thin. ttft_s / logprob_max_diff null: {WHY_NULL}")
+            f"(host 4x; _small 0.5x; _wb: write-back, host 1x); profile = SWA thin + cone replay N={CONE_TOKENS}. ttft_s / logprob_max_diff null: {WHY_NULL}")
