@@ -59,6 +59,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return 2
     module_name, _, function = BENCHMARKS[args.name].partition(":")
     kwargs = {"device": args.device} if args.device is not None else {}
+    if args.model is not None:
+        kwargs["model"] = args.model
     figures = getattr(importlib.import_module(module_name), function)(quick=args.quick, **kwargs)
     print(json.dumps({"bench": args.name, "quick": args.quick, **figures}, sort_keys=False))
     return 0
@@ -88,6 +90,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     p.add_argument("name")
     p.add_argument("--quick", action="store_true")
     p.add_argument("--device", help="where the benchmark's device tensors live (e.g. cuda); only benchmarks that take it")
+    p.add_argument("--model", choices=("mellum", "dsv4"), help="the model kit; only benchmarks that take it")
     p.set_defaults(run=cmd_bench)
     from adapter.ops import fit_cost_model  # light: no engine import until it reads a log
 

@@ -19,5 +19,6 @@ BENCHMARKS = {
     "metrics-overhead": "devkit.bench.metrics_overhead:run",
     "hicache": "devkit.bench.hicache:run",
     "swa-host-demote": "devkit.bench.swa_host_demote:run",
+    "chat-latency": "devkit.bench.chat_latency:run",
     # -- end of benchmarks --
 }

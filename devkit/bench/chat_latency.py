@@ -1,0 +1,317 @@
+"""``python -m adapter bench chat-latency [--quick] [--model mellum|dsv4]``: multi-turn chat latency
+per switch and combined, measured by SGLang's own client.
+
+Each row is one server boot of the kit (the gate's launcher settings) with one profile; against it
+``python -m sglang.bench_serving --backend sglang-oai-chat --dataset-name generated-shared-prefix``
+sends seeded multi-turn conversations (groups of prompts sharing a system prompt, several turns
+each, Poisson arrivals): many short multi-chunk prompts arrive while others decode, later turns hit
+the prefix cache, and a cone replay adds a chunk boundary per resumed turn. The client reads the
+kit's own tokenizer (``--tokenizer`` the model folder) and nothing from the network (HF offline).
+
+Rows (:data:`ROWS`): stock, decode yield alone (closed loop and ``model`` mode), SWA thin + cone
+replay, yield beside each of them, and the release gate's profile
+(:func:`devkit.gate.verdict.build_profile`). Rounds interleave the rows (A B C .. A B C ..), so the
+ratios of one run are side by side on the same machine state. Per boot: mean / p99 TTFT, mean /
+p99 ITL, median end-to-end latency; per row the mean over its boots and the TTFT ratio to stock
+against the bound ``1 / (1 - pct)`` of the row's share (:func:`bound`). On boots with decode yield
+the switch's window lines (``DSV41_DEBUG_LOG=1``) are counted: windows, steps given, how they ended.
+
+``--quick``: stock and the gate's profile, one round, fewer conversations (about 3 minutes on the
+Mellum kit: two boots cannot be shorter). The last line printed is one JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+OUT = Path(__file__).resolve().parents[2] / "build" / "bench-chat-latency"
+# The traffic (SGLang's generated-shared-prefix dataset): the issue's command, seeded.
+TRAFFIC = {"groups": 4, "per_group": 6, "system": 512, "question": 64, "output": 16, "turns": 3, "rate": 4.0}
+QUICK_TRAFFIC = {**TRAFFIC, "groups": 2, "per_group": 4}
+# Mellum kit: chunk 64 (every system prompt is a multi-chunk prefill), a pool for every conversation.
+MELLUM_MAX_TOTAL_TOKENS = 32768
+MELLUM_SWA_RATIO = 0.05
+CLIENT_TIMEOUT_S = 900
+YIELD_PCT = "33"
+CONE = {"DSV41_SWA_CONE_REPLAY": "1", "DSV41_SWA_CONE_TOKENS": "64"}
+THIN = {"DSV41_SWA_THIN": "1"}
+
+
+def gate_profile(kit_name: str) -> dict[str, str]:
+    """The release gate's profile boot keys (without its calibration, which only shapes the first
+    windows of measured mode)."""
+    from devkit.gate import kits
+    from devkit.gate.verdict import build_profile
+
+    profile = build_profile()
+    profile.update({k: v for k, v in kits.kit(kit_name).profile_overrides().items() if k in profile})
+    return profile
+
+
+def rows(kit_name: str, quick: bool) -> list[tuple[str, dict[str, str]]]:
+    """(label, profile) per row; the first is stock."""
+    y = {"DSV41_DECODE_YIELD": YIELD_PCT}
+    cone = {**CONE, **({"DSV41_SWA_CONE_TOKENS": "768"} if kit_name == "dsv4" else {})}
+    profile = gate_profile(kit_name)
+    if quick:
+        return [("stock", {}), ("profile", profile)]
+    return [
+        ("stock", {}),
+        (f"yield {YIELD_PCT}", y),
+        (f"yield {YIELD_PCT} mode=model", {**y, "DSV41_DECODE_YIELD_MODE": "model"}),
+        ("thin+cone", {**THIN, **cone}),
+        ("yield+thin", {**y, **THIN}),
+        ("yield+cone", {**y, **cone}),
+        ("profile", profile),
+    ]
+
+
+def bound(profile: dict[str, str]) -> float | None:
+    """The TTFT bound of a profile against stock: ``1 / (1 - pct)`` with decode yield, else None."""
+    pct = profile.get("DSV41_DECODE_YIELD")
+    return None if pct is None else round(100 / (100 - int(pct)), 3)
+
+
+def client_command(base_url: str, tokenizer: Path, out_file: Path, traffic: dict[str, Any], seed: int = 1) -> list[str]:
+    """SGLang's own benchmark client, multi-turn chat on the generated-shared-prefix dataset."""
+    return [
+        sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang-oai-chat", "--base-url", base_url,
+        "--model", str(tokenizer), "--tokenizer", str(tokenizer),
+        "--dataset-name", "generated-shared-prefix",
+        "--gsp-num-groups", str(traffic["groups"]), "--gsp-prompts-per-group", str(traffic["per_group"]),
+        "--gsp-system-prompt-len", str(traffic["system"]), "--gsp-question-len", str(traffic["question"]),
+        "--gsp-output-len", str(traffic["output"]), "--gsp-num-turns", str(traffic["turns"]),
+        "--request-rate", str(traffic["rate"]), "--seed", str(seed), "--warmup-requests", "0",
+        "--disable-tqdm", "--output-file", str(out_file), "--output-details",
+    ]
+
+
+def client_env() -> dict[str, str]:
+    """No network: the tokenizer is the kit's folder, and the Hub is never asked."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DSV41_")}
+    env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+                "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"})
+    return env
+
+
+def figures_of(result: dict[str, Any]) -> dict[str, Any]:
+    """The per-boot figures from bench_serving's output file (one JSON object)."""
+    ttfts = [x * 1000 for x in result.get("ttfts") or [] if x]
+    return {
+        "completed": result.get("completed"),
+        "mean_ttft_ms": _r(result.get("mean_ttft_ms")),
+        "p99_ttft_ms": _r(result.get("p99_ttft_ms")),
+        "mean_itl_ms": _r(result.get("mean_itl_ms")),
+        "p99_itl_ms": _r(result.get("p99_itl_ms")),
+        "median_e2e_ms": _r(result.get("median_e2e_latency_ms")),
+        "max_ttft_ms": _r(max(ttfts)) if ttfts else None,
+        "ttfts_ms": [round(x, 1) for x in ttfts],
+    }
+
+
+def _r(x: Any) -> float | None:
+    return None if x is None else round(float(x), 1)
+
+
+WINDOW_RE = re.compile(r"\[dsv41\] decode_yield window .*?\bn=(\d+).*?\bgiven=(\d+) ended=(\w+)")
+BURST_RE = re.compile(r"\[dsv41\] decode_yield (?:burst|over_share)\b")
+
+
+def window_counts(lines: Sequence[str]) -> dict[str, Any]:
+    """The switch's window lines of one boot: windows, steps given, how they ended."""
+    windows = [WINDOW_RE.search(line) for line in lines]
+    found = [m for m in windows if m]
+    ended: dict[str, int] = {}
+    for m in found:
+        ended[m.group(3)] = ended.get(m.group(3), 0) + 1
+    given = [int(m.group(2)) for m in found]
+    return {"windows": len(found), "steps_given": sum(given),
+            "max_given": max(given) if given else 0, "ended": ended,
+            "burst_lines": sum(1 for line in lines if BURST_RE.search(line))}
+
+
+@dataclass
+class BootResult:
+    label: str
+    profile: dict[str, str]
+    round: int
+    figures: dict[str, Any] = field(default_factory=dict)
+    windows: dict[str, Any] = field(default_factory=dict)
+    wall_s: float = 0.0
+    error: str | None = None
+
+
+def run_boot(kit: Any, model: Path, label: str, profile: dict[str, str], round_: int, out: Path,
+             traffic: dict[str, Any], say: Callable[[str], None], extra: Sequence[str] = ()) -> BootResult:
+    """One server boot with ``profile`` and one client run against it."""
+    result = BootResult(label, profile, round_)
+    safe = re.sub(r"[^A-Za-z0-9]+", "-", label).strip("-")
+    log = out / f"r{round_}-{safe}.log"
+    boot_profile = {**profile, "DSV41_DEBUG_LOG": "1"} if profile else {}  # window lines; stock stays stock
+    server = kit.server(model, log, boot_profile, list(extra))
+    t0 = time.monotonic()
+    try:
+        server.start()
+        out_file = out / f"r{round_}-{safe}.json"
+        out_file.unlink(missing_ok=True)
+        done = subprocess.run(client_command(server.base_url, model, out_file, traffic), capture_output=True,
+                              text=True, timeout=CLIENT_TIMEOUT_S, env=client_env(), cwd=out)
+        (out / f"r{round_}-{safe}.client.txt").write_text(done.stdout + done.stderr)
+        if done.returncode != 0 or not out_file.is_file():
+            tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+            result.error = f"client exit {done.returncode}: {' | '.join(tail)}"
+        else:
+            records = [json.loads(x) for x in out_file.read_text().splitlines() if x.strip()]
+            result.figures = figures_of(records[-1])
+    except Exception as exc:  # a failed boot is a row that says so, the other rows still run
+        result.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    finally:
+        leftover = server.stop()
+        if leftover:
+            say(f"  {label}: had to kill {len(leftover)} late processes")
+    result.windows = window_counts(server.log_lines())
+    result.wall_s = round(time.monotonic() - t0, 1)
+    f = result.figures
+    say(f"  round {round_} {label}: " + (result.error or (
+        f"TTFT {f['mean_ttft_ms']} / p99 {f['p99_ttft_ms']} ms, ITL {f['mean_itl_ms']} / p99 {f['p99_itl_ms']} ms, "
+        f"e2e {f['median_e2e_ms']} ms; windows {result.windows['windows']} ({result.wall_s:.0f} s)")))
+    return result
+
+
+COLUMNS = ("mean_ttft_ms", "p99_ttft_ms", "mean_itl_ms", "p99_itl_ms", "median_e2e_ms")
+
+
+def summarize(boots: list[BootResult]) -> list[dict[str, Any]]:
+    """Per row: each column per boot and their mean, the TTFT ratio to stock's mean and the bound."""
+    labels = list(dict.fromkeys(b.label for b in boots))
+    stock = [b for b in boots if not b.profile and not b.error]
+    stock_ttft = _mean([b.figures["mean_ttft_ms"] for b in stock])
+    stock_p99 = _mean([b.figures["p99_ttft_ms"] for b in stock])
+    table = []
+    for label in labels:
+        mine = [b for b in boots if b.label == label]
+        ok = [b for b in mine if not b.error]
+        row: dict[str, Any] = {"row": label, "boots": len(ok), "errors": [b.error for b in mine if b.error],
+                               "bound": bound(mine[0].profile)}
+        for col in COLUMNS:
+            values = [b.figures.get(col) for b in ok]
+            row[col] = values
+            row[col + "_mean"] = _mean(values)
+        row["ttft_ratio"] = _ratio(row["mean_ttft_ms_mean"], stock_ttft)
+        row["p99_ttft_ratio"] = _ratio(row["p99_ttft_ms_mean"], stock_p99)
+        row["windows"] = [b.windows.get("windows", 0) for b in ok]
+        row["burst_lines"] = [b.windows.get("burst_lines", 0) for b in ok]
+        table.append(row)
+    return table
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return round(statistics.fmean(present), 1) if present else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else round(a / b, 2)
+
+
+def print_table(table: list[dict[str, Any]], say: Callable[[str], None] = print) -> None:
+    header = ["row", "mean TTFT ms", "p99 TTFT", "mean ITL", "p99 ITL", "median e2e", "TTFT / stock", "bound",
+              "windows"]
+
+    def cell(row: dict[str, Any], col: str) -> str:
+        per = "/".join(f"{v:.0f}" for v in row[col] if v is not None)
+        return per or "-"
+
+    lines = [[r["row"], *(cell(r, c) for c in COLUMNS), f"{r['ttft_ratio'] or '-'}", f"{r['bound'] or '-'}",
+              "/".join(str(w) for w in r["windows"]) or "-"] for r in table]
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *lines)]
+    for line in [header, *lines]:
+        say("  ".join(str(x).ljust(w) for x, w in zip(line, widths)))
+    for r in table:
+        for e in r["errors"]:
+            say(f"{r['row']}: {e}")
+
+
+class MellumChat:
+    """The Mellum kit with the gate's launcher settings (chunk 64) and a pool for every conversation."""
+
+    name = "mellum"
+
+    def model(self, out: Path) -> Path:
+        from devkit.gate import kits
+
+        return kits.kit("mellum").build(out).resolve()
+
+    def server(self, model: Path, log: Path, profile: dict[str, str], extra: list[str]) -> Any:
+        from devkit.engine_kit import launcher
+
+        args = launcher.server_args(model, launcher.free_port(), max_total_tokens=MELLUM_MAX_TOTAL_TOKENS, chunk=64,
+                                    swa_ratio=MELLUM_SWA_RATIO, extra=extra)
+        return launcher.Server(args, log, profile)
+
+
+class Dsv4Chat:
+    """The DeepSeek-V4 kit with the gate's launcher settings (its pool, chunk and running rows)."""
+
+    name = "dsv4"
+
+    def model(self, out: Path) -> Path:
+        from devkit.gate import kits
+
+        return kits.kit("dsv4").build(out).resolve()
+
+    def server(self, model: Path, log: Path, profile: dict[str, str], extra: list[str]) -> Any:
+        from devkit.gate import kits
+
+        return kits.kit("dsv4").server(model, log, profile, extra)
+
+
+CHAT_KITS = {"mellum": MellumChat(), "dsv4": Dsv4Chat()}
+
+
+def measure(kit_name: str, labelled: list[tuple[str, dict[str, str]]], rounds: int, traffic: dict[str, Any],
+            out: Path, say: Callable[[str], None] = print) -> list[BootResult]:
+    """Every row once per round, rows interleaved within a round (A B .. A B ..)."""
+    if kit_name not in CHAT_KITS:
+        raise ValueError(f"--model {kit_name!r} is invalid: expected one of {', '.join(CHAT_KITS)}")
+    kit = CHAT_KITS[kit_name]
+    out = out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    model = kit.model(out)
+    boots = []
+    for round_ in range(1, rounds + 1):
+        for label, profile in labelled:
+            boots.append(run_boot(kit, model, label, profile, round_, out, traffic, say))
+    return boots
+
+
+def run(quick: bool = False, model: str = "mellum", rounds: int | None = None) -> dict[str, Any]:
+    t0 = time.monotonic()
+    traffic = QUICK_TRAFFIC if quick else TRAFFIC
+    labelled = rows(model, quick)
+    rounds = rounds or (1 if quick else 2)
+    out = OUT / model
+    conversations = traffic["groups"] * traffic["per_group"]
+    print(f"chat-latency: {model} kit, {len(labelled)} rows x {rounds} rounds; {conversations} conversations of "
+          f"{traffic['turns']} turns ({conversations * traffic['turns']} requests) at {traffic['rate']}/s; "
+          f"logs in {out}")
+    boots = measure(model, labelled, rounds, traffic, out)
+    table = summarize(boots)
+    print_table(table)
+    wall = round(time.monotonic() - t0, 1)
+    print(f"chat-latency: {wall:.0f} s")
+    return {"model": model, "rounds": rounds, "traffic": traffic,
+            "rows": [{k: v for k, v in r.items()} for r in table],
+            "boots": [{"row": b.label, "round": b.round, **{c: b.figures.get(c) for c in COLUMNS},
+                       "windows": b.windows, "error": b.error} for b in boots],
+            "wall_s": wall}
