@@ -107,6 +107,16 @@ METRICS: tuple[Metric, ...] = (
     Metric("dsv41_decode_yield_streams_seconds_total", "decode_yield", "window",
            "Measured mode: the streams' part of those cycles, their tokens at their step alone (streams_us); "
            "over the cycle seconds it is the share they got.", amount=_us_to_s("streams_us")),
+    Metric("dsv41_decode_yield_windows_cut_total", "decode_yield", "window",
+           "Windows the prompts' bound cut below what the share asked for (cut): a waiting prompt would "
+           "otherwise have been held beyond 1 / (1 - pct) of its stock TTFT.", amount=_present("cut")),
+    Metric("dsv41_decode_yield_steps_cut_total", "decode_yield", "window",
+           "Decode steps the share asked for that the prompts' bound cut (cut): the streams' shortfall.",
+           amount=_num("cut")),
+    # decode yield: one `burst` line per prefill backlog whose windows the bound cut
+    Metric("dsv41_decode_yield_bursts_total", "decode_yield", "burst",
+           "Prefill backlogs in which the share could not be given without holding a prompt beyond its "
+           "bound (a burst beyond what the share allows): the streams got less than pct."),
     # SWA thin: the `demoted` line reports running totals
     Metric("dsv41_swa_thin_hooked_inserts_total", "swa_thin", "demoted",
            "Checkpoint inserts of a UnifiedTreeCore cache that SWA thin saw (hooked).", "cumulative", _num("hooked")),

@@ -298,6 +298,11 @@ class Controller:
         timed = min(self._window_steps, tokens)
         return self._window_ns * timed // max(self._window_steps, 1) + (tokens - timed) * step
 
+    def forgive(self) -> None:
+        """The last window was cut by the prompts' bound (:mod:`adapter.switches.decode_yield.bound`):
+        the steps it did not give are not owed, so no later window repays them."""
+        self.balance = max(0, self.balance)
+
     def abandoned(self) -> None:
         """The window did not give what it planned: no cycle, and the prompt's balance starts over."""
         self._reset(None)

@@ -66,7 +66,7 @@ import logging
 from typing import Any
 
 from adapter.core import api
-from adapter.switches.decode_yield import agreement, controller, cost_model
+from adapter.switches.decode_yield import agreement, bound, controller, cost_model
 
 SWITCH = api.handle(__name__)
 _ATTR = "_dsv41_decode_yield"  # per-Scheduler state, on the instance
@@ -77,25 +77,29 @@ DLLM = "dLLM: diffusion decoding does not use the chunked-prefill deferral path"
 class _Window:
     """One open yield window: the chunked prompt it waits for and what it was armed with."""
 
-    __slots__ = ("chunk", "floor", "n", "plan", "planned", "prefix", "replan_at", "req", "rows")
+    __slots__ = ("allowed", "chunk", "cut", "floor", "n", "plan", "planned", "prefix", "replan_at", "req", "rows")
 
     def __init__(self, req: Any, n: int, floor: int, chunk: int, prefix: int, rows: int,
-                 plan: controller.Plan | None, replan_at: int | None = None):
+                 plan: controller.Plan | None, replan_at: int | None = None, allowed: int | None = None,
+                 cut: int = 0):
         self.req, self.n, self.floor = req, n, floor
         self.chunk, self.prefix, self.rows, self.plan = chunk, prefix, rows, plan
         self.planned = n  # N as armed; ``n`` is what the window gives once its rest is planned again
         self.replan_at = replan_at  # measured mode: after this many steps its rest is planned again
+        self.allowed = allowed  # the most steps the bound allows this window (None: no bound yet)
+        self.cut = cut  # steps the share asked for that the bound cut
 
 
 class _State:
-    __slots__ = ("carry", "carry_req", "ctl", "pass_t", "window")
+    __slots__ = ("bound", "carry", "carry_req", "ctl", "pass_t", "window")
 
-    def __init__(self, ctl: controller.Controller | None) -> None:
+    def __init__(self, ctl: controller.Controller | None, pct: int) -> None:
         self.window: _Window | None = None
         self.carry = 0  # model mode: rounding surplus of the previous windows of carry_req (cost_model.yield_window)
         self.carry_req: Any = None
         self.ctl = ctl  # measured mode: the closed loop (None in model mode)
-        self.pass_t = 0  # measured mode: when the current pass entered get_next_batch_to_run (controller.now)
+        self.pass_t = 0  # when the current pass entered get_next_batch_to_run (controller.now)
+        self.bound = bound.Bound(pct)  # the prompts' bound: the lag ledger (bound.py)
 
 
 def unsupported_mode(server_args: Any) -> str | None:
@@ -148,30 +152,31 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
             if reason is not None:  # a scheduler built in an unsupported mode after install: back to stock
                 ctx.refuse_late(reason, revert=True)
                 return None
-            state = scheduler.__dict__[_ATTR] = _State(controller.Controller(pct, cap) if measured else None)
+            state = scheduler.__dict__[_ATTR] = _State(controller.Controller(pct, cap) if measured else None, pct)
         return state
 
     def get_next_batch_to_run(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        ctl = None
-        if measured:  # every pass is a clock sample: the streams' step alone is measured before any prompt
-            state = instance.__dict__.get(_ATTR) or state_of(instance)
-            if state is None:
-                return wrapped(*args, **kwargs)
-            ctl = state.ctl
-            state.pass_t = t = controller.now()
+        # every pass is a clock sample: the streams' step alone (measured mode) and the bound's lag
+        state = instance.__dict__.get(_ATTR) or state_of(instance)
+        if state is None:
+            return wrapped(*args, **kwargs)
+        ctl = state.ctl
+        state.pass_t = t = controller.now()
+        state.bound.on_pass(t, instance.chunked_req is not None or bool(instance.waiting_queue))
+        if ctl is not None:
             # the overlap loop's pass waits on the batch before the one it launched: one more in a row
             ctl.on_pass(t, 3 if getattr(instance, "enable_overlap", False) else 2)
         plan = wrapped(*args, **kwargs)
         batch = plan.batch_to_run
-        if ctl is not None:  # not extend: a decode batch (DP attention's idle batches are refused)
-            ctl.ran(batch is not None and not batch.forward_mode.is_extend())
+        extend = batch is not None and batch.forward_mode.is_extend()
+        # not extend: a decode batch (DP attention's idle batches are refused)
+        state.bound.ran(sum(batch.extend_lens) if extend else 0, batch is not None and not extend)
+        if ctl is not None:
+            ctl.ran(batch is not None and not extend)
         chunked = instance.chunked_req
         if chunked is None:  # the common pass: nothing to arm
             return plan
-        if batch is None or not batch.forward_mode.is_extend():
-            return plan
-        state = state_of(instance)
-        if state is None:
+        if not extend:
             return plan
         # A non-final chunk is in this batch: add_chunked_req / new_chunked_req keep chunked_req
         # set only when the prompt was truncated to a chunk.
@@ -205,17 +210,35 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
             final = max(0, left - (windows_left - 1) * size)
             decided = ctl.plan(state.pass_t, chunked, sum(batch.extend_lens), rode_along, floor, (chunk_fs, step_fs),
                                final, windows_left)
-            # rank 0 decides for every TP rank (arming is decided on replicated state: every rank is here)
-            n = agreement.agree(instance, decided.n)
+            n = decided.n
         else:
             carry = state.carry if state.carry_req is chunked else 0
             n, state.carry = cost_model.yield_window(pct, chunk_fs, step_fs, floor, carry, cap, rode_along)
             state.carry_req = chunked
+        # the bound: no window holds a waiting prompt beyond what the share allows it (bound.py)
+        tokens_left = len(chunked.origin_input_ids) - batch.prefix_lens[index]
+        allowed = state.bound.allowed(state.pass_t, instance.waiting_queue, chunked, tokens_left,
+                                      ctl.step_ns() if ctl is not None else None)
+        cut = 0
+        if allowed is not None and allowed < n:
+            cut = n - max(floor, allowed)
+            n = max(floor, allowed)
+        # rank 0 decides for every TP rank (arming is decided on replicated state: every rank is here);
+        # the bound reads rank 0's clock in model mode too
+        n = agreement.agree(instance, n)
         instance._prefill_decode_interval_remaining = n
+        if cut and not state.bound.bursting:  # once per backlog: the share is cut to keep the bound
+            state.bound.bursting = True
+            burst = {"share": pct, "lag_ms": round(state.bound.lag / 1e6, 1), "waiting": len(instance.waiting_queue),
+                     "planned": n + cut, "allowed": n}
+            if state.bound.log_burst(state.pass_t):  # a line at most every BURST_LOG_S, every backlog counted
+                ctx.event("burst", **burst)
+            else:
+                ctx.tally("burst", **burst)
         # on the agreed n (replicated), so every rank plans the rest on the same pass
         replan_at = ctl.replan_at(n) if ctl is not None else None
         state.window = _Window(chunked, n, floor, batch.extend_lens[index], batch.prefix_lens[index], rows, decided,
-                               replan_at)
+                               replan_at, allowed, cut)
         return plan
 
     def _should_defer_prefill(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
@@ -242,6 +265,8 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
         elif window.replan_at is not None and window.n - remaining == window.replan_at:
             remaining = _replan(instance, state.ctl, state.pass_t, window, cap)
         defer = wrapped(*args, **kwargs)
+        if defer:
+            state.bound.window_step()
         if ended is None and not defer:
             ended = "served" if remaining == 0 else "min_bs"
         if ended is not None:
@@ -250,6 +275,8 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
             cycle = None
             if state.ctl is not None and ended == "served":  # the cycle ends at this pass: the next chunk runs in it
                 cycle = state.ctl.served(state.pass_t, given)
+                if window.cut:  # what the bound cut is not owed: no later window repays it
+                    state.ctl.forgive()
             elif state.ctl is not None:  # not a cycle: the prompt's balance starts over
                 state.ctl.abandoned()
             elif ended != "served":  # the window did not give what it planned: carry nothing over
@@ -270,6 +297,8 @@ def _replan(scheduler: Any, ctl: controller.Controller, t: int, window: _Window,
     the plan (the floor, the cap); sets the engine's counter and returns it."""
     given = window.replan_at
     left = ctl.replan(t, given)
+    if left is not None and window.allowed is not None:  # the bound the window was armed with holds
+        left = min(left, max(0, window.allowed - given))
     # every rank reaches this pass: each takes part in the broadcast, even when its own clock timed no step
     left = agreement.agree(scheduler, window.n - given if left is None else left)
     left = max(window.floor - given, min(cap - given, left), 0)
@@ -289,6 +318,8 @@ def _window_fields(mode: str, pct: int, window: _Window, given: int, ended: str,
                               "ended": ended}
     if window.planned != window.n:  # its rest was planned again after its first half
         fields["planned"] = window.planned
+    if window.cut:  # steps the share asked for that the bound cut
+        fields["cut"] = window.cut
     plan = window.plan
     if plan is not None:
         fields["source"] = plan.source

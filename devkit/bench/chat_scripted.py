@@ -1,0 +1,163 @@
+"""Multi-turn chat traffic on the real SGLang scheduler with scripted wall times: every prompt's
+TTFT and every stream's inter-token latency, with and without decode yield, on the same arrivals.
+
+The shape of ``bench_serving``'s generated-shared-prefix traffic (:mod:`devkit.bench.chat_latency`):
+conversations in groups that share a system prompt, Poisson arrivals, several turns each (a turn
+is sent when the previous answer is complete, so later turns hit the prefix cache), short answers.
+The scheduler is the real one (:mod:`devkit.testkit.scheduler`: real admission, chunking, radix
+cache, result processing); only the forward is simulated, and its wall time is scripted
+(:class:`Costs`, shaped like the Mellum kit on CPU: a 64-token chunk about 7 ms, a decode step of a
+few rows about 5 ms), so a ratio read here is the scheduler's policy alone, free of the machine's
+noise that a server boot on a shared CPU carries.
+
+``python -m adapter bench chat-latency-scripted [--quick]`` prints stock against yield at a few
+shares: mean / p99 TTFT, the worst prompt's TTFT over its stock TTFT against the bound
+``1 / (1 - pct)``, mean / p99 ITL, and the switch's window counts.
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Traffic:
+    groups: int = 4
+    per_group: int = 6
+    system: int = 512
+    question: int = 64
+    output: int = 16
+    turns: int = 3
+    rate: float = 4.0  # conversations per second (Poisson)
+    seed: int = 1
+    # None: a turn is sent when the previous answer is complete (bench_serving's way; arrivals then
+    # depend on the policy). A number: turn k arrives k times this many seconds after the first,
+    # whatever the policy does, so two runs see the same arrivals and each prompt's TTFT compares.
+    turn_gap_s: float | None = None
+
+    @property
+    def conversations(self) -> int:
+        return self.groups * self.per_group
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Scripted wall time of one pass in ns: a prefill forward and a decode step."""
+
+    prefill_us: int = 3000
+    token_us: int = 60
+    step_us: int = 4000
+    row_us: int = 400
+
+    def __call__(self, step: Any) -> int:
+        if step.kind == "prefill":
+            return (self.prefill_us + self.token_us * sum(step.extend_lens)) * 1000
+        if step.kind == "decode":
+            return (self.step_us + self.row_us * step.decode_rows) * 1000
+        return 0
+
+
+@dataclass
+class Result:
+    ttft_ms: dict[str, float] = field(default_factory=dict)  # per request (conversation/turn)
+    itl_ms: list[float] = field(default_factory=list)
+    wall_ms: float = 0.0
+    passes: int = 0
+
+    def figures(self) -> dict[str, Any]:
+        ttfts = sorted(self.ttft_ms.values())
+        itls = sorted(self.itl_ms)
+        return {"requests": len(ttfts), "mean_ttft_ms": round(statistics.fmean(ttfts), 2),
+                "p99_ttft_ms": round(_pct(ttfts, 99), 2), "max_ttft_ms": round(ttfts[-1], 2),
+                "mean_itl_ms": round(statistics.fmean(itls), 2) if itls else None,
+                "p99_itl_ms": round(_pct(itls, 99), 2) if itls else None, "wall_ms": round(self.wall_ms, 1)}
+
+
+def _pct(ordered: list[float], p: float) -> float:
+    if not ordered:
+        return 0.0
+    k = (len(ordered) - 1) * p / 100
+    lo = int(k)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def run_traffic(traffic: Traffic = Traffic(), costs: Callable[[Any], int] = Costs(), *, chunk: int = 64,
+                max_passes: int = 200_000, harness: Any = None) -> Result:
+    """Drive the real scheduler (a fresh :func:`devkit.testkit.scheduler.build_scheduler` unless
+    ``harness`` is given) through the traffic; the switch acts if it is installed."""
+    from adapter.switches.decode_yield import controller
+    from devkit.testkit.scheduler import SIM_TOKEN, ScriptedClock, build_scheduler
+
+    h = harness or build_scheduler(page_size=1, pool_tokens=1 << 16, chunked_prefill_size=chunk, max_reqs=64)
+    clock = ScriptedClock(costs)
+    h.on_forward = clock.forward
+    saved_now = controller.now
+    controller.now = clock.now
+    rng = random.Random(traffic.seed)
+    vocab = h.vocab_size - 10
+    base = 100
+
+    def ids(n: int) -> list[int]:
+        nonlocal base
+        out = [(base + i) % vocab + 5 for i in range(n)]
+        base += n + 1
+        return out
+
+    systems = [ids(traffic.system) for _ in range(traffic.groups)]
+    t = 0.0
+    arrivals: list[tuple[int, int, int, list[int]]] = []  # (time ns, conversation, turn, prompt ids)
+    for c in range(traffic.conversations):
+        t += rng.expovariate(traffic.rate)
+        prompt = systems[c % traffic.groups] + ids(traffic.question)
+        arrivals.append((int(t * 1e9), c, 0, prompt))
+        for turn in range(1, traffic.turns if traffic.turn_gap_s is not None else 1):
+            prompt = prompt + [SIM_TOKEN] * traffic.output + ids(traffic.question)
+            arrivals.append((int((t + turn * traffic.turn_gap_s) * 1e9), c, turn, prompt))
+    heapq.heapify(arrivals)
+    result = Result()
+    active: dict[str, tuple[Any, int, list[int], int]] = {}  # rid -> (req, arrival ns, prompt, conversation)
+    seen_tokens: dict[str, tuple[int, int]] = {}  # rid -> (tokens seen, time of the last one)
+    s = h.scheduler
+    try:
+        while arrivals or active:
+            while arrivals and arrivals[0][0] <= clock.t:
+                at, c, turn, prompt = heapq.heappop(arrivals)
+                rid = f"c{c}t{turn}"
+                req = h.make_request(len(prompt), traffic.output, rid=rid, prompt_ids=prompt)
+                h.add_request(req)
+                active[rid] = (req, at, prompt, c)
+                seen_tokens[rid] = (0, at)
+            if not s.waiting_queue and s.chunked_req is None and s.running_batch.is_empty() and arrivals:
+                clock.t = max(clock.t, arrivals[0][0])  # idle until the next arrival
+                continue
+            step = h.step()
+            result.passes += 1
+            if result.passes > max_passes:
+                raise RuntimeError(f"chat traffic: not done after {max_passes} passes")
+            if step.kind == "idle" and arrivals and not s.waiting_queue and s.chunked_req is None:
+                clock.t = max(clock.t, arrivals[0][0])
+            for rid, (req, at, prompt, c) in list(active.items()):
+                n = len(req.output_ids)
+                seen, last = seen_tokens[rid]
+                if n > seen:
+                    if seen == 0:
+                        result.ttft_ms[rid] = (clock.t - at) / 1e6
+                    else:
+                        result.itl_ms.extend([(clock.t - last) / 1e6] + [0.0] * (n - seen - 1))
+                    seen_tokens[rid] = (n, clock.t)
+                if req.finished():
+                    del active[rid]
+                    turn = int(rid.split("t")[-1]) + 1
+                    if turn < traffic.turns and traffic.turn_gap_s is None:
+                        nxt = list(prompt) + list(req.output_ids) + ids(traffic.question)
+                        heapq.heappush(arrivals, (clock.t, c, turn, nxt))
+        result.wall_ms = clock.t / 1e6
+    finally:
+        controller.now = saved_now
+    return result
