@@ -174,12 +174,19 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--drop-key", action="append", default=[], metavar="KEY",
                         help="run the profile boot without this key of the gate's profile (repeatable); every row "
                         "is still judged, so the switch's row shows what the boot without it measured")
+    parser.add_argument("--latency", action="store_true",
+                        help="the latency leg alone (devkit/gate/latency.py): bench_serving multi-turn chat against "
+                        "stock / profile / stock boots, TTFT and ITL against the bound")
     parser.add_argument("--hicache", action="store_true",
                         help=f"every boot with the HiCache flags of {hicache_leg.PROFILE.name} and churn that outruns "
                         "its host tier: the switches beside HiCache")
 
 
 def main(args: Any) -> int:
+    if getattr(args, "latency", False):
+        from devkit.gate import latency
+
+        return latency.main(args)
     try:
         figures = run(quick=args.quick, out=args.out, without=tuple(args.without), model_kit=args.model,
                       via=args.via, hicache=getattr(args, "hicache", False), drop=tuple(getattr(args, "drop_key", ())))
