@@ -20,5 +20,6 @@ BENCHMARKS = {
     "hicache": "devkit.bench.hicache:run",
     "swa-host-demote": "devkit.bench.swa_host_demote:run",
     "chat-latency": "devkit.bench.chat_latency:run",
+    "chat-latency-scripted": "devkit.bench.chat_scripted:run",
     # -- end of benchmarks --
 }

@@ -161,3 +161,78 @@ def run_traffic(traffic: Traffic = Traffic(), costs: Callable[[Any], int] = Cost
     finally:
         controller.now = saved_now
     return result
+
+
+ROWS = (("stock", {}), ("yield 33", {"DSV41_DECODE_YIELD": "33"}),
+        ("yield 33 mode=model", {"DSV41_DECODE_YIELD": "33", "DSV41_DECODE_YIELD_MODE": "model"}),
+        ("yield 50", {"DSV41_DECODE_YIELD": "50"}))
+
+
+def _with_switch(environ: dict[str, str], traffic: Traffic) -> tuple[Result, dict[str, int]]:
+    """One run with the switch installed from ``environ`` (none: stock), its window lines counted."""
+    import importlib
+    import logging
+
+    from adapter.core import boot, receipts
+
+    importlib.import_module("sglang.srt.managers.scheduler")
+    boot.uninstall()
+    counts = {"windows": 0, "cut": 0, "bursts": 0}
+
+    class Count(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            text = record.getMessage()
+            if "decode_yield window" in text:
+                counts["windows"] += 1
+                counts["cut"] += " cut=" in text
+            elif "decode_yield burst" in text:
+                counts["bursts"] += 1
+
+    logger = receipts.logger()
+    handler, level = Count(), logger.level
+    try:
+        logger.addHandler(handler)
+        logger.setLevel(logging.DEBUG)  # before the install: the switch reads it there (window lines)
+        if environ:
+            boot.install(environ)
+        return run_traffic(traffic), counts
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        boot.uninstall()
+
+
+def compare(traffic: Traffic, rows: tuple[tuple[str, dict[str, str]], ...] = ROWS) -> list[dict[str, Any]]:
+    """Each row on the same traffic; per prompt, its TTFT over stock's and its excess over the bound."""
+    results = [(label, env, *_with_switch(env, traffic)) for label, env in rows]
+    stock = results[0][2].ttft_ms
+    table = []
+    for label, env, result, counts in results:
+        pct = int(env.get("DSV41_DECODE_YIELD", 0))
+        bound = 100 / (100 - pct)
+        excess = sorted(result.ttft_ms[k] - stock[k] * bound for k in stock if k in result.ttft_ms)
+        ratios = sorted(result.ttft_ms[k] / stock[k] for k in stock if k in result.ttft_ms and stock[k] > 0)
+        table.append({"row": label, "bound": round(bound, 3), **result.figures(),
+                      "p90_ratio": round(ratios[int(0.9 * (len(ratios) - 1))], 2),
+                      "worst_excess_ms": round(excess[-1], 1), **counts})
+    return table
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    """``python -m adapter bench chat-latency-scripted``: open-loop turns (each prompt's TTFT compares
+    with stock's), and with ``--quick`` nothing else; the full run adds bench_serving's closed loop."""
+    legs = [("open loop, 8 conversations/s, turns 1 s apart", Traffic(rate=8.0, turn_gap_s=1.0))]
+    if not quick:
+        legs.append(("closed loop (bench_serving's), 4 conversations/s", Traffic(rate=4.0)))
+    cols = ["row", "mean_ttft_ms", "p99_ttft_ms", "p90_ratio", "worst_excess_ms", "mean_itl_ms", "p99_itl_ms",
+            "windows", "cut", "bursts"]
+    figures: dict[str, Any] = {}
+    for title, traffic in legs:
+        table = compare(traffic)
+        print(title)
+        lines = [cols] + [[str(r[c]) for c in cols] for r in table]
+        widths = [max(len(x[i]) for x in lines) for i in range(len(cols))]
+        for line in lines:
+            print("  ".join(x.ljust(w) for x, w in zip(line, widths)))
+        figures["open_loop" if traffic.turn_gap_s else "closed_loop"] = table
+    return figures
