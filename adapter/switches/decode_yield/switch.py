@@ -20,9 +20,21 @@ changes: chunk boundaries, batch contents and outputs stay the engine's own.
   and every rank must defer the same passes.
 * ``model``: the open-loop integer cost model alone (:mod:`adapter.switches.decode_yield.cost_model`,
   ``N = ceil((pct*window_cost - carry) / ((100-pct)*step_cost))`` from the chunk's and the
-  streams' shapes and the ``DSV41_DECODE_YIELD_*`` coefficients; clock-free, so every rank decides
-  alike without a broadcast). It holds the share only where its coefficients were fitted and while
+  streams' shapes and the ``DSV41_DECODE_YIELD_*`` coefficients); the prompts' bound reads the
+  clock in both modes, so under TP rank 0's ``N`` is broadcast in this mode too. It holds the share only where its coefficients were fitted and while
   the machine holds still: the previous behaviour, kept as the rollback of the loop.
+
+**What the share means with many prompts in flight** (:mod:`adapter.switches.decode_yield.bound`):
+``pct`` is the streams' share of the wall time of *all* prefill work, not of one prompt's chunks: a
+window defers the whole next prefill batch, so it delays every prompt then waiting, the chunked one
+and each one queued behind it. The bound: a window is cut so that no prompt waiting when it is armed
+is held beyond ``1 / (1 - pct)`` of its stock TTFT (the lag the windows of the current backlog have
+added is at most ``pct`` of its own time to first token), give or take one step; a prompt arriving
+during a window waits that window out. Where the share cannot be given within that (prefill
+arriving faster than ``1 - pct`` of the prefill rate: a burst), windows are cut, the streams get
+less, a ``burst`` line says so (at most one per backlog and per 10 s) and the window line carries
+``cut``; a cut window leaves the closed loop no debt to repay. A prompt that arrives into a backlog
+the windows have already lengthened inherits that lag (at most the backlog's remaining prefill).
 
 Under ``--enable-mixed-chunk`` the running rows also decode one token inside the chunk
 (``Scheduler`` mixes them in and sets ``batch.decoding_reqs``); the share is on the streams' token
@@ -34,7 +46,8 @@ decode step between chunks unless ``--prefill-decode-interval`` is set, and then
 steps whatever the chunk costs (sglang#32549: a 5 min decode hole behind a long prompt;
 streams fell to 8 % of their decode rate during a cold 500K-token prefill).
 
-Invariants (tests/upstream/test_decode_yield.py checks each; the closed loop against scripted costs:
+Invariants (tests/upstream/test_decode_yield.py checks each; the bound:
+tests/upstream/test_decode_yield_bound.py; the closed loop against scripted costs:
 tests/upstream/test_decode_yield_closed_loop.py; two ranks: tests/upstream/test_decode_yield_ranks.py):
 * Off, or with no running decode rows (a lone prompt), the scheduler trace is the stock one.
 * The final chunk arms nothing beyond the engine's own interval.
