@@ -234,9 +234,9 @@ def print_table(table: list[dict[str, Any]], say: Callable[[str], None] = print)
 
     lines = [[r["row"], *(cell(r, c) for c in COLUMNS), f"{r['ttft_ratio'] or '-'}", f"{r['bound'] or '-'}",
               "/".join(str(w) for w in r["windows"]) or "-"] for r in table]
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *lines)]
-    for line in [header, *lines]:
-        say("  ".join(str(x).ljust(w) for x, w in zip(line, widths)))
+    from adapter.ops.table import render
+
+    say(render(header, lines, align="left"))
     for r in table:
         for e in r["errors"]:
             say(f"{r['row']}: {e}")

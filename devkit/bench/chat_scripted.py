@@ -221,6 +221,8 @@ def compare(traffic: Traffic, rows: tuple[tuple[str, dict[str, str]], ...] = ROW
 def run(quick: bool = False) -> dict[str, Any]:
     """``python -m adapter bench chat-latency-scripted``: open-loop turns (each prompt's TTFT compares
     with stock's), and with ``--quick`` nothing else; the full run adds bench_serving's closed loop."""
+    from adapter.ops.table import render
+
     legs = [("open loop, 8 conversations/s, turns 1 s apart", Traffic(rate=8.0, turn_gap_s=1.0))]
     if not quick:
         legs.append(("closed loop (bench_serving's), 4 conversations/s", Traffic(rate=4.0)))
@@ -230,9 +232,6 @@ def run(quick: bool = False) -> dict[str, Any]:
     for title, traffic in legs:
         table = compare(traffic)
         print(title)
-        lines = [cols] + [[str(r[c]) for c in cols] for r in table]
-        widths = [max(len(x[i]) for x in lines) for i in range(len(cols))]
-        for line in lines:
-            print("  ".join(x.ljust(w) for x, w in zip(line, widths)))
+        print(render(cols, [[r[c] for c in cols] for r in table]))
         figures["open_loop" if traffic.turn_gap_s else "closed_loop"] = table
     return figures

@@ -79,6 +79,7 @@ def judge(a1: dict[str, float], a2: dict[str, float], b: dict[str, float], pct: 
 def run(quick: bool = True, model_kit: str = "mellum", out: str | Path | None = None,
         say: Callable[[str], None] = print) -> dict[str, Any]:
     """Boot A1 stock, B the gate's profile, A2 stock; chat traffic against each; judge."""
+    from adapter.ops.table import render
     from devkit.bench import chat_latency as cl
 
     t0 = time.monotonic()
@@ -100,9 +101,7 @@ def run(quick: bool = True, model_kit: str = "mellum", out: str | Path | None = 
     rows = [[x.label, *(str(x.figures.get(k, "-")) for k in TTFT_KEYS + ITL_KEYS), str(x.windows.get("windows", 0))]
             for x in boots]
     rows.append(["limit (B)", *(str(result["limits"].get(k, "-")) for k in TTFT_KEYS + ITL_KEYS), ""])
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    for r in [header, *rows]:
-        say("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+    say(render(header, rows, align="left"))
     if result["controls_disagree"]:
         say(f"controls disagree on {', '.join(result['controls_disagree'])} -> INVALID (machine noise)")
     for reason in result["fails"]:
