@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 OUT = Path(__file__).resolve().parents[2] / "build" / "bench-chat-latency"
-# The traffic (SGLang's generated-shared-prefix dataset): the command, seeded.
+# The traffic (SGLang's generated-shared-prefix dataset, bench_serving's flags), seeded.
 TRAFFIC = {"groups": 4, "per_group": 6, "system": 512, "question": 64, "output": 16, "turns": 3, "rate": 4.0}
 QUICK_TRAFFIC = {**TRAFFIC, "groups": 2, "per_group": 4}
 # Mellum kit: chunk 64 (every system prompt is a multi-chunk prefill), a pool for every conversation.

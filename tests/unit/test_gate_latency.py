@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from devkit.gate.latency import ITL_TOLERANCE, judge, longest_window_ms
 
-# Stock boots as issue 51 recorded them (Mellum kit, bench_serving multi-turn chat, quiet machine):
+# Stock boots as first recorded on this traffic (Mellum kit, bench_serving multi-turn chat, quiet machine):
 # mean / p99 TTFT and mean / p99 ITL in ms.
 A1 = {"mean_ttft_ms": 101.0, "p99_ttft_ms": 281.0, "mean_itl_ms": 30.0, "p99_itl_ms": 310.0}
 A2 = {"mean_ttft_ms": 133.0, "p99_ttft_ms": 484.0, "mean_itl_ms": 53.0, "p99_itl_ms": 575.0}
 
 
-def test_the_profile_issue_51_recorded_fails_on_its_ttft():
+def test_the_profile_recorded_before_the_bound_fails_on_its_ttft():
     """yield + thin + cone before the bound: 834 ms mean TTFT against 117 stock, where pct 33 allows 1.49x."""
     profile = {"mean_ttft_ms": 834.0, "p99_ttft_ms": 1462.0, "mean_itl_ms": 34.0, "p99_itl_ms": 110.0}
     result = judge(A1, A2, profile, 33, window_ms=12.0)
