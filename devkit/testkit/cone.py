@@ -72,11 +72,11 @@ def published_replay_rows(cone: tuple[Any, Any, Any] | None) -> Iterator[None]:
     """Publish a forward's replay rows ``(rows, F's tree slots, pool)`` for the duration of the
     block, as the switch's ``ModelRunner.forward`` wrapper does for a batch that carries them
     (``FORWARD_ATTR``); the installed ``RadixAttention.forward`` reads them. None: no replay."""
-    cone_replay._ACTIVE[0] = cone
+    cone_replay.LIVE.active = cone
     try:
         yield
     finally:
-        cone_replay._ACTIVE[0] = None
+        cone_replay.LIVE.active = None
 
 
 def model_kit(model: Any, geometry: Geometry, backend: str = "python", hicache: HiCache | None = None) -> CacheKit:

@@ -3,7 +3,7 @@
 The switch's package keeps one job a module (:mod:`adapter.switches.cone_replay`); tests reach
 into several of them at once (counters, plan states, the forward's published rows, the copy). This
 module gathers those names so the serving modules carry no re-export list for them. Mutable state
-(``COUNTERS``, ``_ACTIVE``, ``_STANDIN``, ...) is the switch's own object, not a copy.
+(``COUNTERS``, ``LIVE``, ...) is the switch's own object, not a copy.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from adapter.switches.cone_replay.decision import (
 )
 from adapter.switches.cone_replay.dsv4 import forward_fields as dsv4_forward_fields
 from adapter.switches.cone_replay.forward import (
-    _ACTIVE,
     FORWARD_ATTR,
     _attention_forward,
     _can_run_graph,
@@ -44,12 +43,12 @@ from adapter.switches.cone_replay.geometry import (
     swa_layer_count,
 )
 from adapter.switches.cone_replay.plan import (
-    _COPIED,
     ADMITTED,
     COPIED,
     COUNTERS,
     FALLBACKS,
     FORWARDED,
+    LIVE,
     PLANNED,
     REQ_ATTR,
     ConePlan,
@@ -58,11 +57,11 @@ from adapter.switches.cone_replay.plan import (
     fallback,
     restore_stock,
 )
-from adapter.switches.cone_replay.switch import _STANDIN, _TOKENS, SWITCH, install, reset_counters
+from adapter.switches.cone_replay.switch import SWITCH, install, reset_counters
 
 __all__ = [
-    "ADMITTED", "CACHE_ATTR", "COPIED", "COUNTERS", "FALLBACKS", "FORWARDED", "FORWARD_ATTR", "PLANNED", "REQ_ATTR",
-    "STANDIN_KEY", "SWITCH", "TOKENS_KEY", "_ACTIVE", "_COPIED", "_STANDIN", "_TOKENS", "CacheFacts", "ConeConfig",
+    "ADMITTED", "CACHE_ATTR", "COPIED", "COUNTERS", "FALLBACKS", "FORWARDED", "FORWARD_ATTR", "LIVE", "PLANNED", "REQ_ATTR",
+    "STANDIN_KEY", "SWITCH", "TOKENS_KEY", "CacheFacts", "ConeConfig",
     "ConePlan", "Counters", "Decision", "_attention_forward", "_can_run_graph", "_forward_batch_init",
     "_model_forward", "admit", "align_up", "cache_config", "cone_bound", "cone_bound_dsv4", "cone_start",
     "copy_full_pages", "copy_replay_rows", "decide", "dsv4_forward_fields", "dsv4_window_floor", "facts_of_cache", "facts_of_pool",

@@ -7,7 +7,7 @@ The switch is installed and the real, wrapped ``RadixAttention.forward`` runs on
 ``ForwardMode.EXTEND``. The attention backend it dispatches to (``get_attn_backend()``, published
 with SGLang's own ``forward_context``) is a recording ``AttentionBackend`` subclass: the real
 ``AttentionBackend.forward`` routes the extend batch to its ``forward_extend``, so what the tests
-see is exactly what an extend kernel would receive. The replay rows are published in ``_ACTIVE``
+see is exactly what an extend kernel would receive. The replay rows are published in ``LIVE.active``
 as ``ModelRunner.forward`` does for its duration (that publication is tested on its own below).
 The end-to-end check (the real engine's branch tokens and logprobs equal a re-prefill's) is
 ``tests/test_gate_engine.py``.
@@ -92,12 +92,12 @@ def _call(layer, q, k, v, cone):
     from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 
     backend, forward_batch = _recording_backend(), _extend_batch(q.shape[0])
-    cone_replay._ACTIVE[0] = cone
+    cone_replay.LIVE.active = cone
     try:
         with forward_context(ForwardContext(attn_backend=backend)):
             out = layer(q, k, v, forward_batch, save_kv_cache=False)
     finally:
-        cone_replay._ACTIVE[0] = None
+        cone_replay.LIVE.active = None
     [seen] = backend.calls
     assert out.shape == (q.shape[0], HEADS * DIM)
     assert seen["layer"] is layer and seen["forward_batch"] is forward_batch and seen["q"] is q
@@ -149,13 +149,13 @@ def test_model_forward_publishes_the_replay_rows_only_for_its_own_duration():
     during = []
 
     def forward(forward_batch):
-        during.append(cone_replay._ACTIVE[0])
+        during.append(cone_replay.LIVE.active)
         # the runners copy the live batch (dataclasses.replace): the copy has no attribute
         assert cone_replay._can_run_graph(lambda fb: True, None, (Batch(),), {}) is False
         return "ok"
 
     assert cone_replay._model_forward(forward, None, (live,), {}) == "ok"
-    assert during == [("rows", "slots", "pool")] and cone_replay._ACTIVE[0] is None
+    assert during == [("rows", "slots", "pool")] and cone_replay.LIVE.active is None
     assert cone_replay._can_run_graph(lambda fb: True, None, (Batch(),), {}) is True
 
     def failing(forward_batch):
@@ -163,10 +163,10 @@ def test_model_forward_publishes_the_replay_rows_only_for_its_own_duration():
 
     with pytest.raises(RuntimeError):
         cone_replay._model_forward(failing, None, (live,), {})
-    assert cone_replay._ACTIVE[0] is None
+    assert cone_replay.LIVE.active is None
 
     def plain(forward_batch):
-        during.append(cone_replay._ACTIVE[0])
+        during.append(cone_replay.LIVE.active)
         return "plain"
 
     assert cone_replay._model_forward(plain, None, (Batch(),), {}) == "plain" and during[-1] is None

@@ -95,7 +95,7 @@ def test_scheduler_replays_n_tokens_when_the_chunk_covers_the_cone_else_falls_ba
         assert rows.tolist() == list(range(start, start + N))
         tree = h.scheduler.tree_cache.path_device_indices(getattr(a2, cone_replay.REQ_ATTR).anchor)[F - N : F]
         assert slots.tolist() == tree.tolist()
-        assert getattr(a2, cone_replay.REQ_ATTR).state == cone_replay.FORWARDED and cone_replay._COPIED == [0]
+        assert getattr(a2, cone_replay.REQ_ATTR).state == cone_replay.FORWARDED and cone_replay.LIVE.copied == 0
     else:
         assert found == []
         assert first.prefix_lens[i] == 0 and first.extend_lens[i] == chunk

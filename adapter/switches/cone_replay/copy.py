@@ -14,7 +14,7 @@ from typing import Any
 
 from adapter.core import api
 from adapter.switches.cone_replay.geometry import is_dsv4_pool
-from adapter.switches.cone_replay.plan import _COPIED, COPIED, COUNTERS, ConePlan
+from adapter.switches.cone_replay.plan import COPIED, COUNTERS, LIVE, ConePlan
 
 SWITCH = api.handle(__name__)
 
@@ -80,7 +80,7 @@ def copy_replay_rows(cache: Any, req_to_token: Any, row: int, plan: ConePlan) ->
     dst = req_to_token[row, plan.s : plan.F]
     pages, nbytes = copy_full_pages(cache.token_to_kv_pool_allocator.get_kvcache(), src, dst)
     plan.state, plan.source = COPIED, src
-    _COPIED[0] += 1
+    LIVE.copied += 1
     COUNTERS.copies += 1
     COUNTERS.copied_pages += pages
     COUNTERS.copied_bytes += nbytes

@@ -2,7 +2,7 @@
 
 * :func:`replay_rows` (after ``ForwardBatch.init_new``): the replay rows of one extend batch and
   F's tree slots of ``[s, F)``; one line ``DSV41_SWA_CONE forward rows=..``. The result rides on
-  the live ForwardBatch and is published in :data:`_ACTIVE` for the duration of
+  the live ForwardBatch and is published in ``plan.LIVE.active`` for the duration of
   ``ModelRunner.forward`` (the runners copy the live batch into static buffers, so an attribute on
   it would not survive). Such a batch never runs in a prefill CUDA graph.
 * ``SWAKVPool`` (:func:`substitute_full_kv`, in ``RadixAttention.forward``): SGLang's extend
@@ -21,14 +21,13 @@ from typing import Any
 from adapter.core import api
 from adapter.switches.cone_replay import dsv4
 from adapter.switches.cone_replay.geometry import cache_config
-from adapter.switches.cone_replay.plan import _COPIED, COPIED, COUNTERS, FORWARDED, REQ_ATTR
+from adapter.switches.cone_replay.plan import COPIED, COUNTERS, FORWARDED, LIVE, REQ_ATTR
 
 SWITCH = api.handle(__name__)
 FORWARD_ATTR = "_dsv41_cone_rows"  # (batch rows, F's tree slots, pool) of one forward's replay rows
-# The replay rows of the forward running now. A field-less attribute does not survive the runners'
+# The replay rows of the forward running now: a field-less attribute does not survive the runners'
 # copies of the live ForwardBatch (dataclasses.replace into static buffers), so ModelRunner.forward
-# publishes it here for its duration; forwards of one process never overlap.
-_ACTIVE: list[Any] = [None]
+# publishes them in LIVE.active for its duration; forwards of one process never overlap.
 
 
 def swa_kv_pool_unsupported(kvpool: Any) -> str | None:
@@ -58,7 +57,7 @@ def replay_rows(batch: Any, layout: list | None = None) -> tuple[Any, Any] | Non
             rows.append(torch.arange(start, start + plan.F - plan.s, dtype=torch.int64))
             slots.append(plan.source.to(torch.int64))
             plan.state = FORWARDED
-            _COPIED[0] = max(0, _COPIED[0] - 1)
+            LIVE.copied = max(0, LIVE.copied - 1)
         else:
             plan = None
         if layout is not None:
@@ -74,7 +73,7 @@ def _forward_batch_init(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> 
     forward_batch = wrapped(*args, **kwargs)
     batch = args[0] if args else kwargs["batch"]
     layout: list[tuple[int, int, Any]] = []
-    cone = replay_rows(batch, layout) if _COPIED[0] else None
+    cone = replay_rows(batch, layout) if LIVE.copied else None
     if cone is not None:
         model_runner = args[1] if len(args) > 1 else kwargs["model_runner"]
         cone = (*cone, model_runner.token_to_kv_pool)
@@ -112,15 +111,15 @@ def _model_forward(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     cone = getattr(forward_batch, FORWARD_ATTR, None)
     if cone is None:
         return wrapped(*args, **kwargs)
-    _ACTIVE[0] = cone
+    LIVE.active = cone
     try:
         return wrapped(*args, **kwargs)
     finally:
-        _ACTIVE[0] = None
+        LIVE.active = None
 
 
 def _attention_forward(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-    cone = _ACTIVE[0]
+    cone = LIVE.active
     if cone is None or instance.is_cross_attention:
         return wrapped(*args, **kwargs)
     q = args[0] if args else kwargs["q"]
@@ -135,6 +134,6 @@ def _attention_forward(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> A
 
 
 def _can_run_graph(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-    if _ACTIVE[0] is not None:
+    if LIVE.active is not None:
         return False  # a graph would replay attention without the substitution
     return wrapped(*args, **kwargs)

@@ -42,11 +42,9 @@ from __future__ import annotations
 from typing import Any
 
 from adapter.core import api
-from adapter.switches.cone_replay.plan import COUNTERS, ConePlan
+from adapter.switches.cone_replay.plan import COUNTERS, LIVE, ConePlan
 
 SWITCH = api.handle(__name__)
-# The cone's load-back running now: (node id, spec tokens seen) while init_load_back runs for it.
-_LOADING: list[Any] = [None]
 
 
 def host_full_kv(cache: Any) -> str | None:
@@ -79,13 +77,13 @@ def load_full_kv(adder: Any, req: Any, plan: ConePlan, extend_len: int, max_new_
         chunk_limit=adder.rem_chunk_tokens,
     ):
         return "load_back_budget"
-    _LOADING[0] = [plan.anchor, None]
+    LIVE.loading = [plan.anchor, None]  # while init_load_back runs for it
     try:
         loaded, node = cache.init_load_back(
             InitLoadBackParams(best_match_node=plan.anchor, host_hit_length=plan.load, req=req))
-        spec_tokens = _LOADING[0][1]
+        spec_tokens = LIVE.loading[1]
     finally:
-        _LOADING[0] = None
+        LIVE.loading = None
     if loaded != plan.load or node != plan.anchor:
         if loaded:  # never happens with HiCache's all-or-nothing commit; kept loud
             raise RuntimeError(f"cone load-back of rid={req.rid} loaded {loaded} of {plan.load} tokens")
@@ -114,7 +112,7 @@ def wait_loaded(batch: Any) -> None:
 
 def _build_load_back_spec(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     spec = wrapped(*args, **kwargs)
-    loading = _LOADING[0]
+    loading = LIVE.loading
     node_id = args[0] if args else kwargs["node_id"]
     if loading is not None and node_id == loading[0]:
         loading[1] = len(spec[0].host_indices)
@@ -125,6 +123,6 @@ def _swa_transfers(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     from sglang.srt.mem_cache.unified_cache.components.base import CacheTransferPhase
 
     phase = args[1] if len(args) > 1 else kwargs["phase"]
-    if _LOADING[0] is not None and phase == CacheTransferPhase.LOAD_BACK:
+    if LIVE.loading is not None and phase == CacheTransferPhase.LOAD_BACK:
         return None  # the cone replays the window: only the Full component is loaded back
     return wrapped(*args, **kwargs)

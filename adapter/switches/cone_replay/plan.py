@@ -67,7 +67,27 @@ class Counters:
 
 COUNTERS = Counters()
 FALLBACKS: dict[str, int] = {}  # reason -> count (bench and tests)
-_COPIED: list[int] = [0]  # copied plans whose forward is not built yet (decode batches skip the scan)
+
+
+class Live:
+    """The switch's state in this process (one scheduler a process), set by install and read on the
+    scheduler's and the forward's paths."""
+
+    __slots__ = ("active", "copied", "loading", "standin", "tokens")
+
+    def __init__(self) -> None:
+        self.tokens = 0  # N, set by install
+        self.standin = False  # DeepSeek-V4 layouts not shown exact: act anyway (tests only)
+        self.copied = 0  # copied plans whose forward is not built yet (decode batches skip the scan)
+        self.active: Any = None  # the replay rows of the forward running now (forward.py)
+        self.loading: list[Any] | None = None  # the cone's load-back running now: [node id, spec tokens seen]
+
+    def reset_flight(self) -> None:
+        """Forget what is in flight (plans copied, a forward, a load-back); keep what install set."""
+        self.copied, self.active, self.loading = 0, None, None
+
+
+LIVE = Live()
 
 
 def fallback(req: Any, reason: str, **fields: Any) -> None:

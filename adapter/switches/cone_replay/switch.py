@@ -81,7 +81,6 @@ from adapter.switches.cone_replay import plan as plan_mod
 from adapter.switches.cone_replay.copy import copy_replay_rows
 from adapter.switches.cone_replay.decision import STANDIN_KEY, TOKENS_KEY
 from adapter.switches.cone_replay.forward import (
-    _ACTIVE,
     _attention_forward,
     _can_run_graph,
     _forward_batch_init,
@@ -89,10 +88,10 @@ from adapter.switches.cone_replay.forward import (
 )
 from adapter.switches.cone_replay.geometry import CACHE_ATTR, ConeConfig
 from adapter.switches.cone_replay.plan import (
-    _COPIED,
     ADMITTED,
     COUNTERS,
     FALLBACKS,
+    LIVE,
     NO_LOAD_ATTR,
     PLANNED,
     REQ_ATTR,
@@ -102,15 +101,13 @@ from adapter.switches.cone_replay.plan import (
 )
 
 SWITCH = api.handle(__name__)
-_TOKENS: list[int] = []  # N, set by install
-_STANDIN: list[bool] = [False]  # DeepSeek-V4 layouts not shown exact: act anyway (tests only)
 
 
 
 # -- cache build: the geometry and every refusal --------------------------------------------------
 def _check_cache(cache: Any) -> ConeConfig:
-    tokens = _TOKENS[0] if _TOKENS else 0
-    facts = decision.facts_of_cache(cache, tokens, _STANDIN[0])
+    tokens = LIVE.tokens
+    facts = decision.facts_of_cache(cache, tokens, LIVE.standin)
     decided = decision.decide(facts)
     cfg = ConeConfig(decided.refusal is None, tokens, decided.bound, facts.window, facts.page,
                      int(facts.swa_layers or 0), dsv4=facts.dsv4)
@@ -189,8 +186,8 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
     tokens = int(ctx.option(TOKENS_KEY))
     if tokens <= 0:
         raise api.Refusal(f"{TOKENS_KEY}={tokens} must be positive")
-    _TOKENS[:] = [tokens]
-    _STANDIN[0] = bool(ctx.option(STANDIN_KEY))
+    LIVE.tokens = tokens
+    LIVE.standin = bool(ctx.option(STANDIN_KEY))
     for target, wrapper in (
         ("UnifiedRadixCache.__init__", _cache_init),
         ("UnifiedRadixCache.match_prefix", _match_prefix),
@@ -211,8 +208,6 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
 def reset_counters() -> None:
     COUNTERS.reset()
     FALLBACKS.clear()
-    _COPIED[0] = 0
-    _ACTIVE[0] = None
-    hicache._LOADING[0] = None
+    LIVE.reset_flight()
 
 
