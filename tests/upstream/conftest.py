@@ -19,3 +19,25 @@ def thin(monkeypatch):
     assert state.outcomes["swa_thin"].status == "installed", state.outcomes["swa_thin"].reason
     assert state.outcomes["fast_tree_core"].status == "installed"
     return state
+
+
+@pytest.fixture
+def debug_lines():
+    """The overlay's log lines (DEBUG included) as text."""
+    import logging
+
+    from adapter.core import receipts
+
+    lines: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+
+    logger = receipts.logger()
+    handler, level = Collect(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    yield lines
+    logger.removeHandler(handler)
+    logger.setLevel(level)

@@ -128,10 +128,11 @@ def test_beside_hicache_a_window_kept_on_host_is_loaded_back_and_the_cone_stays_
     _sane(kit)
 
 
-def test_beside_hicache_a_cone_turn_is_bit_identical_to_a_prefix_hit():
-    """The tiny model on the cache's own SWAKVPool: kit A (no HiCache, window kept) resumes with a
-    prefix hit at F; kit B (HiCache write-back) loses the window on device and host and replays.
-    Every row from F agrees bit for bit."""
+def _hit_beside_a_hicache_kit():
+    """The tiny model on the cache's own SWAKVPool: kit A (no HiCache, everything kept) runs a
+    400-token session and resumes it with a prefix hit; kit B (HiCache write-back) runs the same
+    first turn. Returns (model, kit A, kit B, the session's history, its new tokens, the rows each
+    named forward recorded, a recorder for B's forwards, B's traffic tokens)."""
     install(N)
     model = TinyHybrid("SFSS", window=8, d=16)  # bound 48 <= N
     g = rc.SMALL.with_pools(full_tokens=16384, swa_tokens=1024)
@@ -148,15 +149,22 @@ def test_beside_hicache_a_cone_turn_is_bit_identical_to_a_prefix_hit():
     assert hit.plan is None and hit.F is None
     kit_b = model_kit(model, g, hicache=rc.HiCache(ratio=0.5, write_policy="write_back"))
     cone_turn(kit_b, prompt, 16, forward=rec(kit_b, "t1b"))
-    toks = rc.Tokens(start=200_000)
-    cone_turn(kit_b, hist + toks.fresh(32), 16, forward=rec(kit_b, "fork"))
+    return model, kit_a, kit_b, hist, new, outs, lambda name: rec(kit_b, name), rc.Tokens(start=200_000)
+
+
+def test_beside_hicache_a_cone_turn_is_bit_identical_to_a_prefix_hit():
+    """The tiny model on the cache's own SWAKVPool: kit A (no HiCache, window kept) resumes with a
+    prefix hit at F; kit B (HiCache write-back) loses the window on device and host and replays.
+    Every row from F agrees bit for bit."""
+    _, kit_a, kit_b, hist, new, outs, rec_b, toks = _hit_beside_a_hicache_kit()
+    cone_turn(kit_b, hist + toks.fresh(32), 16, forward=rec_b("fork"))
     for _ in range(60):
         where = _window_state(kit_b, hist)
         if where["full_device"] and not where["swa_device"] and not where["swa_host"]:
             break
         # Traffic through the model, so the freed SWA pages are overwritten with other KV.
-        cone_turn(kit_b, toks.fresh(256), 16, forward=rec(kit_b, "other"))
-    cone = cone_turn(kit_b, hist + new, 16, forward=rec(kit_b, "cone"))
+        cone_turn(kit_b, toks.fresh(256), 16, forward=rec_b("other"))
+    cone = cone_turn(kit_b, hist + new, 16, forward=rec_b("cone"))
     assert cone.plan is not None and kit_b.loaded_from_host == 0
     F = cone.plan.F
     rows = sorted(r for r in outs["hit"] if r >= F)
@@ -245,26 +253,10 @@ def test_beside_hicache_a_cone_with_full_kv_loaded_from_host_is_bit_identical_to
     with a prefix hit at F; kit B (HiCache write-back) has A's Full KV on host only and its window
     on neither tier, loads the Full KV back and replays. The loaded Full KV of [0, F) and every row
     from F (which reads the replayed window) agree with the hit's bit for bit."""
-    install(N)
-    model = TinyHybrid("SFSS", window=8, d=16)  # bound 48 <= N
-    g = rc.SMALL.with_pools(full_tokens=16384, swa_tokens=1024)
-    outs: dict[str, dict[int, torch.Tensor]] = {"hit": {}, "cone": {}, "t1a": {}, "t1b": {}, "other": {}}
-
-    def rec(kit, name):
-        return recorder(model, kit, outs[name])
-
-    prompt = rc.Tokens(start=5).fresh(400)
-    new = rc.Tokens(start=100_000).fresh(48)
-    kit_a = model_kit(model, g.with_pools(swa_tokens=16384))
-    hist = cone_turn(kit_a, prompt, 16, forward=rec(kit_a, "t1a")).history
-    hit = cone_turn(kit_a, hist + new, 16, forward=rec(kit_a, "hit"))
-    assert hit.plan is None and hit.F is None
-    kit_b = model_kit(model, g, hicache=rc.HiCache(ratio=0.5, write_policy="write_back"))
-    cone_turn(kit_b, prompt, 16, forward=rec(kit_b, "t1b"))
-    toks = rc.Tokens(start=200_000)
+    model, kit_a, kit_b, hist, new, outs, rec_b, toks = _hit_beside_a_hicache_kit()
     # Traffic through the model, so the freed pages are overwritten with other KV.
-    _lose_window_and_full_kv(kit_b, toks, hist, lambda tokens: cone_turn(kit_b, tokens, 16, forward=rec(kit_b, "other")))
-    cone = cone_turn(kit_b, hist + new, 16, forward=rec(kit_b, "cone"))
+    _lose_window_and_full_kv(kit_b, toks, hist, lambda tokens: cone_turn(kit_b, tokens, 16, forward=rec_b("other")))
+    cone = cone_turn(kit_b, hist + new, 16, forward=rec_b("cone"))
     assert cone.plan is not None and cone.plan.load > 0, cone_replay.FALLBACKS
     F = cone.plan.F
     rows = sorted(r for r in outs["hit"] if r >= F)

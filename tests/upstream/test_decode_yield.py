@@ -7,7 +7,6 @@ default) sees the modelled costs and the modelled share is the one it measures."
 from __future__ import annotations
 
 import importlib
-import logging
 import re
 
 import pytest
@@ -87,23 +86,6 @@ def _chunks(steps, rid):
 def _share(steps, rid):
     return prompt_times(steps, rid).share
 
-
-@pytest.fixture
-def debug_lines():
-    """The overlay's log lines (DEBUG included) as text."""
-    lines: list[str] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record):
-            lines.append(record.getMessage())
-
-    logger = receipts.logger()
-    handler, level = Collect(), logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG)
-    yield lines
-    logger.removeHandler(handler)
-    logger.setLevel(level)
 
 
 def _stock_trace(**kwargs):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib
 import itertools
-import logging
 
 import pytest
 
@@ -26,22 +25,6 @@ ATTR = "_dsv41_decode_yield"
 def _clock_restored(monkeypatch):
     monkeypatch.setattr(controller, "now", controller.now)
 
-
-@pytest.fixture
-def debug_lines():
-    lines: list[str] = []
-
-    class Collect(logging.Handler):
-        def emit(self, record):
-            lines.append(record.getMessage())
-
-    logger = receipts.logger()
-    handler, level = Collect(), logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.DEBUG)
-    yield lines
-    logger.removeHandler(handler)
-    logger.setLevel(level)
 
 
 def _run(pct: int | None, arrive_after_chunks: int, check=None):
