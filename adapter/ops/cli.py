@@ -6,7 +6,8 @@
 * ``pins``: the pinned upstream functions and the hashes installed here.
 * ``docs [--check]``: render ``docs/adapters.md`` from the registry.
 * ``bench NAME [--quick]``: a named benchmark; last line is one JSON object.
-* ``simulate TRACE``: replay a Mooncake-format trace on the real cache, policies side by side (devkit).
+* ``simulate TRACE``: replay a Mooncake-format trace on the real cache, policies side by side
+  (``overlay_tools.simulate``, in the wheel).
 """
 
 from __future__ import annotations
@@ -27,23 +28,32 @@ def _devkit_missing(args: argparse.Namespace) -> int:
     return 2
 
 
-def _add_tool_command(parser: argparse.ArgumentParser, *module_names: str) -> None:
-    """A command that lives outside the serving path: its arguments and entry point from the first of
-    ``module_names`` installed here (an operator tool in ``overlay_tools``, shipped in the wheel, or
-    its devkit module in a checkout), or a one-line refusal where none is (the serving image carries
-    no devkit). The modules are light: the engine kit and SGLang load only when the command runs."""
-    for module_name in module_names:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            parts = module_name.split(".")
-            if exc.name not in {".".join(parts[:i]) for i in range(1, len(parts) + 1)}:
-                raise  # the module is there and something it imports is not: say so
-            continue
-        module.add_arguments(parser)
-        parser.set_defaults(run=module.main)
+def _add_tool_command(parser: argparse.ArgumentParser, module_name: str) -> None:
+    """A command that lives outside the serving path: its arguments and entry point from
+    ``module_name`` (an operator tool in ``overlay_tools``, shipped in the wheel; a devkit module in a
+    checkout), or a one-line refusal where it is not installed (the serving image carries no devkit).
+    The modules are light: the engine kit and SGLang load only when the command runs."""
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        parts = module_name.split(".")
+        if exc.name not in {".".join(parts[:i]) for i in range(1, len(parts) + 1)}:
+            raise  # the module is there and something it imports is not: say so
+        parser.set_defaults(run=_devkit_missing)
         return
-    parser.set_defaults(run=_devkit_missing)
+    module.add_arguments(parser)
+    parser.set_defaults(run=module.main)
+
+
+def _checkout_host_route() -> None:
+    """In a checkout, the engine kit's CPU host route for HiCache (``devkit.testkit.radix_cache``
+    registers it with simulate's cache kit on import), so simulate's +hicache policies run; the wheel
+    has none, and simulate refuses those policies in one line."""
+    try:
+        importlib.import_module("devkit.testkit.radix_cache")
+    except ModuleNotFoundError as exc:
+        if exc.name != "devkit":
+            raise
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -97,14 +107,16 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     p = sub.add_parser("fit-cost-model", help="fit the decode-yield cost model from forward-pass-metrics output")
     fit_cost_model.add_arguments(p)
     p.set_defaults(run=fit_cost_model.run)
-    for name, modules, text in (
-        ("gate", ("devkit.gate",), "release gate: stock / profile / stock boots of the real engine on CPU"),
-        ("soak", ("devkit.soak",), "soak: seeded agent traffic on the real engine (CPU), stock vs the release gate's profile"),
-        ("simulate", ("overlay_tools.simulate", "devkit.simulate"),
+    for name, module_name, text in (
+        ("gate", "devkit.gate", "release gate: stock / profile / stock boots of the real engine on CPU"),
+        ("soak", "devkit.soak", "soak: seeded agent traffic on the real engine (CPU), stock vs the release gate's profile"),
+        ("simulate", "overlay_tools.simulate",
          "replay a Mooncake-format trace on the real cache, policies side by side"),
     ):
-        _add_tool_command(sub.add_parser(name, help=text), *modules)
+        _add_tool_command(sub.add_parser(name, help=text), module_name)
     args = parser.parse_args(argv)
+    if args.command == "simulate":
+        _checkout_host_route()
     try:
         return args.run(args)
     except env.ConfigError as exc:

@@ -58,6 +58,7 @@ from adapter.switches.cone_replay.plan import (
     restore_stock,
 )
 from adapter.switches.cone_replay.switch import SWITCH, install, reset_counters
+from overlay_tools.simulate.cone_turn import forward_rows  # the cone's first-pass rows (simulate ships it)
 
 __all__ = [
     "ADMITTED", "CACHE_ATTR", "COPIED", "COUNTERS", "FALLBACKS", "FORWARDED", "FORWARD_ATTR", "LIVE", "PLANNED", "REQ_ATTR",
@@ -69,13 +70,6 @@ __all__ = [
     "replay_rows", "reset_counters", "restore_stock", "substitute_full_kv", "swa_kv_pool_unsupported",
     "swa_layer_count",
 ]
-
-
-def forward_rows(s: int, F: int) -> dict[str, Any]:
-    """What the forward of a cone's first pass needs (the tiny-model exactness tests): rows
-    ``[s, F)`` write no Full-side KV (the copy is kept); ``floor`` lets a test floor the sliding
-    window at s (the bound makes it unnecessary: the tests show both)."""
-    return {"mask": (s, F), "floor": s}
 
 
 def forward_unsupported(kvpool: Any, *, standin: bool = False) -> str | None:

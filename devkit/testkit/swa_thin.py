@@ -1,8 +1,9 @@
 """SWA thin on the cache kit (:mod:`devkit.testkit.radix_cache`), as the benches and ``simulate`` build it.
 
 * :func:`install_thin`: SWA thin (and the fast tree core it turns on) through the real boot path;
-* :func:`swa_pool_for_tails`: the cap-mode SWA pool of SGLang's real ``DSV4PoolConfigurator`` formula
-  for ``--swa-prefix-tails`` at DSV4 geometry (page 256, window 128, chunk 8192, 64 running requests);
+* :func:`swa_pool_for_tails` (``overlay_tools.simulate.swa_pool``, re-exported): the cap-mode SWA pool
+  of SGLang's real ``DSV4PoolConfigurator`` formula for ``--swa-prefix-tails`` at DSV4 geometry (page
+  256, window 128, chunk 8192, 64 running requests);
 * :func:`cache_kit` / :func:`traffic_unit`: the cache kit at a scaled DSV4 shape (page 16, window 8,
   chunk 128), thin on or kept stock, HiCache attached when asked, and one unit of other traffic.
 """
@@ -10,39 +11,19 @@
 from __future__ import annotations
 
 import random
-from types import SimpleNamespace
 from typing import Any
 
 from devkit.testkit import radix_cache as rc
+from overlay_tools.simulate.swa_pool import (  # noqa: F401  (simulate's pool formula, for the benches)
+    DSV4_CHUNK,
+    DSV4_MAX_RUNNING,
+    DSV4_PAGE,
+    DSV4_WINDOW,
+    server_args,
+    swa_pool_for_tails,
+)
 
-DSV4_PAGE, DSV4_WINDOW, DSV4_CHUNK, DSV4_MAX_RUNNING = 256, 128, 8192, 64
 PAGE, WINDOW, CHUNK = 16, 8, 128  # the scaled shape of cache_kit
-
-
-def server_args(page: int = DSV4_PAGE, chunk: int = DSV4_CHUNK, max_running: int = DSV4_MAX_RUNNING) -> None:
-    from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
-
-    set_global_server_args_for_scheduler(ServerArgs(
-        model_path="dummy", page_size=page, chunked_prefill_size=chunk, max_running_requests=max_running))
-    rc._SERVER_ARGS_PAGE[:] = [page]
-
-
-def swa_pool_for_tails(tails: int, max_running: int = DSV4_MAX_RUNNING, page: int = DSV4_PAGE, window: int = DSV4_WINDOW,
-                       chunk: int = DSV4_CHUNK) -> dict[str, int]:
-    """The cap-mode SWA pool of the real configurator formula, and what the simulation gets (sets
-    the process-global ServerArgs the formula reads: page, chunk, max running requests)."""
-    from sglang.srt.model_executor.pool_configurator import DSV4PoolConfigurator, compute_swa_request_cap
-
-    server_args(page, chunk, max_running)
-    configurator = SimpleNamespace(  # the attributes _resolve_swa_cap_tokens reads
-        operator_swa_ratio=None, _unified=False, requested_max_running_requests_per_worker=max_running,
-        sliding_window_size=window, disaggregation_mode="null", page_size=page, attn_dp_size=1,
-        swa_prefix_tails=tails)
-    pool = DSV4PoolConfigurator._resolve_swa_cap_tokens(configurator)
-    cap_all = compute_swa_request_cap(page_size=page, window=window, attn_dp_size=1, max_running_requests=max_running)
-    cap_one = compute_swa_request_cap(page_size=page, window=window, attn_dp_size=1, max_running_requests=1)
-    return {"tails": tails, "swa_pool": pool, "request_cap": cap_all, "headroom": tails * (window + page),
-            "simulated_pool": (pool - cap_all + cap_one) // page * page}
 
 
 def install_thin() -> None:

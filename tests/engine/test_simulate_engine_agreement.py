@@ -1,6 +1,6 @@
 """``simulate`` against the real CPU engine: the same workload through SGLang's HTTP server (the
 Mellum kit: page 1, window 31, chunk 64, Full pool 16,384, SWA pool 1,638) and through
-``devkit.simulate`` at that geometry gives the same prefix per turn (``cached_tokens``), under
+``overlay_tools.simulate`` at that geometry gives the same prefix per turn (``cached_tokens``), under
 stock and under SWA thin. Sequential turns, so the engine's batching does not enter; greedy and
 deterministic, so both boots see the same outputs. Slow: two boots (about 3 minutes here)."""
 
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
-from devkit import simulate
 from devkit.engine_kit import client, launcher, model, workload
-from devkit.simulate import fleet, trace
-from devkit.testkit.radix_cache import OUTPUT_TOKEN
+from overlay_tools import simulate
+from overlay_tools.simulate import fleet, trace
+from overlay_tools.simulate.cache_kit import OUTPUT_TOKEN
 
 pytestmark = pytest.mark.slow
 

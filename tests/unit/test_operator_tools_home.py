@@ -1,6 +1,6 @@
 """The operator tools' home (``overlay_tools``): shipped in the wheel beside ``adapter``, out of the
-serving path, and found by the CLI wherever a tool lives today (``overlay_tools`` first, then the
-checkout's ``devkit``)."""
+serving path, found by the CLI there (``simulate``), and the one copy of what the checkout's test kit
+shares with it."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import devkit.testkit.radix_cache  # noqa: F401  (loaded before a test stands a stub in for overlay_tools.simulate)
 from adapter.ops import cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,33 +34,48 @@ def _tool(name: str, said: list[str]) -> types.ModuleType:
     return module
 
 
-def test_a_tool_in_overlay_tools_is_run_before_its_devkit_twin(monkeypatch):
+def test_simulate_lives_in_overlay_tools_and_the_cli_has_no_devkit_twin_to_fall_back_on(monkeypatch):
+    assert (ROOT / "overlay_tools/simulate/__init__.py").is_file() and not (ROOT / "devkit/simulate").exists()
     said: list[str] = []
     monkeypatch.setitem(sys.modules, "overlay_tools.simulate", _tool("overlay_tools.simulate", said))
-    monkeypatch.setitem(sys.modules, "devkit.simulate", _tool("devkit.simulate", said))
     assert cli.main(["simulate", "t.jsonl"]) == 0
     assert said == ["overlay_tools.simulate t.jsonl"]
 
 
-def test_without_overlay_tools_simulate_the_devkit_module_runs(monkeypatch):
-    said: list[str] = []
-    monkeypatch.setitem(sys.modules, "overlay_tools.simulate", None)  # import raises ModuleNotFoundError
-    monkeypatch.setitem(sys.modules, "devkit.simulate", _tool("devkit.simulate", said))
-    assert cli.main(["simulate", "t.jsonl"]) == 0
-    assert said == ["devkit.simulate t.jsonl"]
+def test_the_checkouts_devkit_kits_are_built_on_simulates_not_copied(monkeypatch):
+    """One copy of the cache kit, the cone's turn steps and the SWA pool formula: the test kit's
+    names are simulate's own objects, and the checkout's CPU host route is registered with it."""
+    from devkit.testkit import cone, cone_replay_parts, radix_cache, swa_thin
+    from overlay_tools.simulate import cache_kit, cone_turn, swa_pool
+
+    assert radix_cache.build is cache_kit.build and radix_cache.CacheKit is cache_kit.CacheKit
+    assert radix_cache._SERVER_ARGS_PAGE is cache_kit._SERVER_ARGS_PAGE
+    assert cone.start_turn is cone_turn.start_turn and cone_replay_parts.forward_rows is cone_turn.forward_rows
+    assert swa_thin.swa_pool_for_tails is swa_pool.swa_pool_for_tails
+    assert cache_kit._HOST_ROUTE["route"] is radix_cache.route_hicache
+
+
+def test_without_the_checkouts_host_route_the_hicache_policies_are_refused_before_any_replay(monkeypatch, tmp_path,
+                                                                                           capsys):
+    from overlay_tools.simulate import cache_kit
+
+    monkeypatch.setattr(cache_kit, "_HOST_ROUTE", {})
+    monkeypatch.setattr(cli, "_checkout_host_route", lambda: None)  # as in the wheel: no devkit to register it
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 512, "output_length": 4, "hash_ids": [1]}\n')
+    assert cli.main(["simulate", str(path), "--policies", "stock,stock+hicache"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --policies='stock+hicache' is not valid") and "devkit/engine_kit/stub" in err
 
 
 def test_with_neither_installed_the_command_says_so_in_one_line(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "overlay_tools.simulate", None)
-    monkeypatch.setitem(sys.modules, "devkit.simulate", None)
     assert cli.main(["simulate"]) == 2
     assert capsys.readouterr().err == ("simulate: devkit is not installed here (the serving image carries only "
                                        "the overlay); run it from a checkout\n")
 
 
-def test_a_tool_whose_own_import_is_missing_fails_loudly_instead_of_falling_back(monkeypatch):
-    monkeypatch.setitem(sys.modules, "devkit.simulate", _tool("devkit.simulate", []))
-
+def test_a_tool_whose_own_import_is_missing_fails_loudly_instead_of_saying_it_is_not_installed(monkeypatch):
     def failing_import(name: str, *args, **kwargs):
         if name == "overlay_tools.simulate":
             raise ModuleNotFoundError("No module named 'matplotlib'", name="matplotlib")

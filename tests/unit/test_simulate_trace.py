@@ -1,4 +1,4 @@
-"""``devkit.simulate.trace``: a Mooncake trace parsed, split into sessions and given token ids,
+"""``overlay_tools.simulate.trace``: a Mooncake trace parsed, split into sessions and given token ids,
 on small traces written here (answers known by construction; never the shared trace)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from devkit.simulate import trace
-from devkit.testkit.radix_cache import OUTPUT_TOKEN
+from overlay_tools.simulate import trace
+from overlay_tools.simulate.cache_kit import OUTPUT_TOKEN
 
 
 def _write(tmp_path, rows, name="t.jsonl"):

@@ -10,10 +10,11 @@ import math
 
 import pytest
 
+import devkit.testkit.radix_cache  # noqa: F401  (registers the engine kit's CPU host route: the +hicache policies)
 from adapter.core import env
 from adapter.ops import cli
-from devkit import simulate
-from devkit.simulate import engine, fleet, trace
+from overlay_tools import simulate
+from overlay_tools.simulate import engine, fleet, trace
 
 PAGE, WINDOW, CHUNK, N = 16, 8, 128, 64
 POLICIES = ("stock", "thin", "thin+cone")
@@ -206,7 +207,7 @@ def test_an_instance_that_cannot_keep_up_is_called_overloaded_with_the_share_tha
     the 15 ms the arrivals span, TTFT grows from the first quarter to the last, the table shows
     "overloaded" instead of TTFT figures, and the output names --share 1/k, k = prefill / span rounded
     up. The same requests 100 s apart are served: not overloaded, TTFT printed."""
-    from devkit.simulate import report
+    from overlay_tools.simulate import report
 
     burst = _trace(tmp_path, [(i, 2048, 8, [100 + 4 * i + j for j in range(4)]) for i in range(16)])
     _, row = _replay("stock", burst, swa_pool=768 * 16)

@@ -9,7 +9,7 @@ re-estimated after a retraction; with cone replay installed, its wrapped
 pool runs short, the decode's capacity check (``check_decode_capacity``) and its sliding-window
 release (``evict_sliding_windows``), the retracted request's release (``release_kv_cache`` without
 insert, ``reset_for_retract``), and with HiCache attached its backups and the admission's load-back
-of host hits (``devkit.testkit.cone``'s turn steps over ``devkit.testkit.radix_cache``). What is the
+of host hits (:mod:`.cone_turn`'s steps over :mod:`.cache_kit`). What is the
 simulation's: the clock and the batches.
 
 The clock (a model, no forward runs): one iteration at a time, prefill first, as SGLang's scheduler
@@ -37,8 +37,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from devkit.simulate.trace import Request, materialize
-from devkit.testkit.radix_cache import OUTPUT_TOKEN
+from overlay_tools.simulate.cache_kit import OUTPUT_TOKEN
+from overlay_tools.simulate.trace import Request, materialize
 
 FS_PER_MS = 10**12
 
@@ -153,7 +153,7 @@ class Replay:
         from sglang.srt.managers.schedule_batch import ScheduleBatch
 
         from adapter.switches.decode_yield import cost_model
-        from devkit.testkit import cone
+        from overlay_tools.simulate import cone_turn as cone
 
         kit = self.kit
         turns: dict[int, Turn] = {}
@@ -335,7 +335,7 @@ class Replay:
         return retracted
 
     def _finish_ready(self, decoding: list[Running], finished: Callable[[Request, int], None], t: int) -> None:
-        from devkit.testkit import cone
+        from overlay_tools.simulate import cone_turn as cone
 
         still = []
         for x in decoding:
@@ -392,7 +392,7 @@ def ideal_prefixes(requests: list[Request], page: int) -> dict[int, int]:
     keyed by a hash chain over their token bytes."""
     from array import array
 
-    from devkit.testkit.radix_cache import OUTPUT_TOKEN
+    from overlay_tools.simulate.cache_kit import OUTPUT_TOKEN
 
     out_page = array("q", [OUTPUT_TOKEN] * page).tobytes()
     seen: set[int] = set()

@@ -14,7 +14,8 @@ artefacts as TTFT. ``--sweep`` reruns stock and thin over
 ``--swa-prefix-tails`` and thin + cone over N and prints, per policy, the smallest setting within
 1 % of its best.
 
-Never imported by a serving process (devkit; an import contract in pyproject.toml).
+Ships in the wheel (``overlay_tools``); never imported by a serving process and never importing
+devkit (import contracts in pyproject.toml).
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _policies() -> tuple[str, ...]:
-    from devkit.simulate.fleet import POLICIES
+    from overlay_tools.simulate.fleet import POLICIES
 
     return POLICIES
 
@@ -99,10 +100,10 @@ def run_policy(policy: str, fleet: Any, requests: list[Any], time_scale: float =
                progress: bool = True, coef: Any = None, share: float = 1.0) -> tuple[list[Any], dict[str, Any]]:
     """One policy's replay on a fresh cache: its turns and figures (leak check and load included;
     ``share``: the fraction of the trace ``requests`` are, for the share that keeps up)."""
+    from adapter.switches.cone_replay.plan import FALLBACKS
     from adapter.switches.decode_yield import cost_model
-    from devkit.simulate import engine, report
-    from devkit.simulate.fleet import build_kit, uninstall
-    from devkit.testkit import cone_replay_parts as cone_replay
+    from overlay_tools.simulate import engine, report
+    from overlay_tools.simulate.fleet import build_kit, uninstall
 
     max_ctx = max(r.history_len for r in requests) + fleet.page
     bar = report.Progress(policy, len(requests)) if progress else None
@@ -114,7 +115,7 @@ def run_policy(policy: str, fleet: Any, requests: list[Any], time_scale: float =
         turns, wall = engine.timed(replay.run)
         leak = kit.leak_check()
         kit.cache.sanity_check()
-        row = report.summarize(turns, wall, dict(cone_replay.FALLBACKS) if "cone" in policy else None,
+        row = report.summarize(turns, wall, dict(FALLBACKS) if "cone" in policy else None,
                                hicache=kit.cache.cache_controller is not None)
         row.update(report.load_figures(turns, replay.prefill_busy_fs, replay.busy_fs, replay.span_fs, share))
         row["leak"] = leak["full"] + leak["swa"]
@@ -131,7 +132,7 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from adapter.core import env
-    from devkit.simulate import engine, fleet, report, trace
+    from overlay_tools.simulate import cache_kit, engine, fleet, report, trace
 
     if args.policies is not None:
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -152,6 +153,11 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
                         args.hicache_ratio)
     if args.policies is None:
         policies = list(fleet.POLICIES if args.hicache else geo.default_policies())
+    hicache = [p for p in policies if p.endswith(fleet.HICACHE_SUFFIX)]
+    if hicache and not cache_kit.host_route_available():  # before any replay: the wheel without a checkout
+        raise env.ConfigError("--policies", ",".join(hicache), "policies without +hicache (HiCache's host tier "
+                              "replays on CPU only over the checkout's engine-kit host route, devkit/engine_kit/"
+                              "stub; run from a checkout, or pass --policies stock,thin,thin+cone)")
     trace.TokenBuilder(geo.page).build(requests, {r.index: r for r in requests})
     if args.quick:
         requests = _first_sessions(requests, QUICK_REQUESTS)
@@ -195,7 +201,7 @@ def sweep(args: argparse.Namespace, geo: Any, requests: list[Any], coef: Any) ->
     policy the smallest setting within 1 % of its best."""
     import dataclasses
 
-    from devkit.testkit.swa_thin import swa_pool_for_tails
+    from overlay_tools.simulate.swa_pool import swa_pool_for_tails
 
     result: dict[str, Any] = {}
     rows: dict[str, Any] = {}
@@ -263,7 +269,7 @@ def _describe(coef: Any) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from devkit.simulate.trace import ShareError, TraceError
+    from overlay_tools.simulate.trace import ShareError, TraceError
 
     if args.plot:
         try:

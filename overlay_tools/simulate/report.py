@@ -8,7 +8,7 @@ import textwrap
 import time
 from typing import Any
 
-from devkit.simulate.engine import Turn
+from overlay_tools.simulate.engine import Turn
 
 FS_PER_S = 10**15
 

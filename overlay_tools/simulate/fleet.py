@@ -5,7 +5,7 @@ launch line (SGLang's own parser, :func:`adapter.ops.check.parse_launch`); the s
 count and the cone's bound from the model's ``config.json`` (``check.read_model`` /
 cone replay's own predictor and decision); the SWA pool from SGLang's
 ``DSV4PoolConfigurator._resolve_swa_cap_tokens`` for that many tails at that many running requests
-(:func:`devkit.testkit.swa_thin.swa_pool_for_tails`); the Full pool from ``--kv-tokens``, else the
+(:func:`.swa_pool.swa_pool_for_tails`); the Full pool from ``--kv-tokens``, else the
 launch line's ``--max-total-tokens``, else :data:`DEFAULT_FULL_TOKENS` (an assumption, said in the
 output). Without a model folder the production profile's DeepSeek-V4.1 is assumed: window 128, 61
 layers, the last one C128, last KV source at layer 10, decoder SWA bounded replay on as SGLang
@@ -18,7 +18,7 @@ Policies (the switches installed through the registry's boot, as a serving proce
 * ``thin``: ``DSV41_SWA_THIN=1`` (which turns on the Python core and ``fast_tree_core``).
 * ``thin+cone``: ``DSV41_SWA_THIN=1 DSV41_SWA_CONE_REPLAY=1 DSV41_SWA_CONE_TOKENS=N``.
 * ``stock+hicache``, ``thin+cone+hicache``: the same with HiCache's host tier attached
-  (``init_hicache`` as ``--enable-hierarchical-cache`` does; :class:`devkit.testkit.radix_cache.HiCache`):
+  (``init_hicache`` as ``--enable-hierarchical-cache`` does; :class:`.cache_kit.HiCache`):
   host pools of ``--hicache-ratio`` x each device pool, ``--hicache-write-policy`` from the launch
   line (SGLang's defaults: ratio 2, write_through), and the admission's load-back of host hits.
   Run by default only when the profile's launch line enables HiCache (:func:`default_policies`).
@@ -39,7 +39,7 @@ POLICIES = ("stock", "thin", "thin+cone", "stock+hicache", "thin+cone+hicache")
 HICACHE_SUFFIX = "+hicache"
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_PROFILE = REPO / ".env.tp4.example"
-DEFAULT_FULL_TOKENS = 4 * 1024 * 1024  # devkit.testkit.radix_cache.DSV4's Full pool: an assumption
+DEFAULT_FULL_TOKENS = 4 * 1024 * 1024  # cache_kit.DSV4's Full pool: an assumption
 BACKEND_ENV = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"
 TOKENS_KEY = "DSV41_SWA_CONE_TOKENS"
 DSV4_MAX_RUNNING = 256  # SGLang's DeepSeek-V4 default max_running_requests (arg_groups/deepseek_v4_hook.py)
@@ -102,8 +102,11 @@ def resolve(env_file: str | None = None, model_path: str | None = None, kv_token
     from adapter.core import api
     from adapter.ops import check
     from adapter.switches.cone_replay import predict as cone_predict
-    from devkit.testkit.swa_thin import swa_pool_for_tails
+    from overlay_tools.simulate.swa_pool import swa_pool_for_tails
 
+    if env_file is None and not DEFAULT_PROFILE.is_file():
+        raise env.ConfigError("--env-file", "(not given)", "a profile (KEY=VALUE lines, the launch line in "
+                              f"{check.LAUNCH_KEY}): the default, the checkout's {DEFAULT_PROFILE.name}, is not here")
     profile = str(env_file or DEFAULT_PROFILE)
     environ = check.profile_environ(profile)
     words = shlex.split(environ.get(check.LAUNCH_KEY, ""))
@@ -152,9 +155,10 @@ def build_kit(policy: str, fleet: Fleet, max_ctx: int) -> Any:
     """A real cache for ``policy`` at ``fleet``'s geometry, with that policy's switches installed
     (and every other switch uninstalled)."""
     from adapter.core import boot
-    from devkit.testkit import cone
-    from devkit.testkit import cone_replay_parts as cone_replay
-    from devkit.testkit import radix_cache as rc
+    from adapter.switches.cone_replay.geometry import cache_config
+    from adapter.switches.cone_replay.switch import reset_counters
+    from overlay_tools.simulate import cache_kit as rc
+    from overlay_tools.simulate import cone_turn as cone
 
     if policy not in POLICIES:
         raise env.ConfigError("--policies", policy, "one of " + ", ".join(POLICIES))
@@ -178,10 +182,10 @@ def build_kit(policy: str, fleet: Fleet, max_ctx: int) -> Any:
             raise RuntimeError(f"simulate: {name} did not install: {state.outcomes[name].reason}")
     kit = rc.build(geometry, backend=None, hicache=hicache)
     if policy == "thin+cone":
-        cfg = cone_replay.cache_config(kit.cache)
+        cfg = cache_config(kit.cache)
         if cfg is None or not cfg.enabled:
             raise RuntimeError(f"simulate: cone replay refused on the simulated cache: {getattr(cfg, 'reason', '?')}")
-        cone_replay.reset_counters()
+        reset_counters()
     return kit
 
 

@@ -35,7 +35,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from devkit.testkit.radix_cache import OUTPUT_TOKEN
+from overlay_tools.simulate.cache_kit import OUTPUT_TOKEN
 
 BLOCK = 512  # tokens per hash_ids block (Mooncake)
 FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
