@@ -1,39 +1,15 @@
 """A real ``UnifiedRadixCache`` (FULL + SWA components) on CPU, and the request life cycle on it.
 
-The kit itself (:class:`CacheKit`, :func:`build`, :class:`Geometry`, :class:`HiCache`) is
-``overlay_tools.simulate.cache_kit``, which ``simulate`` ships with in the wheel; this module adds
-the CPU host route HiCache runs over here (registered on import) and the tests' probes.
+The kit itself (:class:`CacheKit`, :func:`build`, :class:`Geometry`, :class:`HiCache`; its API in
+``overlay_tools/simulate/cache_kit.py``) is the one ``simulate`` ships with in the wheel, imported
+here under the name tests and benchmarks use. This module adds what only the checkout has::
 
-Shared by tests and benchmarks (SWA thin, the fast tree core, later cone replay). Everything here
-drives the real upstream objects through the scheduler's own entry points; only the model forward
-(the KV contents) is absent.
-
-API::
-
-    kit = build(geometry=SMALL, backend="python", session=False)
-    kit.cache / kit.allocator / kit.pool          # UnifiedRadixCache, SWATokenToKVPoolAllocator, ReqToTokenPool
-    kit.core                                      # the tree core (UnifiedTreeCore or RustUnifiedTreeCore)
-
-    req = kit.admit(tokens)                       # Req + row + real match (match_kv_cache) + admission lock
-    kit.prefill(req, chunk=None)                  # chunks of geometry.chunk, a checkpoint after each
-    kit.prefill_to(req, end)                      # one chunk [req's position, end) + its checkpoint
-    kit.finish(req, out_len)                      # decode out_len tokens, release_kv_cache(checkpoint=True)
-    kit.run_turn(tokens, out_len, chunk=None)     # admit + prefill + finish -> TurnResult
-    kit.node_at(tokens)                           # read-only: id of the deepest Full-resident node on tokens
-    kit.evict(full=0, swa=0)                      # cache.evict(EvictParams(...))
-    kit = build(..., hicache=HiCache(ratio=2.0, write_policy="write_back"))  # HiCache attached: admit
-                                                  # loads host hits back (kit.loaded_from_host)
-    kit.timings = {}                              # then match/checkpoint/release/evict times (ns) per call
-    kit.resume_state(history)                     # read-only: is the resume point at page_floor(len) usable?
-    kit.leak_check()                              # free + evictable + protected == pool size (Full and SWA)
+    route_hicache()                               # the engine kit's CPU host route (registered on import)
+    Tokens().fresh(n)                             # fresh token ids: two prompts share only what they are given
     snapshot(kit, lru_order=False)                # whole tree state, comparable across two caches (python core)
     swa_lru(kit)                                  # SWA LRU order (MRU first) as DFS indices (python core)
     misfiled_children(kit)                        # children not filed under child_key of their key (python core)
-
-Allocation uses the upstream kit's page-aligned trick (Full pages + SWA pages + the full->swa
-mapping); when a pool runs short it evicts first, like ``alloc_for_extend``. Token ids should be
-unique per generated span (:class:`Tokens`), so sharing is deliberate. All lengths are multiples of
-the page size.
+    TraceRunner / Op                              # multi-session traces, in lockstep on several caches
 """
 
 from __future__ import annotations
