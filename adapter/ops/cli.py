@@ -45,17 +45,6 @@ def _add_tool_command(parser: argparse.ArgumentParser, module_name: str) -> None
     parser.set_defaults(run=module.main)
 
 
-def _checkout_host_route() -> None:
-    """In a checkout, the engine kit's CPU host route for HiCache (``devkit.testkit.radix_cache``
-    registers it with simulate's cache kit on import), so simulate's +hicache policies run; the wheel
-    has none, and simulate refuses those policies in one line."""
-    try:
-        importlib.import_module("devkit.testkit.radix_cache")
-    except ModuleNotFoundError as exc:
-        if exc.name != "devkit":
-            raise
-
-
 def cmd_bench(args: argparse.Namespace) -> int:
     try:
         from devkit.bench import BENCHMARKS
@@ -115,8 +104,6 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     ):
         _add_tool_command(sub.add_parser(name, help=text), module_name)
     args = parser.parse_args(argv)
-    if args.command == "simulate":
-        _checkout_host_route()
     try:
         return args.run(args)
     except env.ConfigError as exc:

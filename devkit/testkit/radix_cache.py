@@ -4,7 +4,6 @@ The kit itself (:class:`CacheKit`, :func:`build`, :class:`Geometry`, :class:`HiC
 ``overlay_tools/simulate/cache_kit.py``) is the one ``simulate`` ships with in the wheel, imported
 here under the name tests and benchmarks use. This module adds what only the checkout has::
 
-    route_hicache()                               # the engine kit's CPU host route (registered on import)
     Tokens().fresh(n)                             # fresh token ids: two prompts share only what they are given
     snapshot(kit, lru_order=False)                # whole tree state, comparable across two caches (python core)
     swa_lru(kit)                                  # SWA LRU order (MRU first) as DFS indices (python core)
@@ -26,40 +25,12 @@ from overlay_tools.simulate.cache_kit import (  # noqa: F401  (the kit, under th
     CacheKit,
     Geometry,
     HiCache,
-    HostRouteMissing,
     TransferCounter,
     TurnResult,
     attach_hicache,
     build,
-    set_host_route,
     set_server_args,
 )
-
-_ROUTED: list[bool] = []
-
-
-def route_hicache() -> None:
-    """The engine kit's HiCache routes, applied in this process once (the server gets them from the
-    ``sgl_kernel`` stand-in's finder): host pools allocate without ``cudaHostRegister``, the host
-    pool modules bind the stand-in's pure-torch ``kvcacheio`` copy ops and their L3 landing pages
-    are unpinned, each route checked against its pins first. Loaded by path: importing the
-    stand-in package would reroute this process's attention backends."""
-    if _ROUTED:
-        return
-    from sglang.srt.mem_cache import memory_pool_host
-    from sglang.srt.mem_cache.pool_host import common, mha
-
-    from devkit.engine_kit.launcher import load_stub_module
-
-    route, kvcacheio = load_stub_module("_route"), load_stub_module("kvcacheio")
-    route.ROUTES[route.HOST_MEMORY](common)
-    for module in (mha, memory_pool_host):
-        route.check_pins(module.__name__)
-        route.route_host_pool_ops(module, kvcacheio)
-    _ROUTED.append(True)
-
-
-set_host_route(route_hicache)
 
 
 class Tokens:

@@ -132,7 +132,7 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from adapter.core import env
-    from overlay_tools.simulate import cache_kit, engine, fleet, report, trace
+    from overlay_tools.simulate import engine, fleet, report, trace
 
     if args.policies is not None:
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -153,11 +153,6 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
                         args.hicache_ratio)
     if args.policies is None:
         policies = list(fleet.POLICIES if args.hicache else geo.default_policies())
-    hicache = [p for p in policies if p.endswith(fleet.HICACHE_SUFFIX)]
-    if hicache and not cache_kit.host_route_available():  # before any replay: the wheel without a checkout
-        raise env.ConfigError("--policies", ",".join(hicache), "policies without +hicache (HiCache's host tier "
-                              "replays on CPU only over the checkout's engine-kit host route, devkit/engine_kit/"
-                              "stub; run from a checkout, or pass --policies stock,thin,thin+cone)")
     trace.TokenBuilder(geo.page).build(requests, {r.index: r for r in requests})
     if args.quick:
         requests = _first_sessions(requests, QUICK_REQUESTS)

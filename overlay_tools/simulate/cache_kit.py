@@ -24,10 +24,9 @@ API::
     kit.resume_state(history)                     # read-only: is the resume point at page_floor(len) usable?
     kit.leak_check()                              # free + evictable + protected == pool size (Full and SWA)
 
-HiCache's host tier on CPU needs a host route (host pools without ``cudaHostRegister``, pure-torch
-``kvcacheio`` copies): :func:`set_host_route` registers one (the checkout's engine kit brings it,
-``devkit/engine_kit/stub``); without one, :func:`attach_hicache` refuses with
-:class:`HostRouteMissing` instead of failing inside SGLang.
+HiCache's host tier on CPU runs over the host route (:mod:`.host_route`: host pools without
+``cudaHostRegister``, the pure-torch copies of :mod:`.host_copies`), which :func:`attach_hicache`
+applies in this process first.
 
 Allocation uses the upstream kit's page-aligned trick (Full pages + SWA pages + the full->swa
 mapping); when a pool runs short it evicts first, like ``alloc_for_extend``. All lengths are
@@ -39,7 +38,6 @@ from __future__ import annotations
 import itertools
 import time
 from array import array
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,31 +113,13 @@ class TransferCounter:
         return lambda *args, **kwargs: None
 
 
-class HostRouteMissing(RuntimeError):
-    """HiCache was asked for and no host route is registered in this process."""
-
-
-_HOST_ROUTE: dict[str, Callable[[], None]] = {}
-
-
-def set_host_route(route: Callable[[], None]) -> None:
-    """Register what makes HiCache's host tier run on CPU here (called once per process by its owner)."""
-    _HOST_ROUTE["route"] = route
-
-
-def host_route_available() -> bool:
-    return "route" in _HOST_ROUTE
-
-
 def attach_hicache(cache: Any, params: Any, server_args: Any) -> None:
     """``init_hicache`` as ``create_unified_radix_cache`` calls it after building the cache, over the
-    registered host route; the cache reports its transfers to a :class:`TransferCounter`
+    host route (:func:`.host_route.apply`, pinned); the cache reports its transfers to a :class:`TransferCounter`
     (``cache.metrics_collector``)."""
-    if not host_route_available():
-        raise HostRouteMissing("HiCache's host tier on CPU needs the host route of the checkout's engine kit "
-                               "(devkit/engine_kit/stub: host pools without cudaHostRegister, pure-torch "
-                               "kvcacheio copies), which is not installed here")
-    _HOST_ROUTE["route"]()
+    from overlay_tools.simulate import host_route
+
+    host_route.apply()
     if cache.metrics_collector is None:
         cache.metrics_collector = TransferCounter()
     cache.init_hicache(server_args, params)

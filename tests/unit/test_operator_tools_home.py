@@ -44,7 +44,7 @@ def test_simulate_lives_in_overlay_tools_and_the_cli_has_no_devkit_twin_to_fall_
 
 def test_the_checkouts_devkit_kits_are_built_on_simulates_not_copied(monkeypatch):
     """One copy of the cache kit, the cone's turn steps and the SWA pool formula: the test kit's
-    names are simulate's own objects, and the checkout's CPU host route is registered with it."""
+    names are simulate's own objects."""
     from devkit.testkit import cone, cone_replay_parts, radix_cache, swa_thin
     from overlay_tools.simulate import cache_kit, cone_turn, swa_pool
 
@@ -52,20 +52,22 @@ def test_the_checkouts_devkit_kits_are_built_on_simulates_not_copied(monkeypatch
     assert radix_cache._SERVER_ARGS_PAGE is cache_kit._SERVER_ARGS_PAGE
     assert cone.start_turn is cone_turn.start_turn and cone_replay_parts.forward_rows is cone_turn.forward_rows
     assert swa_thin.swa_pool_for_tails is swa_pool.swa_pool_for_tails
-    assert cache_kit._HOST_ROUTE["route"] is radix_cache.route_hicache
 
 
-def test_without_the_checkouts_host_route_the_hicache_policies_are_refused_before_any_replay(monkeypatch, tmp_path,
-                                                                                           capsys):
-    from overlay_tools.simulate import cache_kit
+def test_the_engine_kits_host_route_and_kvcacheio_are_simulates_own_not_copies():
+    """One copy of HiCache's CPU host route and its pure-torch copies, in the wheel: the ``sgl_kernel``
+    stand-in (loaded by path, as the in-process kits load it) binds simulate's objects and pins."""
+    from devkit.engine_kit.launcher import load_stub_module
+    from overlay_tools.simulate import host_copies, host_route
 
-    monkeypatch.setattr(cache_kit, "_HOST_ROUTE", {})
-    monkeypatch.setattr(cli, "_checkout_host_route", lambda: None)  # as in the wheel: no devkit to register it
-    path = tmp_path / "t.jsonl"
-    path.write_text('{"timestamp": 0, "input_length": 512, "output_length": 4, "hash_ids": [1]}\n')
-    assert cli.main(["simulate", str(path), "--policies", "stock,stock+hicache"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: --policies='stock+hicache' is not valid") and "devkit/engine_kit/stub" in err
+    route, kvcacheio = load_stub_module("_route"), load_stub_module("kvcacheio")
+    assert route.route_host_pool_ops is host_route.route_host_pool_ops
+    assert route.route_host_memory is host_route.route_host_memory and route.RouteRefused is host_route.RouteRefused
+    assert route.HOST_POOL_OPS is host_route.HOST_POOL_OPS
+    assert {t: route.PINS[t] for t in host_route.PINS} == host_route.PINS
+    assert host_copies.__all__ and all(getattr(kvcacheio, n) is getattr(host_copies, n) for n in host_copies.__all__)
+    with pytest.raises(NotImplementedError, match="transfer_kv_per_layer_ph_lf"):
+        kvcacheio.transfer_kv_per_layer_ph_lf()
 
 
 def test_with_neither_installed_the_command_says_so_in_one_line(monkeypatch, capsys):

@@ -1,6 +1,7 @@
-"""The ``sgl_kernel`` stand-in's HiCache pieces move KV bytes exactly as the CUDA ops and SGLang's own torch path do.
+"""HiCache's CPU host pieces (``overlay_tools.simulate``: simulate's, and the engine kit's ``sgl_kernel`` stand-in's)
+move KV bytes exactly as the CUDA ops and SGLang's own torch path do.
 
-* :mod:`sgl_kernel.kvcacheio` (pure torch): each copy op against a reference written from the
+* :mod:`overlay_tools.simulate.host_copies` (pure torch, the stand-in's ``kvcacheio``): each copy op against a reference written from the
   kernel's contract (``item``: one token's bytes of one layer; ``page_first``: item ``i`` of layer
   ``l`` at ``i * layout_dim + l * item_size``), and the single-buffer ops against SGLang's own CPU
   copy (``UnifiedPageEnvelopeHostPool._transfer_pages`` on a CPU device buffer).
@@ -11,20 +12,17 @@
 
 from __future__ import annotations
 
-import sys
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from devkit.engine_kit import launcher
-
-_load = launcher.load_stub_module  # by path: importing the sgl_kernel package would reroute attention
+from overlay_tools.simulate import host_copies, host_route
 
 
 @pytest.fixture(scope="module")
 def io():
-    return _load("kvcacheio")
+    return host_copies
 
 
 def _ptrs(layers: list[torch.Tensor]) -> torch.Tensor:
@@ -144,15 +142,15 @@ def test_bad_geometry_and_page_head_ops_fail_by_name(io):
 @pytest.fixture()
 def routed(monkeypatch):
     """The two HiCache routes applied to the upstream modules, undone after the test."""
-    route = _load("_route")
+    route = host_route
     from sglang.srt.mem_cache.pool_host import common, mha
 
-    monkeypatch.setitem(sys.modules, "sgl_kernel.kvcacheio", _load("kvcacheio"))
-    monkeypatch.setitem(sys.modules, "sgl_kernel", SimpleNamespace(kvcacheio=sys.modules["sgl_kernel.kvcacheio"]))
     saved_alloc = dict(common.ALLOC_MEMORY_FUNCS)
     bound_before = set(vars(mha))
-    route.ROUTES[route.HOST_MEMORY](common)
-    route.ROUTES[mha.__name__](mha)
+    route.check_pins(route.HOST_MEMORY)
+    route.route_host_memory(common)
+    route.check_pins(mha.__name__)
+    route.route_host_pool_ops(mha)
     yield route
     common.ALLOC_MEMORY_FUNCS.clear()
     common.ALLOC_MEMORY_FUNCS.update(saved_alloc)

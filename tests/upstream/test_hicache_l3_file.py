@@ -1,5 +1,6 @@
 """SGLang's ``file`` L3 (``HiCacheFile``) stores host pages and reads them back byte for byte on CPU,
-through the ``sgl_kernel`` stand-in's landing-page route.
+through the host route's landing-page route (``overlay_tools.simulate.host_route``, which simulate and the
+engine kit's ``sgl_kernel`` stand-in share).
 
 An L3 read lands each page in ``host_pool.get_dummy_flat_data_page()`` before
 ``set_from_flat_data_page`` copies it into the pool (``hicache_storage.py`` ``_read_page``,
@@ -17,9 +18,7 @@ import inspect
 import pytest
 import torch
 
-from devkit.engine_kit import launcher
-
-_load = launcher.load_stub_module  # by path: importing the sgl_kernel package would reroute attention
+from overlay_tools.simulate import host_route
 
 
 def _classes():
@@ -32,18 +31,20 @@ def _classes():
 
 @pytest.fixture(scope="module")
 def routed():
-    """Every HiCache route of the stand-in applied to SGLang's modules, undone after the module."""
+    """Every HiCache host route applied to SGLang's modules (each checked against its pins), undone after
+    the module."""
     from sglang.srt.mem_cache import memory_pool_host
     from sglang.srt.mem_cache.pool_host import common, mha
 
-    route, kvcacheio = _load("_route"), _load("kvcacheio")
+    route = host_route
     saved_alloc = dict(common.ALLOC_MEMORY_FUNCS)
     saved_pages = {cls: vars(cls)["get_dummy_flat_data_page"] for cls in _classes()}
     bound_before = {m: set(vars(m)) for m in (mha, memory_pool_host)}
-    route.ROUTES[route.HOST_MEMORY](common)
+    route.check_pins(route.HOST_MEMORY)
+    route.route_host_memory(common)
     for module in (mha, memory_pool_host):
         route.check_pins(module.__name__)
-        route.route_host_pool_ops(module, kvcacheio)
+        route.route_host_pool_ops(module)
     yield route
     common.ALLOC_MEMORY_FUNCS.clear()
     common.ALLOC_MEMORY_FUNCS.update(saved_alloc)
