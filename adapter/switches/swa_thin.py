@@ -238,11 +238,13 @@ def _checkpoint_into_tree(wrapped: Any, cache: Any, args: tuple, kwargs: dict) -
     # A finished turn's leaf is the session's resume point: nothing to demote on release.
     if not finished and old_id is not None and new_id is not None and old_id != new_id and not core.is_root(old_id):
         prefill_done = up_to >= len(req.origin_input_ids)
-        # The first chunk's prefix-match node stays; later chunks pass their previous checkpoint,
-        # and a one-pass prefill passes its prefix-match node.
-        if not (first_insert and not prefill_done):
+        # Demoted: a one-pass prefill's prefix-match node, and a chunked prefill's previous chunk
+        # checkpoint while more chunks follow. Kept: the first chunk's prefix-match node, and the
+        # prompt's last chunk checkpoint (passed by the insert that ends a chunked prefill).
+        if first_insert == prefill_done:
             swa = cache.components[_swa_type()]
-            moved = demote_passed(core, old_id, new_id, swa.sliding_window_size + cache.page_size)
+            moved = demote_passed(core, old_id, new_id, swa.sliding_window_size + cache.page_size,
+                                  then_next=first_insert)
     if moved:
         STATS.demoting_inserts += 1
         STATS.demoted += moved
@@ -264,10 +266,12 @@ def is_shared(node: Any) -> bool:
     return len(node.children) > 1 or node.hit_count > SHARED_HIT_COUNT
 
 
-def demote_passed(core: Any, old_id: int, new_id: int, cover: int) -> int:
+def demote_passed(core: Any, old_id: int, new_id: int, cover: int, then_next: bool = False) -> int:
     """Move the SWA-bearing nodes of ``old_id``'s last window (``cover`` tokens up from it) to the
     evict-first end of the SWA LRU, except those of ``new_id``'s own window and locked, shared or
-    session-referenced nodes. Only the list order changes. Returns the number of nodes moved."""
+    session-referenced nodes. With ``then_next`` (a one-pass prefill moving past the previous
+    turn's leaf), also the next window above it on the same unshared path (the previous turn's
+    last prompt checkpoint). Only the list order changes. Returns the number of nodes moved."""
     ct = _swa_type()
     lru = core.lru_lists[ct]
     root = core.root_node
@@ -278,20 +282,32 @@ def demote_passed(core: Any, old_id: int, new_id: int, cover: int) -> int:
         node = node.parent
     referenced = lru._is_referenced
     pt = lru._pt
-    moved, node, covered = 0, core.node_by_id(old_id), 0
-    while node is not root and covered < cover:
-        data = node.component_data[ct]
-        if (
-            node.id not in keep
-            and data.value is not None
-            and data.lock_ref == 0
-            and node.id in lru.cache
-            and not is_shared(node)
-            and (referenced is None or not referenced(node))
-        ):
-            lru._remove_node(node)
-            lru._add_node_after(lru.tail.lru_prev[pt], node)
-            moved += 1
-        covered += len(node.key)
-        node = node.parent
-    return moved
+
+    def window(node: Any) -> tuple[list[Any], Any]:
+        picked, covered = [], 0
+        while node is not root and covered < cover:
+            data = node.component_data[ct]
+            if (
+                node.id not in keep
+                and data.value is not None
+                and data.lock_ref == 0
+                and node.id in lru.cache
+                and not is_shared(node)
+                and (referenced is None or not referenced(node))
+            ):
+                picked.append(node)
+            covered += len(node.key)
+            node = node.parent
+        return picked, node
+
+    picked, node = window(core.node_by_id(old_id))
+    if then_next:
+        # Up the tombstoned stretch to the next SWA-bearing node, on this request's own path only.
+        while node is not root and node.component_data[ct].value is None and not is_shared(node):
+            node = node.parent
+        if node is not root and not is_shared(node):
+            picked = window(node)[0] + picked  # the passed resume point stays the very next victim
+    for node in picked:
+        lru._remove_node(node)
+        lru._add_node_after(lru.tail.lru_prev[pt], node)
+    return len(picked)
