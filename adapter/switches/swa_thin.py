@@ -8,14 +8,25 @@ slots of a few other requests (8 requests, 163K slots at DSV4 geometry), so its 
 re-prefills the whole context although its Full KV is still resident (sglang#26907). With this
 switch, when a request's checkpoint lands (``UnifiedRadixCache.checkpoint_into_tree``, the one
 tree-insert point of 0.5.23), the checkpoint it has moved past goes to the evict-first end of the
-SWA LRU: the previous chunk's checkpoint of a chunked prefill, or the prefix-match node of a
-request that finished its prefill in one pass. Only the list order changes: membership, sizes,
-locks and ``last_access_time`` stay identical, so the Full heap, the match and every accounting
-ledger see exactly the stock tree.
+SWA LRU: the previous chunk's checkpoint of a chunked prefill while more chunks follow, or the
+prefix-match node of a request that finished its prefill in one pass (the previous turn's leaf) and,
+with it, the next checkpoint above it on the same unshared path (that turn's last prompt
+checkpoint, kept below). Only the list order changes: membership, sizes, locks and
+``last_access_time`` stay identical, so the Full heap, the match and every accounting ledger see
+exactly the stock tree.
 
 Left where they are:
 * the first chunk's prefix-match node of a chunked request (the session's resume point before the
   turn; the turn may still be aborted);
+* the prompt's last chunk checkpoint, passed by the insert that ends a chunked prefill. Requests
+  that share the prompt's document but not its question branch inside that last chunk, and resume
+  at the deepest checkpoint below their branch point with a live window (0.5.23's match validator).
+  Demoted, it was evicted before anything shared it and the first such request re-prefilled the
+  document where stock resumed (``tests/upstream/test_swa_thin_branching.py``); SGLang's own
+  branching-point insert (``swa_branching_seqlen``: the request that finds Full KV past its SWA
+  boundary inserts a checkpoint there) then serves every later one under both orders, and the new
+  node has two children, so thin keeps it (shared). A session's next turn that moves past the
+  finished leaf demotes this checkpoint with the leaf: the path proved to be one conversation;
 * every node of the new checkpoint's own window (W + page tokens up from it);
 * locked nodes (``lock_ref > 0``: a running request holds them);
 * shared nodes: more than one child (another request branched there, e.g. a system-prompt
@@ -56,6 +67,13 @@ host tier full each demotion first evicts the host's oldest SWA entries (a host-
 whole, Full KV included), and on the cache kit that recomputed more, not less, under write-through
 (the datacenter profile's policy) and under write-back on mixed traffic
 (``python -m adapter bench swa-host-demote``).
+
+What no online order can promise: a document whose reader's question spans more than one chunk
+past the document's last checkpoint. The reader passes that checkpoint mid-prefill, before anything
+shares it; thin demotes it, and the first request branching there later re-prefills from the
+checkpoint below where stock, if it kept the window, resumed (only the first: it inserts the branch
+point). Measured with ``python -m adapter simulate synthetic_trace.jsonl --share 1/16 --policies
+stock,thin``: thin recomputes 3,368,448 tokens vs stock's 3,385,856 (3,439,872 before this rule).
 
 Receipts: ``installed tree_core=python backend_set_by=overlay|operator``; every 1024 hooked inserts
 ``[dsv41] swa_thin demoted hooked=.. demoting_inserts=.. demoted_nodes=..``.
