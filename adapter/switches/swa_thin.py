@@ -8,14 +8,25 @@ slots of a few other requests (8 requests, 163K slots at DSV4 geometry), so its 
 re-prefills the whole context although its Full KV is still resident (sglang#26907). With this
 switch, when a request's checkpoint lands (``UnifiedRadixCache.checkpoint_into_tree``, the one
 tree-insert point of 0.5.23), the checkpoint it has moved past goes to the evict-first end of the
-SWA LRU: the previous chunk's checkpoint of a chunked prefill, or the prefix-match node of a
-request that finished its prefill in one pass. Only the list order changes: membership, sizes,
-locks and ``last_access_time`` stay identical, so the Full heap, the match and every accounting
-ledger see exactly the stock tree.
+SWA LRU: the previous chunk's checkpoint of a chunked prefill while more chunks follow, or the
+prefix-match node of a request that finished its prefill in one pass (the previous turn's leaf) and,
+with it, the next checkpoint above it on the same unshared path (that turn's last prompt
+checkpoint, kept below). Only the list order changes: membership, sizes, locks and
+``last_access_time`` stay identical, so the Full heap, the match and every accounting ledger see
+exactly the stock tree.
 
 Left where they are:
 * the first chunk's prefix-match node of a chunked request (the session's resume point before the
   turn; the turn may still be aborted);
+* the prompt's last chunk checkpoint, passed by the insert that ends a chunked prefill. Requests
+  that share the prompt's document but not its question branch inside that last chunk, and resume
+  at the deepest checkpoint below their branch point with a live window (0.5.23's match validator).
+  Demoted, it was evicted before anything shared it and the first such request re-prefilled the
+  document where stock resumed (``tests/upstream/test_swa_thin_branching.py``); SGLang's own
+  branching-point insert (``swa_branching_seqlen``: the request that finds Full KV past its SWA
+  boundary inserts a checkpoint there) then serves every later one under both orders, and the new
+  node has two children, so thin keeps it (shared). A session's next turn that moves past the
+  finished leaf demotes this checkpoint with the leaf: the path proved to be one conversation;
 * every node of the new checkpoint's own window (W + page tokens up from it);
 * locked nodes (``lock_ref > 0``: a running request holds them);
 * shared nodes: more than one child (another request branched there, e.g. a system-prompt
@@ -56,6 +67,13 @@ host tier full each demotion first evicts the host's oldest SWA entries (a host-
 whole, Full KV included), and on the cache kit that recomputed more, not less, under write-through
 (the datacenter profile's policy) and under write-back on mixed traffic
 (``python -m adapter bench swa-host-demote``).
+
+What no online order can promise: a document whose reader's question spans more than one chunk
+past the document's last checkpoint. The reader passes that checkpoint mid-prefill, before anything
+shares it; thin demotes it, and the first request branching there later re-prefills from the
+checkpoint below where stock, if it kept the window, resumed (only the first: it inserts the branch
+point). Measured with ``python -m adapter simulate synthetic_trace.jsonl --share 1/16 --policies
+stock,thin``: thin recomputes 3,368,448 tokens vs stock's 3,385,856 (3,439,872 before this rule).
 
 Receipts: ``installed tree_core=python backend_set_by=overlay|operator``; every 1024 hooked inserts
 ``[dsv41] swa_thin demoted hooked=.. demoting_inserts=.. demoted_nodes=..``.
@@ -238,11 +256,13 @@ def _checkpoint_into_tree(wrapped: Any, cache: Any, args: tuple, kwargs: dict) -
     # A finished turn's leaf is the session's resume point: nothing to demote on release.
     if not finished and old_id is not None and new_id is not None and old_id != new_id and not core.is_root(old_id):
         prefill_done = up_to >= len(req.origin_input_ids)
-        # The first chunk's prefix-match node stays; later chunks pass their previous checkpoint,
-        # and a one-pass prefill passes its prefix-match node.
-        if not (first_insert and not prefill_done):
+        # Demoted: a one-pass prefill's prefix-match node, and a chunked prefill's previous chunk
+        # checkpoint while more chunks follow. Kept: the first chunk's prefix-match node, and the
+        # prompt's last chunk checkpoint (passed by the insert that ends a chunked prefill).
+        if first_insert == prefill_done:
             swa = cache.components[_swa_type()]
-            moved = demote_passed(core, old_id, new_id, swa.sliding_window_size + cache.page_size)
+            moved = demote_passed(core, old_id, new_id, swa.sliding_window_size + cache.page_size,
+                                  then_next=first_insert)
     if moved:
         STATS.demoting_inserts += 1
         STATS.demoted += moved
@@ -264,10 +284,12 @@ def is_shared(node: Any) -> bool:
     return len(node.children) > 1 or node.hit_count > SHARED_HIT_COUNT
 
 
-def demote_passed(core: Any, old_id: int, new_id: int, cover: int) -> int:
+def demote_passed(core: Any, old_id: int, new_id: int, cover: int, then_next: bool = False) -> int:
     """Move the SWA-bearing nodes of ``old_id``'s last window (``cover`` tokens up from it) to the
     evict-first end of the SWA LRU, except those of ``new_id``'s own window and locked, shared or
-    session-referenced nodes. Only the list order changes. Returns the number of nodes moved."""
+    session-referenced nodes. With ``then_next`` (a one-pass prefill moving past the previous
+    turn's leaf), also the next window above it on the same unshared path (the previous turn's
+    last prompt checkpoint). Only the list order changes. Returns the number of nodes moved."""
     ct = _swa_type()
     lru = core.lru_lists[ct]
     root = core.root_node
@@ -278,20 +300,32 @@ def demote_passed(core: Any, old_id: int, new_id: int, cover: int) -> int:
         node = node.parent
     referenced = lru._is_referenced
     pt = lru._pt
-    moved, node, covered = 0, core.node_by_id(old_id), 0
-    while node is not root and covered < cover:
-        data = node.component_data[ct]
-        if (
-            node.id not in keep
-            and data.value is not None
-            and data.lock_ref == 0
-            and node.id in lru.cache
-            and not is_shared(node)
-            and (referenced is None or not referenced(node))
-        ):
-            lru._remove_node(node)
-            lru._add_node_after(lru.tail.lru_prev[pt], node)
-            moved += 1
-        covered += len(node.key)
-        node = node.parent
-    return moved
+
+    def window(node: Any) -> tuple[list[Any], Any]:
+        picked, covered = [], 0
+        while node is not root and covered < cover:
+            data = node.component_data[ct]
+            if (
+                node.id not in keep
+                and data.value is not None
+                and data.lock_ref == 0
+                and node.id in lru.cache
+                and not is_shared(node)
+                and (referenced is None or not referenced(node))
+            ):
+                picked.append(node)
+            covered += len(node.key)
+            node = node.parent
+        return picked, node
+
+    picked, node = window(core.node_by_id(old_id))
+    if then_next:
+        # Up the tombstoned stretch to the next SWA-bearing node, on this request's own path only.
+        while node is not root and node.component_data[ct].value is None and not is_shared(node):
+            node = node.parent
+        if node is not root and not is_shared(node):
+            picked = window(node)[0] + picked  # the passed resume point stays the very next victim
+    for node in picked:
+        lru._remove_node(node)
+        lru._add_node_after(lru.tail.lru_prev[pt], node)
+    return len(picked)

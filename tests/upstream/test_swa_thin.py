@@ -127,6 +127,10 @@ def test_passed_chunk_checkpoints_go_to_the_evict_first_end(thin):
             assert rc.swa_lru(kit) == rc.swa_lru(stock)
             continue
         passed = prompt[: ends[i - 1]]
+        if end == len(prompt):  # the prompt's last chunk checkpoint: where later branches resume
+            assert not at_tail(kit, passed)
+            assert position_from_head(kit, kit.node_at(passed)) == position_from_head(stock, stock.node_at(passed))
+            continue
         assert at_tail(kit, passed), "the passed checkpoint is the next SWA victim"
         assert not at_tail(stock, passed)
         assert position_from_head(kit, kit.node_at(prompt[:end])) == 0, "the new window stays most recently used"
@@ -181,7 +185,7 @@ def test_one_pass_prefill_demotes_its_prefix_match_node(thin):
 def test_finished_turns_demote_nothing(thin):
     tok = rc.Tokens()
     stock, kit = pair()
-    prompt = tok.fresh(3 * rc.SMALL.chunk)
+    prompt = tok.fresh(4 * rc.SMALL.chunk)
     reqs = both((stock, kit), lambda k: k.admit(prompt, P))
     for k, r in zip((stock, kit), reqs):
         k.prefill(r)
@@ -333,7 +337,8 @@ def test_session_radix_cache_keeps_its_partition_and_referenced_nodes(thin):
         index = {n.id: i for i, n in enumerate(rc._dfs(kit.core))}
         referenced = [i for i in order[:mid]]
         assert index[resume] in referenced, "the session-referenced resume point stays in its partition"
-    assert at_tail(kit, prompt[: ends[-2]]), "unreferenced passed checkpoints go to the tail"
+    assert at_tail(kit, prompt[: ends[-3]]), "unreferenced passed checkpoints go to the tail"
+    assert not at_tail(kit, prompt[: ends[-2]]), "the prompt's last chunk checkpoint stays"
     for k, r in zip((stock, kit), reqs):
         k.finish(r, P)
     kit.cache.sanity_check()
@@ -357,8 +362,9 @@ def test_a_demotion_receipt_is_logged_once_every_1024_hooked_inserts(thin, caplo
     demoted = [r for r in parsed if r is not None and r.switch == "swa_thin" and r.event == "demoted"]
     assert len(demoted) == 1
     assert demoted[0].params["hooked"] == str(swa_thin.RECEIPT_EVERY)
-    # chunks 2 and 3 passed their predecessor (2 SWA-bearing nodes each: W + page spans two pages)
-    assert int(demoted[0].params["demoted_nodes"]) == 4
+    # chunk 2 passed chunk 1's checkpoint (2 SWA-bearing nodes: W + page spans two pages); chunk 3
+    # ends the prefill and keeps chunk 2's
+    assert int(demoted[0].params["demoted_nodes"]) == 2
 
 
 @pytest.mark.spawns
