@@ -118,6 +118,8 @@ def run_policy(policy: str, fleet: Any, requests: list[Any], time_scale: float =
         row = report.summarize(turns, wall, dict(FALLBACKS) if "cone" in policy else None,
                                hicache=kit.cache.cache_controller is not None)
         row.update(report.load_figures(turns, replay.prefill_busy_fs, replay.busy_fs, replay.span_fs, share))
+        if "cone" in policy:  # plans whose Full KV of [D, F) the admission loaded back from host
+            row.update(cone_loads=cone_replay.COUNTERS.loads, cone_loaded_tokens=cone_replay.COUNTERS.loaded_tokens)
         row["leak"] = leak["full"] + leak["swa"]
     finally:
         if bar is not None:
