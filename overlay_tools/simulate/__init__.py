@@ -100,7 +100,7 @@ def run_policy(policy: str, fleet: Any, requests: list[Any], time_scale: float =
                progress: bool = True, coef: Any = None, share: float = 1.0) -> tuple[list[Any], dict[str, Any]]:
     """One policy's replay on a fresh cache: its turns and figures (leak check and load included;
     ``share``: the fraction of the trace ``requests`` are, for the share that keeps up)."""
-    from adapter.switches.cone_replay.plan import FALLBACKS
+    from adapter.switches.cone_replay.plan import COUNTERS, FALLBACKS
     from adapter.switches.decode_yield import cost_model
     from overlay_tools.simulate import engine, report
     from overlay_tools.simulate.fleet import build_kit, uninstall
@@ -118,6 +118,8 @@ def run_policy(policy: str, fleet: Any, requests: list[Any], time_scale: float =
         row = report.summarize(turns, wall, dict(FALLBACKS) if "cone" in policy else None,
                                hicache=kit.cache.cache_controller is not None)
         row.update(report.load_figures(turns, replay.prefill_busy_fs, replay.busy_fs, replay.span_fs, share))
+        if "cone" in policy:  # plans whose Full KV of [D, F) the admission loaded back from host
+            row.update(cone_loads=COUNTERS.loads, cone_loaded_tokens=COUNTERS.loaded_tokens)
         row["leak"] = leak["full"] + leak["swa"]
     finally:
         if bar is not None:

@@ -139,7 +139,7 @@ COLUMNS = [
     ("history recomp.", "history_recomputed_tokens"), ("whole re-prefills", "whole_reprefills"),
     ("resume hit", "resume_hit_rate"), ("Full lost", "resume_full_lost"), ("window lost", "resume_window_only_lost"),
     ("retractions", "retractions"), ("retracted tok.", "retracted_tokens"), ("parked tok.", "parked_tokens"),
-    ("cone plans", "cone_plans"), ("fallbacks", "cone_fallbacks"),
+    ("cone plans", "cone_plans"), ("cone loads / tok.", "cone_loads"), ("fallbacks", "cone_fallbacks"),
     ("host loaded", "host_loaded_tokens"), ("prefill s (model)", "prefill_s_modelled"),
     ("TTFT mean / p90 s (model)", None), ("req/s", "req_per_s"), ("leak", "leak"),
 ]
@@ -147,8 +147,10 @@ COLUMNS = [
 
 def _cell(key: str | None, row: dict[str, Any]) -> str:
     value = row.get(key) if key else None
-    if key == "cone_fallbacks":
-        return str(sum(value.values())) if value else "0"
+    if key == "cone_fallbacks":  # by reason: 3 (first_chunk_short 2, load_back_budget 1)
+        return f"{sum(value.values())} ({', '.join(f'{k} {v}' for k, v in sorted(value.items()))})" if value else "0"
+    if key == "cone_loads" and value is not None:
+        return f"{value:,} / {row['cone_loaded_tokens']:,}"
     if value is None:
         return "-"
     if isinstance(value, float) and key == "resume_hit_rate":

@@ -21,10 +21,10 @@ POLICIES = ("stock", "thin", "thin+cone")
 
 
 def _fleet(swa_pool: int = 768, full_tokens: int = 1 << 16, hicache_ratio: float = 2.0,
-           kv_park: bool = False) -> fleet.Fleet:
+           kv_park: bool = False, write_policy: str = "write_through") -> fleet.Fleet:
     return fleet.Fleet(page=PAGE, window=WINDOW, chunk=CHUNK, max_running=8, tails=0, swa_pool=swa_pool,
                        full_tokens=full_tokens, full_source="test", cone_tokens=N, cone_bound=32, model="test",
-                       profile="test", hicache_ratio=hicache_ratio, hicache_write_policy="write_through",
+                       profile="test", hicache_ratio=hicache_ratio, hicache_write_policy=write_policy,
                        kv_park=kv_park)
 
 
@@ -113,6 +113,26 @@ def test_a_session_whose_full_kv_left_the_device_reloads_its_history_from_host_u
     assert last.stock_prefix < last.resume_at  # not on device: the host tier gave it back
     assert row["host_loaded_tokens"] == 512 and row["host_load_backs"] == 1 and row["resume_hit_rate"] == 1.0
     assert row["recomputed_tokens"] == stock_row["recomputed_tokens"] - 512
+
+
+def test_a_prefix_whose_window_is_on_neither_tier_and_full_kv_on_host_is_loaded_by_the_cone_not_recomputed(tmp_path):
+    """A (512 tokens) and B (A's first block + 512 more) make A's prompt an inner node; 24 short
+    requests evict its window, two 1,024-token strangers push its Full KV to a write-back host tier
+    of 1x the device (HiCache backs up no window of an inner node). C (A's block + a new one): stock
+    + HiCache has no window to stop at and recomputes all 1,024 tokens; the cone loads A's 512 Full
+    tokens back from host through HiCache's own load-back and recomputes N = 64 of them, no fallback."""
+    rows = [(0, 512, 16, [1]), (1_000, 1024, 16, [1, 2])] + [(5_000 + i, 64, 16, [1000 + i]) for i in range(24)]
+    rows += [(50_000 * (i + 1), 1024, 16, [100 + 2 * i, 101 + 2 * i]) for i in range(2)] + [(400_000, 1024, 16, [1, 3])]
+    requests = _trace(tmp_path, rows)
+    args = dict(full_tokens=2048, hicache_ratio=1.0, write_policy="write_back")
+    stock, stock_row = _replay("stock+hicache", requests, **args)
+    turns, row = _replay("thin+cone+hicache", requests, **args)
+    assert stock[-1].prefix == 0 and stock[-1].recomputed == 1024 and stock_row["host_loaded_tokens"] == 0
+    last = turns[-1]
+    assert last.cone and last.prefix == 512 - N and last.recomputed == 1024 - 512 + N
+    assert row["cone_plans"] == 1 and row["cone_loads"] == 1 and row["cone_loaded_tokens"] == 512
+    assert row["cone_fallbacks"] == {}  # not full_on_host: the admission loads [D, F) instead
+    assert row["recomputed_tokens"] == stock_row["recomputed_tokens"] - 512 + N
 
 
 def test_the_hicache_policies_run_by_default_only_when_the_launch_line_enables_hicache():
