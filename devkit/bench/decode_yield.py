@@ -24,6 +24,7 @@ per quarter of the prompt, closed loop beside the open-loop model fitted to the 
 
 from __future__ import annotations
 
+import copy
 import importlib
 import statistics
 import time
@@ -167,6 +168,16 @@ def _ab(a: Any, b: Any, reset: Any, reps: int) -> tuple[float, float]:
     return statistics.median(times[0]), statistics.median(times[1])
 
 
+def _bound_ledger_copy(ledger: dict[str, Any]) -> dict[str, Any]:
+    """A copy of decode yield's bound ledger (its slots) that later passes cannot change."""
+    return {name: dict(v) if isinstance(v, dict) else copy.deepcopy(v) if hasattr(v, "samples") else v
+            for name, v in ledger.items()}
+
+
+def _bound_ledger(bound: Any) -> dict[str, Any]:
+    return _bound_ledger_copy({name: getattr(bound, name) for name in bound.__slots__})
+
+
 def measure_overhead(reps: int, streams: int = 16) -> dict[str, float]:
     """The wrappers' cost per scheduler pass on real state, A/B interleaved in this run.
 
@@ -208,6 +219,7 @@ def measure_overhead(reps: int, streams: int = 16) -> dict[str, float]:
             h.step()
         rb, lb = s.running_batch, s.last_batch
         carry = (state.carry, state.carry_req)
+        ledger = _bound_ledger(state.bound)  # the prompts' bound as recorded: a replay must not feed it
         chunk_plan = s.get_next_batch_to_run(running_batch=rb, last_batch=lb)  # a real arming pass
         window, counter = state.window, s._prefill_decode_interval_remaining
         if window is None or counter == 0:
@@ -221,11 +233,14 @@ def measure_overhead(reps: int, streams: int = 16) -> dict[str, float]:
         def reset_unarmed() -> None:
             state.window = None
             state.carry, state.carry_req = carry
+            for name, value in _bound_ledger_copy(ledger).items():
+                setattr(state.bound, name, value)
             s._prefill_decode_interval_remaining = 0
 
         # get_next_batch_to_run on a non-final chunk: the switch computes N and arms a window
         measure("arm", lambda self, running_batch, last_batch: chunk_plan, gnb._self_wrapper, (rb, lb), reset_unarmed)
-        if state.window is None or s._prefill_decode_interval_remaining != counter:
+        # the bound reads the clock, so a replay may arm a window of another length: it must arm one
+        if state.window is None or s._prefill_decode_interval_remaining == 0:
             raise RuntimeError("overhead bench: the replayed arming pass did not arm")
         # _should_defer_prefill before the chunk ran: no window open (passes through)
         measure("defer_plain", original_defer, dfp._self_wrapper, (rb,), reset_unarmed)
