@@ -13,8 +13,8 @@ from typing import Any
 class SchedulerClock:
     """The scheduler process's CPU time (``/proc/<pid>/stat`` utime + stime), sampled every 20 ms.
 
-    On a shared 2-core machine the wall clock measures the other tenants as much as the engine (the
-    load average moves 4 -> 20 within a boot). The scheduler is one process with one torch thread,
+    On a shared 2-core machine the wall clock measures the other tenants as much as the engine (their
+    load can move several-fold within a boot). The scheduler is one process with one torch thread,
     so its CPU seconds are what its iterations cost whatever the load: the share and the TTFT in
     scheduler CPU time are the same figures with the load taken out (resolution: 10 ms ticks)."""
 
