@@ -103,19 +103,20 @@ class MellumKit:
 
 
 # The DSV4 kit's pool, found on the real DSV4 pool and scheduler in-process first
-# (devkit.testkit.scheduler, dsv4=True; /work/notes/15-gate-dsv4.md) and then on the server:
-# 64 pages of Full KV, room for the whole workload, so the churn evicts SWA windows (and whole
-# leaves) but the branched prompt's inner Full KV stays; 11 SWA pages, the fewest the launcher's
-# no-starvation rule accepts for 3 running rows and 1024-token chunks. With 2 churn requests of
-# 2048 tokens, stock's LRU order evicts the idle session's resume point and the branched prompt's
-# checkpoint and window; SWA thin's order evicts the passed checkpoints and the (older) branched
-# prompt's leaf first and keeps the idle session's. (12 SWA pages: stock keeps the idle session.)
+# (devkit.testkit.scheduler, dsv4=True; tests/upstream/test_gate_dsv4_geometry.py) and then on the
+# server: 64 pages of Full KV, room for the whole workload, so the churn evicts SWA windows (and whole
+# leaves) but the branched prompt's inner Full KV stays; 12 SWA pages. The churn is 2 requests of
+# 3072 tokens (three chunks): SWA thin keeps a prompt's last chunk checkpoint as stock does (a later
+# request may branch there) and demotes the one its middle chunk passes, so two-chunk churn would
+# leave thin nothing to act on. Stock's LRU order evicts the idle session's resume point and the
+# branched prompt's checkpoint and window; SWA thin's order evicts the passed checkpoints and the
+# (older) branched prompt's leaf first and keeps the idle session's. (16 SWA pages: stock keeps it.)
 DSV4_MAX_TOTAL_TOKENS = 64 * 256
 DSV4_MAX_RUNNING = 3  # the yield phase's 2 streams and its long prompt
 # Four pages a chunk: a cone replay's first chunk must cover [s, F) (N = 768 plus the new message),
 # else it falls back to the stock match (first_chunk_short, seen at 256).
 DSV4_CHUNK = 4 * 256
-DSV4_SWA_RATIO = 11 * 256 / DSV4_MAX_TOTAL_TOKENS
+DSV4_SWA_RATIO = 12 * 256 / DSV4_MAX_TOTAL_TOKENS
 
 
 @dataclass(frozen=True)
@@ -154,7 +155,7 @@ class Dsv4Kit:
         w = wl.Workload(
             session_tokens=2 * page, cone_prompt_tokens=8 * page, cone_tokens=8 * page + 8, cone_branch_at=7 * page,
             cone_branch_in_prompt=True, cone_first=True,
-            churn_requests=2, churn_tokens=8 * page, turn_tokens=8, new_user_tokens=24,
+            churn_requests=2, churn_tokens=12 * page, turn_tokens=8, new_user_tokens=24,
             streams=2, stream_prompt_tokens=32, stream_max_tokens=600,
             long_prompt_tokens=(8 if quick else 16) * page, before_s=2.0, timeout_s=900.0,
         )

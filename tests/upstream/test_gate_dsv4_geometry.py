@@ -55,6 +55,6 @@ def test_swa_thin_keeps_the_resume_point_and_the_cone_resumes_the_branch_below_f
     assert len(plans) == 1 and "F=1792 s=768" in plans[0], plans
 
 
-def test_one_more_swa_page_lets_stock_keep_the_idle_session_so_the_geometry_is_the_edge(monkeypatch):
-    monkeypatch.setattr(kits, "DSV4_SWA_RATIO", 12 * 256 / kits.DSV4_MAX_TOTAL_TOKENS)
+def test_room_for_the_churns_chunk_checkpoints_lets_stock_keep_the_idle_session(monkeypatch):
+    monkeypatch.setattr(kits, "DSV4_SWA_RATIO", 16 * 256 / kits.DSV4_MAX_TOTAL_TOKENS)
     assert _phases()["resume_cached_tokens"] == W.session_tokens
