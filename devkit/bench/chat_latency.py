@@ -2,7 +2,7 @@
 per switch and combined, measured by SGLang's own client.
 
 Each row is one server boot of the kit (the gate's launcher settings) with one profile; against it
-``python -m sglang.bench_serving --backend sglang-oai-chat --dataset-name generated-shared-prefix``
+``python -m sglang.benchmark.serving --backend sglang-oai-chat --dataset-name generated-shared-prefix``
 sends seeded multi-turn conversations (groups of prompts sharing a system prompt, several turns
 each, Poisson arrivals): many short multi-chunk prompts arrive while others decode, later turns hit
 the prefix cache, and a cone replay adds a chunk boundary per resumed turn. The client reads the
@@ -16,8 +16,9 @@ p99 ITL, median end-to-end latency; per row the mean over its boots and the TTFT
 against the bound ``1 / (1 - pct)`` of the row's share (:func:`bound`). On boots with decode yield
 the switch's window lines (``DSV41_DEBUG_LOG=1``) are counted: windows, steps given, how they ended.
 
-``--quick``: stock and the gate's profile, one round, fewer conversations (about 3 minutes on the
-Mellum kit: two boots cannot be shorter). The last line printed is one JSON object.
+``--quick``: stock and the gate's profile, one round, fewer conversations: two boots and two client
+runs, the client's imports done once while the first server boots
+(:class:`devkit.engine_kit.serving_client.ServingClient`). The last line printed is one JSON object.
 """
 
 from __future__ import annotations
@@ -26,13 +27,13 @@ import json
 import os
 import re
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from devkit.engine_kit.serving_client import ServingClient
 
 OUT = Path(__file__).resolve().parents[2] / "build" / "bench-chat-latency"
 # The traffic (SGLang's generated-shared-prefix dataset, bench_serving's flags), seeded.
@@ -82,10 +83,11 @@ def bound(profile: dict[str, str]) -> float | None:
     return None if pct is None else round(100 / (100 - int(pct)), 3)
 
 
-def client_command(base_url: str, tokenizer: Path, out_file: Path, traffic: dict[str, Any], seed: int = 1) -> list[str]:
-    """SGLang's own benchmark client, multi-turn chat on the generated-shared-prefix dataset."""
+def client_args(base_url: str, tokenizer: Path, out_file: Path, traffic: dict[str, Any], seed: int = 1) -> list[str]:
+    """SGLang's own benchmark client's arguments, multi-turn chat on the generated-shared-prefix
+    dataset (run by :class:`devkit.engine_kit.serving_client.ServingClient`)."""
     return [
-        sys.executable, "-m", "sglang.bench_serving", "--backend", "sglang-oai-chat", "--base-url", base_url,
+        "--backend", "sglang-oai-chat", "--base-url", base_url,
         "--model", str(tokenizer), "--tokenizer", str(tokenizer),
         "--dataset-name", "generated-shared-prefix",
         "--gsp-num-groups", str(traffic["groups"]), "--gsp-prompts-per-group", str(traffic["per_group"]),
@@ -152,7 +154,8 @@ class BootResult:
 
 
 def run_boot(kit: Any, model: Path, label: str, profile: dict[str, str], round_: int, out: Path,
-             traffic: dict[str, Any], say: Callable[[str], None], extra: Sequence[str] = ()) -> BootResult:
+             traffic: dict[str, Any], say: Callable[[str], None], client: ServingClient,
+             extra: Sequence[str] = ()) -> BootResult:
     """One server boot with ``profile`` and one client run against it."""
     result = BootResult(label, profile, round_)
     safe = re.sub(r"[^A-Za-z0-9]+", "-", label).strip("-")
@@ -164,12 +167,11 @@ def run_boot(kit: Any, model: Path, label: str, profile: dict[str, str], round_:
         server.start()
         out_file = out / f"r{round_}-{safe}.json"
         out_file.unlink(missing_ok=True)
-        done = subprocess.run(client_command(server.base_url, model, out_file, traffic), capture_output=True,
-                              text=True, timeout=CLIENT_TIMEOUT_S, env=client_env(), cwd=out)
-        (out / f"r{round_}-{safe}.client.txt").write_text(done.stdout + done.stderr)
-        if done.returncode != 0 or not out_file.is_file():
-            tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-            result.error = f"client exit {done.returncode}: {' | '.join(tail)}"
+        client_log = out / f"r{round_}-{safe}.client.txt"
+        rc = client.run(client_args(server.base_url, model, out_file, traffic), client_log, CLIENT_TIMEOUT_S)
+        if rc != 0 or not out_file.is_file():
+            tail = client_log.read_text(errors="replace").strip().splitlines()[-3:]
+            result.error = f"client exit {rc}: {' | '.join(tail)}"
         else:
             records = [json.loads(x) for x in out_file.read_text().splitlines() if x.strip()]
             result.figures = figures_of(records[-1])
@@ -289,9 +291,10 @@ def measure(kit_name: str, labelled: list[tuple[str, dict[str, str]]], rounds: i
     out.mkdir(parents=True, exist_ok=True)
     model = kit.model(out)
     boots = []
-    for round_ in range(1, rounds + 1):
-        for label, profile in labelled:
-            boots.append(run_boot(kit, model, label, profile, round_, out, traffic, say))
+    with ServingClient(client_env(), out) as client:  # imports while the first server boots
+        for round_ in range(1, rounds + 1):
+            for label, profile in labelled:
+                boots.append(run_boot(kit, model, label, profile, round_, out, traffic, say, client))
     return boots
 
 

@@ -1,6 +1,6 @@
 """The gate's latency leg: ``python -m adapter gate --latency [--quick] [--model mellum|dsv4]``.
 
-Multi-turn chat traffic from SGLang's own client (``sglang.bench_serving --backend
+Multi-turn chat traffic from SGLang's own client (``sglang.benchmark.serving --backend
 sglang-oai-chat --dataset-name generated-shared-prefix``, :mod:`devkit.bench.chat_latency`)
 against three boots of the kit with the gate's launcher settings: A1 stock, B the release gate's
 profile, A2 stock. Per boot: mean and p99 TTFT, mean and p99 ITL. The profile passes when

@@ -1,0 +1,102 @@
+"""SGLang's own benchmark client (``python -m sglang.benchmark.serving``) kept in one process for
+many runs.
+
+The client's imports take longer than a run of the kit's chat traffic (transformers, the datasets
+it can generate: 15-20 s on 2 cores against a 2-6 s run), so a bench with one client run per server
+boot would spend most of its time importing. :class:`ServingClient` starts one process that
+imports the client while the first server boots, then runs the client's command line once per
+request, exactly as ``python -m sglang.benchmark.serving ARGS`` would (``runpy`` executes the module
+as ``__main__`` with ``sys.argv`` set: the same code path, no call into its functions).
+
+Protocol on the process's stdin / stdout: one JSON object a line, ``{"argv": [...], "log": PATH}``
+in, ``{"rc": N}`` out once the run ended; the run's own stdout and stderr go to ``log``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import runpy
+import subprocess
+import sys
+import traceback
+import warnings
+from pathlib import Path
+from typing import Any
+
+MODULE = "sglang.benchmark.serving"
+CHECKOUT = Path(__file__).resolve().parents[2]  # this module runs as ``-m`` from the caller's cwd
+
+
+class ServingClient:
+    """One client process (``env``, ``cwd``: as for the command line); :meth:`run` one run of it."""
+
+    def __init__(self, env: dict[str, str], cwd: Path):
+        env = {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(CHECKOUT), env.get("PYTHONPATH")]))}
+        self._proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=subprocess.DEVNULL, text=True, env=env, cwd=cwd)
+
+    def run(self, argv: list[str], log: Path, timeout_s: float) -> int:
+        """The client's command line ``argv`` (without the module); its output goes to ``log``.
+        Returns its exit status; raises TimeoutError past ``timeout_s`` (the process is killed)."""
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        self._proc.stdin.write(json.dumps({"argv": argv, "log": str(log)}) + "\n")
+        self._proc.stdin.flush()
+        reply = _readline(self._proc, timeout_s)
+        if not reply:
+            raise RuntimeError(f"the client process exited ({self._proc.poll()}); its last run's output is in {log}")
+        return int(json.loads(reply)["rc"])
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            with contextlib.suppress(OSError):
+                assert self._proc.stdin is not None
+                self._proc.stdin.close()
+            try:
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+
+    def __enter__(self) -> ServingClient:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _readline(proc: subprocess.Popen, timeout_s: float) -> str:
+    import selectors
+
+    assert proc.stdout is not None
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        if not sel.select(timeout_s):
+            proc.kill()
+            proc.wait()
+            raise TimeoutError(f"the client run took more than {timeout_s:.0f} s")
+    return proc.stdout.readline()
+
+
+def _serve() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        __import__(MODULE)  # the imports, once, while the caller boots its server
+    for line in sys.stdin:
+        request = json.loads(line)
+        with open(request["log"], "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+            rc = 0
+            sys.argv = [MODULE, *request["argv"]]
+            try:
+                runpy.run_module(MODULE, run_name="__main__", alter_sys=False)
+            except SystemExit as exc:  # argparse's errors, or the client's own exit
+                rc = exc.code if isinstance(exc.code, int) else 1
+            except Exception:  # the run failed; the process serves the next one
+                traceback.print_exc()
+                rc = 1
+        print(json.dumps({"rc": rc}), flush=True)
+
+
+if __name__ == "__main__":
+    _serve()
