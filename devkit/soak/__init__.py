@@ -30,6 +30,7 @@ object (:func:`run`).
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import re
@@ -72,6 +73,8 @@ class Tally:
     aborted: int = 0  # aborted on purpose (disconnect, /abort_request) and ended cleanly
     errors: list[str] = field(default_factory=list)
     by_scenario: dict[str, int] = field(default_factory=dict)
+    ttft_s: list[float] = field(default_factory=list)  # every served request's time to its first token
+    itl_s: list[float] = field(default_factory=list)  # every gap between two tokens of a stream, per token
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def ok(self, scenario: str, n: int = 1, aborted: bool = False) -> None:
@@ -86,9 +89,32 @@ class Tally:
             if len(self.errors) < 20:
                 self.errors.append(f"{scenario}: {why}")
 
+    def timed(self, sent: float, ticks: list[tuple[float, int]], first: bool = True) -> None:
+        """A stream's arrivals (``ticks``: client time, tokens so far) sent at ``sent``: its TTFT
+        (``first``: the stream began at ``sent``) and its inter-token gaps."""
+        ticks = [(t, n) for t, n in ticks if n > 0]
+        gaps = [(t1 - t0) / (n1 - n0) for (t0, n0), (t1, n1) in itertools.pairwise(ticks) if n1 > n0]
+        with self._lock:
+            if first and ticks:
+                self.ttft_s.append(ticks[0][0] - sent)
+            self.itl_s.extend(gaps)
+
+    def latency(self) -> dict[str, Any]:
+        """Mean and p99 TTFT and ITL (ms) as SGLang's ``bench_serving`` reports them."""
+        return {"requests_timed": len(self.ttft_s), **_mean_p99("ttft", self.ttft_s), **_mean_p99("itl", self.itl_s)}
+
     @property
     def total(self) -> int:
         return self.served + self.failed
+
+
+def _mean_p99(name: str, seconds: list[float]) -> dict[str, float | None]:
+    if not seconds:
+        return {f"mean_{name}_ms": None, f"p99_{name}_ms": None}
+    import numpy as np
+
+    ms = np.asarray(seconds) * 1000
+    return {f"mean_{name}_ms": round(float(ms.mean()), 1), f"p99_{name}_ms": round(float(np.percentile(ms, 99)), 1)}
 
 
 # ---------------------------------------------------------------- the traffic
@@ -118,16 +144,23 @@ class Traffic:
         return f"soak-{self.seed}-{self._n}-{tag}"
 
     def _generate(self, scenario: str, ids: list[int], new: int) -> list[int] | None:
+        """A streamed greedy request (its TTFT and token gaps timed); its output ids, or None."""
         from devkit.engine_kit import client
 
-        try:
-            out = client.generate(self.base_url, ids, new, self.timeout_s)["output_ids"]
-        except Exception as exc:  # counted, never raised: the soak goes on and reports it
-            self.tally.fail(scenario, f"{type(exc).__name__}: {exc}"[:300])
+        stream = client.Stream(self.base_url, self.rid(scenario), ids, new, self.timeout_s)
+        sent = time.monotonic()
+        stream.start()
+        if not stream.join(self.timeout_s + 10):
+            self.tally.fail(scenario, f"no end after {self.timeout_s:.0f} s")
             return None
+        if stream.error:  # counted, never raised: the soak goes on and reports it
+            self.tally.fail(scenario, stream.error[:300])
+            return None
+        out = stream.output_ids
         if len(out) != new:
             self.tally.fail(scenario, f"{len(out)} tokens instead of {new}")
             return None
+        self.tally.timed(sent, stream.ticks)
         self.tally.ok(scenario)
         return out
 
@@ -180,6 +213,7 @@ class Traffic:
             elif not s.ticks:
                 self.tally.fail(scenario, f"stream {s.rid} produced nothing")
             else:
+                self.tally.timed(0.0, s.ticks, first=False)  # decode streams: their gaps (ITL) only
                 self.tally.ok(scenario)
 
     def long_beside_streams(self) -> None:
@@ -460,7 +494,7 @@ def run_leg(leg: Leg, model_kind: str, model: Path, out: Path, seed: int, max_to
     f["leftover_processes"] = len(leftover)
     tally = traffic.tally if traffic is not None else Tally()
     f.update(served=tally.served, failed=tally.failed, aborted_on_purpose=tally.aborted, by_scenario=tally.by_scenario,
-             request_errors=tally.errors[:8], wall_s=round(time.monotonic() - t0, 1))
+             request_errors=tally.errors[:8], wall_s=round(time.monotonic() - t0, 1), latency=tally.latency())
     f.update(sampler.figures(seconds) if sampler is not None else RssSampler(None, tally).figures(seconds))
     lines = server.log_lines()
     f.update(read_log(lines))
@@ -468,8 +502,10 @@ def run_leg(leg: Leg, model_kind: str, model: Path, out: Path, seed: int, max_to
     # switch soaks nothing: the boot would pass on stock code).
     f["receipt_gaps"] = receipts.audit(lines, registry.resolve(leg.profile), ranks=1) if leg.profile else []
     leg.figures = f
+    lat = f["latency"]
     say(f"  {leg.label}: served {tally.served}, failed {tally.failed}, leak reports {f['leak_reports']}, "
-        f"log errors {f['log_errors']}, RSS growth {f.get('rss_growth_pct')} %, probes stable {f.get('probes_stable')}"
+        f"log errors {f['log_errors']}, RSS growth {f.get('rss_growth_pct')} %, probes stable {f.get('probes_stable')}; "
+        f"TTFT {lat['mean_ttft_ms']} / p99 {lat['p99_ttft_ms']} ms, ITL {lat['mean_itl_ms']} / p99 {lat['p99_itl_ms']} ms"
         + (f"; receipts: {'; '.join(f['receipt_gaps'])}" if f["receipt_gaps"] else ""))
     return leg
 
@@ -575,8 +611,9 @@ def run(minutes: float = 5.0, model: str = "mellum", seed: int = 1, out: str | P
         "refused_switches": ps.get("refused_switches"),
         "receipt_gaps": ps.get("receipt_gaps"),
         "probes": ps.get("probes_before"),
+        "latency": ps.get("latency"),
         "stock": {k: ss.get(k) for k in ("served", "failed", "leak_reports", "log_errors", "probes_stable",
-                                         "rss_growth_pct", "retractions", "log_error_lines")},
+                                         "rss_growth_pct", "retractions", "log_error_lines", "latency")},
         "culprits": culprits,
         "profile": profile,
         "minutes": minutes,

@@ -24,5 +24,7 @@ def test_the_short_soak_loses_nothing_and_its_probes_equal_stock(tmp_path, capsy
     assert figures["retractions"] > 0 and figures["kv_park"]["parked"] > 0
     assert figures["parked_budget"]["respected"] is True
     assert figures["leftover_processes"] == 0
+    for latency in (figures["latency"], figures["stock"]["latency"]):  # TTFT and ITL per boot, as bench_serving
+        assert latency["requests_timed"] > 0 and latency["mean_ttft_ms"] > 0 and latency["p99_itl_ms"] > 0, latency
     # Growth over 90 s of a small model is noise-bound: the 5 % target is the long soak's.
     assert figures["rss_growth_pct"] is not None and figures["rss_growth_pct"] < 10

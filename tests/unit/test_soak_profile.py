@@ -24,3 +24,14 @@ def test_a_leg_whose_receipts_show_a_gap_is_not_clean():
     assert soak.Leg("profile", {}, 1.0, {**figures, "receipt_gaps": []}).clean
     gap = "cone_replay refused on tp0: DSV41_SWA_CONE_TOKENS=64 is not a multiple of the page size 256"
     assert not soak.Leg("profile", {}, 1.0, {**figures, "receipt_gaps": [gap]}).clean
+
+
+def test_the_soak_times_a_streamed_requests_first_token_and_each_token_gap():
+    tally = soak.Tally()
+    # sent at 10.0; an empty first chunk, then tokens at 10.5 (1), 10.6 (2) and 10.9 (4: two at once)
+    tally.timed(10.0, [(10.1, 0), (10.5, 1), (10.6, 2), (10.9, 4)])
+    tally.timed(0.0, [(20.0, 1), (20.2, 2)], first=False)  # a decode stream: its gaps only
+    lat = tally.latency()
+    assert lat["requests_timed"] == 1 and lat["mean_ttft_ms"] == 500.0
+    assert sorted(round(x * 1000) for x in tally.itl_s) == [100, 150, 200]
+    assert lat["mean_itl_ms"] == 150.0 and lat["p99_itl_ms"] == 199.0  # numpy's linear percentile, as bench_serving
