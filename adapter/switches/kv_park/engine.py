@@ -323,8 +323,15 @@ class CopyEngine:
         """The staging half of chunk ``chunk`` (halves alternate) as ``[pages, page words]``."""
         return self._staging[chunk & 1][: pages * self.page_bytes].view(self._dtype).view(pages, -1)
 
-    def _device_ids(self, ids: torch.Tensor) -> torch.Tensor:
-        return ids if self.device.type == "cpu" else ids.to(self.device)
+    def _device_ids(self, ids: torch.Tensor, *, asynchronous: bool = False) -> torch.Tensor:
+        """``ids`` on the engine's device. ``asynchronous``: through a pinned copy, so the host does
+        not wait for the engine's stream (a plain copy from pageable memory synchronizes it, and
+        that stream may be waiting for a forward)."""
+        if self.device.type == "cpu":
+            return ids
+        if asynchronous:
+            return ids.pin_memory().to(self.device, non_blocking=True)
+        return ids.to(self.device)
 
     def _host_rows(self, rows: HostRows, n: int | None = None) -> list[torch.Tensor]:
         """``rows`` (one entry tensor, or the segments of a pool carving) as a list of ``[k, page_bytes]``
@@ -476,7 +483,7 @@ class CopyEngine:
 
                 _run_groups(self._groups_for(n), scatter)
                 return
-            dev_ids = self._device_ids(ids)  # on the engine's stream, inside the capture lock
+            dev_ids = self._device_ids(ids, asynchronous=pinned)  # on the engine's stream, inside the capture lock
             self._link_after_engine()
             for k, (lo, hi, host) in enumerate(self._pieces(segs, first, first + n, self.chunk_pages)):
                 cid = dev_ids[lo:hi]
