@@ -277,11 +277,17 @@ def _park(state: _State, req: Any, req_to_token_pool: Any, allocator: Any, tree_
         if swa_pages is None:
             state.once("unsupported", reason="swa_slots_are_not_whole_pages")
             return
-    if state.beside_hicache and _held_by_tree(tree_cache, req, tokens[:n], page_size) >= n:
-        # Beside HiCache the tree (device, or host through HiCache) holds all of it: nothing to add.
-        SWITCH.event("dropped", level=logging.DEBUG, rid=req.rid, reason="tree_holds_it", servable=n, at="park")
-        return
-    meta = {"tokens": array("q", tokens[:n]), "page_size": page_size, "pool": id(pool), "swa_from": swa_from}
+    parked_from = 0  # the first token of the parked Full pages
+    if state.beside_hicache:
+        # Beside HiCache only the tail the tree does not hold (device, or host through HiCache) is
+        # parked: nothing is held twice, and the restore brings the rest back through HiCache.
+        parked_from = _held_by_tree(tree_cache, req, tokens[:n], page_size)
+        if parked_from >= n:
+            SWITCH.event("dropped", level=logging.DEBUG, rid=req.rid, reason="tree_holds_it", servable=n, at="park")
+            return
+        pages = pages[parked_from // page_size :]
+    meta = {"tokens": array("q", tokens[:n]), "page_size": page_size, "pool": id(pool), "swa_from": swa_from,
+            "parked_from": parked_from}
     outcome = save_pages(state, req.rid, engines, pages.cpu(), None if swa_pages is None else swa_pages.cpu(), meta)
     if SWITCH.debug or api.metrics_on():  # the line and the metrics: skip the sums when nothing reads them
         nbytes = 0 if outcome.startswith("refused") else pages.numel() * engines.full.page_bytes + (
@@ -435,6 +441,26 @@ def _boot_pool(state: _State, scheduler: Any) -> None:
     SWITCH.event("pool", **pool.describe())
 
 
+def _load_back(tree: Any, req: Any, match: Any, upto: int) -> str | None:
+    """Bring the tree's host-only part of ``req``'s prefix (at least ``upto`` tokens with the device
+    part) to the device through HiCache's own load-back (``init_load_back``, what the admission
+    calls: its locks, its eviction for room, its one batch of host-to-device copies, which the next
+    prefill batch starts and its forward waits for). None on success, else why it cannot."""
+    from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams
+
+    host = int(getattr(match, "host_hit_length", 0) or 0)
+    if int(match.device_prefix_len) + host < upto:
+        return "prefix_gone_from_hicache"  # HiCache evicted part of it from both tiers
+    # init_load_back reads the request's last match; the admission's own match sets them again.
+    req.last_node = match.last_device_node
+    req.swa_host_hit_length = int(getattr(match, "swa_host_hit_length", 0) or 0)
+    req.mamba_host_hit_length = int(getattr(match, "mamba_host_hit_length", 0) or 0)
+    loaded = tree.init_load_back(InitLoadBackParams(best_match_node=match.best_match_node, host_hit_length=host, req=req))
+    if loaded is None or int(loaded[0]) == 0:
+        return "load_back_refused"  # no device room, under HiCache's threshold, or pinned by another load
+    return None
+
+
 def _held_by_tree(tree_cache: Any, req: Any, tokens: list[int], page_size: int) -> int:
     """Tokens of ``tokens`` (whole pages) the tree already holds, on the device or on host."""
     from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
@@ -568,6 +594,17 @@ def _restore_one(state: _State, scheduler: Any, req: Any, *, may_evict: bool) ->
     key = RadixKey(token_ids=tokens[:n], extra_key=req.extra_key, cache_salt=req.cache_salt)
     match = tree.match_prefix(MatchPrefixParams(key=key))
     have = int(match.device_prefix_len)
+    parked_from = min(int(entry.meta.get("parked_from", 0)), n)  # below it, the tree's part (beside HiCache)
+    if have < parked_from:
+        # The tree's part is on host only: HiCache's own load-back brings it to the device first.
+        why = _load_back(tree, req, match, parked_from)
+        if why is None:
+            match = tree.match_prefix(MatchPrefixParams(key=key))
+            have = int(match.device_prefix_len)
+            why = None if have >= parked_from else "load_back_short"
+        if why is not None:
+            return _drop(store, req.rid, why, servable=n, parked_from=parked_from, cached=have,
+                         host=int(getattr(match, "host_hit_length", 0) or 0))
     if have >= n:
         # Nothing to copy, but the same hazard as a restore: keep the tree's pages until admission.
         _pin(state, req.rid, tree, match.last_device_node)
@@ -611,7 +648,7 @@ def _restore_one(state: _State, scheduler: Any, req: Any, *, may_evict: bool) ->
         try:
             pages = torch.div(slots[::page_size], page_size, rounding_mode="floor")
             params = InsertParams(key=key, value=torch.cat([prefix, slots]), prev_prefix_len=have)
-            copies = [(req.rid, engines.full, pages.cpu(), have // page_size)]
+            copies = [(req.rid, engines.full, pages.cpu(), (have - parked_from) // page_size)]
             if swa_from is not None:
                 assert engines.swa is not None
                 swa_slots = allocator.full_to_swa_index_mapping[slots[tail_from - have :]].to(torch.int64)
