@@ -68,15 +68,20 @@ Host memory: the park pool (allocated once, at the first scheduler pass)
     rows go back to the pool only once that event is done. A CPU KV pool
     keeps pageable entries (nothing to pin).
 
-Beside HiCache: one host budget, HiCache's
+Beside HiCache: one host budget, HiCache's, and nothing held twice
     With ``--enable-hierarchical-cache`` the park pool is carved out of HiCache's host pools at the
     first scheduler pass (:mod:`adapter.switches.kv_park.beside_hicache`: their own allocator hands
     the slots over; ``min(DSV41_KV_PARK_GIB, half of HiCache's host pools)``), so the profile's
     host-RAM total is HiCache's host pool alone and parked bytes plus HiCache's own never exceed
-    it. A retraction whose servable prefix the tree already holds (device or host) parks nothing;
-    otherwise the whole servable prefix is parked (the prefix pages HiCache also keeps on host are
-    then held twice inside that one budget: parking only the tail needs HiCache to load its part
-    back before the restore, not built).
+    it. A retraction parks only the Full pages past what the tree holds for the row (device, or
+    host through HiCache, as ``match_prefix`` counts it: ``parked_from`` in the entry); nothing
+    when it holds all of them. The SWA side still parks the row's whole window (at most one window
+    of pages). The restore matches again: when the tree's part is on host only, HiCache's own
+    load-back (``init_load_back``, as the admission calls it) brings it to the device, then the
+    parked tail is written and inserted after it; when HiCache evicted part of it from both tiers
+    (``dropped reason=prefix_gone_from_hicache``) or its load-back gives nothing
+    (``load_back_refused``: no device room, under its threshold, pinned by another load), the entry
+    is dropped and the request recomputes as stock.
 
 Nothing is ever lost
     A refused offer (over ``DSV41_KV_PARK_GIB``), an entry evicted by LRU, a restore that finds no
