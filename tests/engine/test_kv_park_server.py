@@ -95,9 +95,14 @@ def test_beside_hicache_the_cpu_engine_parks_only_tails_and_resumes_with_the_tok
     covered = [line for line in lines if "[dsv41] kv_park dropped" in line and "reason=tree_holds_it" in line]
     assert any("Testing retraction" in line for line in lines), "the retraction test hook never fired"
     assert parks and restores, f"{len(parks)} parks, {len(restores)} restores, {len(covered)} covered"
-    # A parked row's prompt stays the tree's: every restore finds part of its prefix in the tree
-    # (cached > 0) and writes only the tail parked past it.
+    # A parked row's prompt (200+ tokens, in the tree since its prefill) is not parked again: only the
+    # decode tail past it (page size 1: at most NEW_TOKENS pages), and every restore finds the
+    # prompt in the tree (cached > 0) and writes only that tail.
+    pages = [int(re.search(r" pages=(\d+)", line).group(1)) for line in parks]
     cached = [int(m.group(1)) for m in (re.search(r" cached=(\d+)", line) for line in restores) if m]
+    print(f"\n[kv_park beside HiCache] {len(parks)} parks of {pages} pages, {len(restores)} restores "
+          f"(cached {cached}), {len(covered)} covered")
+    assert pages and max(pages) <= NEW_TOKENS, f"a parked row's prompt was parked again: {pages}"
     assert len(cached) == len(restores) and all(c > 0 for c in cached), restores
     assert not [line for line in lines if "kv_park disabled" in line or "kv_park unsupported" in line]
     assert got == expected
