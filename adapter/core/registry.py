@@ -483,6 +483,13 @@ SWITCHES: tuple[Switch, ...] = (
             # HiCache's host pools the park pool is carved out of (their allocator hands the slots over).
             "sglang.srt.mem_cache.pool_host.base:HostKVCache.alloc",
             "sglang.srt.mem_cache.pool_host.base:HostKVCache.free",
+            # Beside HiCache a restore brings the tree's host-only part back through HiCache's own
+            # load-back before it writes the parked tail.
+            "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.init_load_back",
+            # The streams a copy follows: the forward's (run_batch, overlap loop), which HiCache's
+            # device-to-host copy also follows (start_writing), so a restore's event orders both.
+            "sglang.srt.managers.scheduler:Scheduler.run_batch",
+            "sglang.srt.managers.cache_controller:HiCacheController.start_writing",
         ),
         install="adapter.switches.kv_park.switch:install",
         predict="adapter.switches.kv_park.predict:predict",

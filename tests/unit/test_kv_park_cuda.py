@@ -13,6 +13,10 @@ Each test states the device-side invariant it checks:
   the context stays usable);
 * the copy stream is fenced before a freed page is written (``fence_pages`` returns only after
   the copy stream has finished reading the pages);
+* a park and a restore never synchronize the scheduler thread (every host-side synchronize raises on
+  it during the call, and the call returns while the streams it follows are still busy): the park's
+  copy follows the forward stream on the device (it holds the bytes the forward wrote after a sleep),
+  and the forward stream reads the restored bytes (it waits for the restore's copy on the device);
 * a copy and a global-mode CUDA graph capture on another thread never overlap (the capture lock),
   the capture replays correctly and every parked byte is right (pageable and pinned pool rows); a
   thread-local capture needs no lock.
@@ -458,4 +462,105 @@ def test_a_pinned_pool_save_waits_out_a_global_mode_capture_on_another_thread(mo
             for s0, s1 in lock.copy_spans:
                 assert s1 <= c0 or s0 >= c1, "a pinned save overlapped a global-mode capture"
     finally:
+        pool.close()
+
+
+SLEEP = 2_000_000_000  # cycles of torch.cuda._sleep: about a second on an H200, busy long after any call returns
+
+
+@contextmanager
+def _no_host_sync_on_this_thread(monkeypatch):
+    """Every host-side CUDA synchronize raises when called on this thread (other threads, e.g. the park
+    worker, may wait for their own copies)."""
+    me = threading.get_ident()
+
+    def guard(name: str, real):
+        def call(*args, **kwargs):
+            if threading.get_ident() == me:
+                raise AssertionError(f"{name} on the scheduler thread")
+            return real(*args, **kwargs)
+
+        return call
+
+    with monkeypatch.context() as m:
+        m.setattr(torch.cuda, "synchronize", guard("torch.cuda.synchronize", torch.cuda.synchronize))
+        m.setattr(torch.cuda.Stream, "synchronize", guard("Stream.synchronize", torch.cuda.Stream.synchronize))
+        m.setattr(torch.cuda.Event, "synchronize", guard("Event.synchronize", torch.cuda.Event.synchronize))
+        yield
+
+
+def _scheduler_state(store: ParkStore):
+    """The switch's state with a scheduler's two streams: ``schedule`` (the thread's current stream)
+    and ``forward`` (the overlap loop's forward stream, learned at the first pass)."""
+    from adapter.switches.kv_park import switch
+
+    state = switch._State(store)
+    state.forward_stream = torch.cuda.Stream()
+    return state, torch.cuda.Stream(), state.forward_stream
+
+
+def test_a_park_never_synchronizes_the_scheduler_thread_and_its_copy_follows_the_forward_stream(monkeypatch):
+    from adapter.switches.kv_park import switch
+
+    layout = _wide_layout(21, pool_pages=64, row=1 << 20, layers=2)
+    engine = CopyEngine(layout, chunk_bytes=8 << 20)
+    pool = _small_pool(32 * layout.page_bytes, 32 * layout.page_bytes)
+    store = ParkStore(1, worker=True, host_pool=pool, queue_depth=None)
+    state, schedule, forward = _scheduler_state(store)
+    ids = _ids(24, seed=22, pool_pages=64)
+    dev_ids = ids.to(DEV)
+    pattern = torch.arange(24, device=DEV, dtype=torch.uint8).add_(31).view(-1, 1)
+    torch.cuda.synchronize()
+    try:
+        with torch.cuda.stream(forward):  # the forward still in flight: it writes the pages after a while
+            torch.cuda._sleep(SLEEP)
+            for r in layout.regions:
+                r.rows.index_copy_(0, dev_ids, pattern.expand(-1, r.row_bytes).contiguous())
+        with torch.cuda.stream(schedule), _no_host_sync_on_this_thread(monkeypatch):
+            outcome = switch.save_pages(state, "r", switch._Engines(engine, None), ids, None, {"swa_from": None})
+            assert not forward.query(), "the park returned only after the forward had finished"
+        assert outcome == "queued"
+        assert store.fence("r", timeout=60)
+        entry = store.take("r")
+        assert entry is not None
+        want = torch.cat([pattern.cpu().expand(-1, r.row_bytes) for r in layout.regions], dim=1)
+        assert torch.equal(entry.bytes(), want), "the park's copy read the pages before the forward wrote them"
+        store.release(entry)
+    finally:
+        store.close()
+        pool.close()
+
+
+def test_a_restore_never_synchronizes_the_scheduler_thread_and_the_forward_stream_reads_its_bytes(monkeypatch):
+    from adapter.switches.kv_park import switch
+
+    layout = _wide_layout(23, pool_pages=64, row=1 << 20, layers=2)
+    engine = CopyEngine(layout, chunk_bytes=8 << 20)
+    pool = _small_pool(16 * layout.page_bytes, 16 * layout.page_bytes)
+    store = ParkStore(1, worker=False, host_pool=pool)
+    state, schedule, forward = _scheduler_state(store)
+    src = _ids(16, seed=24, pool_pages=64)
+    try:
+        assert store.offer("r", engine, src) == "saved"
+        want = per_view_save(layout, src.tolist(), torch.empty((16, layout.page_bytes), dtype=torch.uint8))
+        dst = torch.tensor([p for p in range(64) if p not in set(src.tolist())][:16])
+        dev_dst = dst.to(DEV)
+        for r in layout.regions:
+            r.rows.index_fill_(0, dev_dst, 0)
+        torch.cuda.synchronize()
+        with torch.cuda.stream(schedule):
+            torch.cuda._sleep(SLEEP)  # work still queued on the scheduler's stream: the restore follows it
+            with _no_host_sync_on_this_thread(monkeypatch):
+                switch.restore_pages(state, [("r", engine, dst, 0)])
+                assert not schedule.query(), "the restore returned only after the queued work had finished"
+        with torch.cuda.stream(forward):  # the next forward reads the restored pages
+            seen = [r.rows.index_select(0, dev_dst) for r in layout.regions]
+        forward.synchronize()
+        got = torch.cat([s.cpu() for s in seen], dim=1)
+        assert torch.equal(got, want), "the forward stream read the pages before the restore wrote them"
+        torch.cuda.synchronize()
+        store.poll()
+        assert pool.used_bytes == 0, "the restore's pool rows did not go back once its copy was done"
+    finally:
+        store.close()
         pool.close()

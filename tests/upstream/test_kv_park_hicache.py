@@ -2,7 +2,13 @@
 its cache (``devkit.testkit.scheduler.build_scheduler(hicache=...)``: ``init_hicache``, the real host
 pools and controller). One host budget: the park pool is carved out of HiCache's host pools at the
 first scheduler pass (their own allocator hands the slots over), every parked byte lives inside
-HiCache's host buffers, and a retraction parks and restores byte for byte."""
+HiCache's host buffers, and a retraction parks and restores byte for byte.
+
+Nothing held twice: a retraction parks only the Full pages past what the tree holds (device, or host
+through HiCache); the restore brings HiCache's part back through HiCache's own load-back, then writes
+the parked tail; when HiCache has evicted its part from both tiers meanwhile, the request recomputes
+(one ``dropped reason=prefix_gone_from_hicache`` line, nothing else lost). Both a hybrid SWA pool and
+a full-attention pool, write-through and write-back."""
 
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ import pytest
 import torch
 
 from adapter.core import boot
+from adapter.switches.kv_park.engine import per_view_save
 from devkit.testkit.radix_cache import HiCache
 
 importlib.import_module("sglang.srt.managers.scheduler")
@@ -21,8 +28,8 @@ HICACHE = HiCache(ratio=2.0, write_policy="write_back")
 PAGE = 16
 
 
-def _build(hicache: HiCache | None = HICACHE):
-    return build_scheduler(page_size=PAGE, pool_tokens=1024, max_reqs=8, chunked_prefill_size=256, hybrid_swa=True,
+def _build(hicache: HiCache | None = HICACHE, hybrid_swa: bool = True):
+    return build_scheduler(page_size=PAGE, pool_tokens=1024, max_reqs=8, chunked_prefill_size=256, hybrid_swa=hybrid_swa,
                            swa_pool_tokens=512, sliding_window=32, hicache=hicache)
 
 
@@ -44,8 +51,13 @@ def _inside(ranges, t: torch.Tensor) -> bool:
     return any(lo <= start and end <= hi for lo, hi in ranges)
 
 
+def _full_pool(h):
+    kv = h.scheduler.token_to_kv_pool_allocator.get_kvcache()
+    return getattr(kv, "full_kv_pool", kv)
+
+
 def _full_bytes(h, req, n: int) -> torch.Tensor:
-    kv = h.scheduler.token_to_kv_pool_allocator.get_kvcache().full_kv_pool
+    kv = _full_pool(h)
     slots = h.scheduler.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :n].long()
     return torch.cat([b[slots].view(torch.uint8).reshape(n, -1) for b in [*kv.k_buffer, *kv.v_buffer]], dim=1)
 
@@ -53,7 +65,7 @@ def _full_bytes(h, req, n: int) -> torch.Tensor:
 def _randomize(h, seed: int = 0) -> None:
     g = torch.Generator().manual_seed(seed)
     kv = h.scheduler.token_to_kv_pool_allocator.get_kvcache()
-    for pool in (kv.full_kv_pool, kv.swa_kv_pool):
+    for pool in (kv.full_kv_pool, kv.swa_kv_pool) if hasattr(kv, "full_kv_pool") else (kv,):
         for buf in [*pool.k_buffer, *pool.v_buffer]:
             raw = buf.view(torch.uint8)
             raw.copy_(torch.randint(0, 256, raw.shape, dtype=torch.uint8, generator=g))
@@ -150,3 +162,122 @@ def test_without_hicache_kv_park_stays_installed_after_the_first_pass_and_keeps_
     h.run(3)
     assert state.outcomes["kv_park"].status == "installed"
     assert _park().STATE.store.host_pool is None, "a CPU KV pool keeps today's pageable entries"
+
+
+def _host_held(tree) -> int:
+    """Bytes HiCache's host pools hold (their used slots, the park pool's carve-out included)."""
+    return sum((int(e.host_pool.size) - int(e.host_pool.available_size())) * int(e.host_pool.size_per_token)
+               for e in tree.host_pool_group.entries)
+
+
+def _host_total(tree) -> int:
+    return sum(int(e.host_pool.size) * int(e.host_pool.size_per_token) for e in tree.host_pool_group.entries)
+
+
+def _zero_free_device_pages(h) -> None:
+    """Every free device page zeroed: a page that comes back right got its bytes from a copy."""
+    alloc = h.scheduler.token_to_kv_pool_allocator
+    kv = alloc.get_kvcache()
+    sides = ((kv.full_kv_pool, alloc.full_attn_allocator), (kv.swa_kv_pool, alloc.swa_attn_allocator)) \
+        if hasattr(kv, "full_kv_pool") else ((kv, alloc),)
+    for pool, side in sides:
+        free = side.get_all_free_pages().long() if hasattr(side, "get_all_free_pages") else None
+        if free is None:
+            free = torch.unique(torch.div(side.free_pages.long(), 1, rounding_mode="floor"))
+        for buf in [*pool.k_buffer, *pool.v_buffer]:
+            buf.view(-1, PAGE, *buf.shape[1:])[free] = 0
+
+
+def _tree_match(h, req, n: int):
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    tokens = (req.origin_input_ids + req.output_ids)[:n]
+    key = RadixKey(token_ids=tokens, extra_key=req.extra_key, cache_salt=req.cache_salt)
+    return h.scheduler.tree_cache.match_prefix(MatchPrefixParams(key=key))
+
+
+def _retracted_pair(h):
+    """Two rows decode 31 steps on random KV, then the real retraction path releases both."""
+    a = h.add_request(100, max_new_tokens=200)
+    b = h.add_request(70, max_new_tokens=200)
+    _randomize(h)
+    h.run(31)
+    whole = {r.rid: (len(r.origin_input_ids) + len(r.output_ids) - 1) // PAGE * PAGE for r in (a, b)}
+    before = {r.rid: _full_bytes(h, r, whole[r.rid]) for r in (a, b)}
+    slots = {r.rid: h.scheduler.req_to_token_pool.req_to_token[r.kv.req_pool_idx, : whole[r.rid]].long() for r in (a, b)}
+    h.retract_all()
+    store = _park().STATE.store
+    store.fence()
+    # The parked format's oracle (one copy per page and region) of each row's Full pages, read
+    # before anything writes the freed pages.
+    full = _park().STATE.engines_for(h.scheduler.token_to_kv_pool_allocator.get_kvcache()).full.layout
+    pages = {rid: torch.div(s[::PAGE], PAGE, rounding_mode="floor").tolist() for rid, s in slots.items()}
+    rows = {rid: per_view_save(full, p, torch.empty((len(p), full.page_bytes), dtype=torch.uint8))
+            for rid, p in pages.items()}
+    return a, b, whole, before, store, rows
+
+
+KINDS = [pytest.param(True, "write_through", id="swa-write_through"), pytest.param(True, "write_back", id="swa-write_back"),
+         pytest.param(False, "write_through", id="full-write_through"), pytest.param(False, "write_back", id="full-write_back")]
+
+
+@pytest.mark.parametrize("hybrid_swa, policy", KINDS)
+def test_beside_hicache_a_retraction_parks_only_the_tail_hicache_lacks_and_restores_it_after_hicaches_load_back(
+    hybrid_swa, policy, records
+):
+    boot.install({"DSV41_KV_PARK": "ram", "DSV41_KV_PARK_GIB": "4", "DSV41_DEBUG_LOG": "1"})
+    h = _build(HiCache(ratio=2.0, write_policy=policy), hybrid_swa=hybrid_swa)
+    tree = h.scheduler.tree_cache
+    a, b, whole, before, store, rows = _retracted_pair(h)
+    host_total = _host_total(tree)
+    assert {"r1", "r2"} <= set(store.ready_keys()), "the retracted rows were not parked beside HiCache"
+    for r in (a, b):
+        entry = store._entries[r.rid]
+        parked_from = entry.meta["parked_from"]
+        assert 0 < parked_from < whole[r.rid], f"{r.rid}: the prompt the tree holds was parked again"
+        assert entry.pages == (whole[r.rid] - parked_from) // PAGE, f"{r.rid}: parked more than the tail"
+        tail = rows[r.rid][parked_from // PAGE :]
+        assert torch.equal(entry.bytes(), tail), f"{r.rid}: the parked rows are not the tail's bytes"
+    # Parked bytes plus HiCache's own never exceed HiCache's host pool (the park pool is carved from it).
+    assert _host_held(tree) <= host_total and store.used_bytes <= store.host_pool.capacity <= host_total // 2
+    # The device tree loses every unlocked node (write-back: to host now); every free page is zeroed.
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    tree.evict(EvictParams(num_tokens=1 << 30))
+    for r in (a, b):  # no page both parked and in HiCache's host pool: HiCache's part ends where the tail starts
+        match = _tree_match(h, r, whole[r.rid])
+        held = int(match.device_prefix_len) + int(match.host_hit_length)
+        assert int(match.device_prefix_len) == 0 and held == store._entries[r.rid].meta["parked_from"], (r.rid, held)
+    _zero_free_device_pages(h)
+    step = h.step()
+    assert step.kind == "prefill" and set(step.rids) == {"r1", "r2"}
+    prefix = dict(zip(step.rids, step.prefix_lens, strict=True))
+    lines = [rec.getMessage() for rec in records if "kv_park restored" in rec.getMessage()]
+    assert len(lines) == 2 and all("cached=" in line for line in lines), lines
+    for r in (a, b):
+        assert prefix[r.rid] == whole[r.rid], f"{r.rid}: HiCache's part plus the parked tail were not found as a prefix"
+        assert torch.equal(_full_bytes(h, r, whole[r.rid]), before[r.rid]), f"{r.rid}: other full-attention bytes"
+    assert store.stats.restored >= 2 and store.stats.failed == 0 and not store.ready_keys()
+    h.run_until(lambda: a.finished() and b.finished(), max_passes=1000)
+    assert store.host_pool.used_bytes == 0, "pool rows held by no entry"
+
+
+@pytest.mark.parametrize("hybrid_swa", [True, False], ids=["swa", "full"])
+def test_beside_hicache_a_restore_whose_prefix_hicache_evicted_recomputes_with_one_reason_line(hybrid_swa, records):
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    boot.install({"DSV41_KV_PARK": "ram", "DSV41_KV_PARK_GIB": "4", "DSV41_DEBUG_LOG": "1"})
+    h = _build(HiCache(ratio=2.0, write_policy="write_back"), hybrid_swa=hybrid_swa)
+    tree = h.scheduler.tree_cache
+    a, b, whole, _, store, _ = _retracted_pair(h)
+    tree.evict(EvictParams(num_tokens=1 << 30))  # the prefix goes to host (write-back) ...
+    tree.evict_host(1 << 30)  # ... and HiCache evicts it from host too
+    assert all(int(_tree_match(h, r, whole[r.rid]).host_hit_length) == 0 for r in (a, b))
+    step = h.step()
+    dropped = [rec.getMessage() for rec in records if "kv_park dropped" in rec.getMessage()]
+    assert sum("reason=prefix_gone_from_hicache" in line for line in dropped) == 2, dropped
+    assert step.kind == "prefill" and step.prefix_lens == (0,) * len(step.rids), "nothing may come from the tail alone"
+    assert not store.ready_keys() and store.host_pool.used_bytes == 0, "the dropped tails still hold pool rows"
+    h.run_until(lambda: a.finished() and b.finished(), max_passes=1000)
+    assert len(a.output_ids) == 200 and len(b.output_ids) == 200, "a request lost its output"

@@ -392,7 +392,7 @@ def test_every_buffer_of_a_real_deepseek_v4_pool_round_trips_byte_for_byte():
 def test_a_failed_restore_gives_its_pages_back_disables_parking_and_the_request_recomputes(pool, monkeypatch, records):
     _install()
 
-    def broken(self, entry, page_ids, *, first=0, fence=None):
+    def broken(self, entry, page_ids, *, first=0, fence=None, after=None):
         raise RuntimeError("simulated restore failure")
 
     monkeypatch.setattr(engine_mod.CopyEngine, "restore", broken)

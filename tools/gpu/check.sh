@@ -14,7 +14,7 @@
 #
 # Steps:
 #   1 env      python, torch, CUDA device, whether sglang / pytest import (sglang should not)
-#   2 imports  adapter.switches.kv_park.{engine,capture,store,host_pool}, devkit.bench.kv_park, adapter.ops.cli import with
+#   2 imports  adapter.switches.kv_park.{engine,capture,store,host_pool,switch}, devkit.bench.kv_park, adapter.ops.cli import with
 #              sglang blocked (the GPU machine has no SGLang)
 #   3 bench    python -m adapter bench kv-park --device cuda: save and restore through the park pool
 #              (page-locked once with cudaHostRegister, carved rows, chunks pipelined over two streams)
@@ -25,7 +25,9 @@
 #   4 tests    pytest -m cuda tests/unit/test_kv_park_cuda.py (byte identity on the device, pageable and
 #              through pinned pool rows; the pool page-locked once and unlocked at close; IndexError
 #              before device indexing; the copy-stream fence; pool rows not reused before a restore
-#              read them; copies vs a concurrent global / thread-local CUDA graph capture)
+#              read them; a park and a restore that never synchronize the scheduler thread, ordered
+#              after / before the forward stream on the device; copies vs a concurrent global /
+#              thread-local CUDA graph capture)
 #   5 probe    tools/gpu/capture_probe.py: what an unlocked / locked / thread-local capture does to
 #              copies on another thread (observations; the locked and thread-local ones must be clean)
 #
@@ -139,7 +141,7 @@ class NoSGLang(importlib.abc.MetaPathFinder):
             raise ImportError(f"sglang is blocked in this check ({name})")
         return None
 sys.meta_path.insert(0, NoSGLang())
-mods = ["adapter.switches.kv_park.engine", "adapter.switches.kv_park.capture", "adapter.switches.kv_park.store", "adapter.switches.kv_park.host_pool", "devkit.bench.kv_park", "adapter.ops.cli"]
+mods = ["adapter.switches.kv_park.engine", "adapter.switches.kv_park.capture", "adapter.switches.kv_park.store", "adapter.switches.kv_park.host_pool", "adapter.switches.kv_park.switch", "devkit.bench.kv_park", "adapter.ops.cli"]
 out = {"ok": True, "modules": mods, "error": None}
 try:
     for m in mods:

@@ -409,6 +409,14 @@ PINS: dict[str, str] = {
     "sglang.srt.mem_cache.pool_host.base:HostKVCache.free": (
         "eb78333d2e64be5a55eddee34550dc71df88c3a4b266440e3cf136f123ebb11d"
     ),
+    # kv_park (pinned, not wrapped): under the overlap loop the forward runs on the scheduler's
+    # forward stream (parking copies follow it through events), as HiCache's backup copy does.
+    "sglang.srt.managers.scheduler:Scheduler.run_batch": (
+        "4e9bb4d5e649e2f169fcc5d0621a2218d0046acc13d121e6065e41cca40ce495"
+    ),
+    "sglang.srt.managers.cache_controller:HiCacheController.start_writing": (
+        "2278ab54c5b038de24afecc478ca82049dc134c7f56a3b69a05fd5db46b4879f"
+    ),
     # kv_park (wrapped: torch's CUDA graph capture seam, for the capture lock)
     "torch.cuda.graphs:CUDAGraph.capture_begin": (
         "ba451719cb5f4a81a168ed1978d01bbe39fcdcc8be20c49ab2e9014ac198904b"

@@ -11,13 +11,11 @@ page-locked buffers, so nothing is pinned twice either. The carve-out is
 HiCache's host pool alone (``--hicache-ratio`` / ``--hicache-size``), and HiCache keeps at least
 ``1 - SHARE`` of it for its own prefixes.
 
-What is parked: a retraction whose servable prefix the tree already holds in full (on the device,
-or on host through HiCache) parks nothing. Otherwise the whole servable prefix is parked, as without
-HiCache, so a restore never depends on HiCache loading part of it back first (a load-back is
-scheduled by the admission, after the restore); the prefix pages HiCache also keeps on host
-(write-through, or written back on eviction) are then held twice *inside the one budget*: the
-carve-out is counted in HiCache's host pool, so parked bytes plus HiCache's own never exceed it.
-Parking only the tail past what HiCache keeps needs that load-back ordering: not built.
+What is parked (:func:`adapter.switches.kv_park.switch._park`): only the Full pages past what the
+tree holds for the row, on the device or on host through HiCache (a retraction whose servable prefix
+it holds in full parks nothing), so no page is both parked and in HiCache's host pool. The restore
+brings HiCache's part back through HiCache's own load-back before it writes the parked tail, or drops
+the entry (the request recomputes) when HiCache evicted that part in between.
 
 Importing this module imports no SGLang.
 """

@@ -53,7 +53,8 @@ Page ids are validated on the host before any index op: on CUDA an out-of-range 
 device-side assert that poisons the context, so it must never reach a kernel.
 
 On CUDA, a save must only start once the writes of the forward that produced the pages are done
-(the caller synchronizes or passes ``after=`` an event) and runs on the engine's own stream (the
+(the caller passes ``after=`` events recorded on the streams that wrote them; the engine's stream
+waits for them on the device, the caller's thread never does) and runs on the engine's own stream (the
 page ids travel to the device on that stream too); a copy into pageable host memory is synchronous
 for the host, and the stream is synchronized before :meth:`CopyEngine.save` returns, so by then
 every read of the device pages has finished and they may be reused.
@@ -291,8 +292,8 @@ class CopyEngine:
 
     @contextmanager
     def _on_stream(self, after: object | None, done: list | None = None) -> Iterator[None]:
-        """On CUDA: inside the capture lock, on the engine's stream (ordered after ``after``, else
-        after the caller's stream). Synchronized before it returns, unless ``done`` is a list: then
+        """On CUDA: inside the capture lock, on the engine's stream (ordered after ``after``: a CUDA
+        event or a list of them; else after the caller's stream). Synchronized before it returns, unless ``done`` is a list: then
         an event recorded after the copy is appended to it and the caller fences on it (a failed
         copy is always synchronized). On CPU: nothing."""
         if self._stream is None:
@@ -302,8 +303,9 @@ class CopyEngine:
         with self._capture_lock.copy():  # no global-mode capture is open from here on: the query is safe
             if torch.cuda.is_current_stream_capturing():  # e.g. a thread-local capture on this thread
                 raise CaptureConflict("a KV-parking copy was asked for on a thread whose stream is capturing")
-            if after is not None:
-                self._stream.wait_event(after)  # type: ignore[arg-type]
+            if after is not None:  # one event, or several (the streams whose work it must follow)
+                for event in after if isinstance(after, (list, tuple)) else (after,):
+                    self._stream.wait_event(event)  # type: ignore[arg-type]
             else:  # ordered after everything already queued on the caller's stream
                 self._stream.wait_stream(torch.cuda.current_stream(self.device))
             ok = False
@@ -321,8 +323,15 @@ class CopyEngine:
         """The staging half of chunk ``chunk`` (halves alternate) as ``[pages, page words]``."""
         return self._staging[chunk & 1][: pages * self.page_bytes].view(self._dtype).view(pages, -1)
 
-    def _device_ids(self, ids: torch.Tensor) -> torch.Tensor:
-        return ids if self.device.type == "cpu" else ids.to(self.device)
+    def _device_ids(self, ids: torch.Tensor, *, asynchronous: bool = False) -> torch.Tensor:
+        """``ids`` on the engine's device. ``asynchronous``: through a pinned copy, so the host does
+        not wait for the engine's stream (a plain copy from pageable memory synchronizes it, and
+        that stream may be waiting for a forward)."""
+        if self.device.type == "cpu":
+            return ids
+        if asynchronous:
+            return ids.pin_memory().to(self.device, non_blocking=True)
+        return ids.to(self.device)
 
     def _host_rows(self, rows: HostRows, n: int | None = None) -> list[torch.Tensor]:
         """``rows`` (one entry tensor, or the segments of a pool carving) as a list of ``[k, page_bytes]``
@@ -363,7 +372,8 @@ class CopyEngine:
         """Copy pages ``page_ids`` into host rows (``out``: an entry tensor or a pool carving's
         segments; None: a new pageable entry) and return ``out``.
 
-        ``after``: a CUDA event the copy must wait for (the forward that wrote the pages). Into
+        ``after``: a CUDA event (or a list of them) the copy must wait for (the forward that wrote
+        the pages); without it the copy follows the caller's current stream. Into
         pinned rows (the park pool) the device-to-host copies are asynchronous on the engine's
         stream; the call returns once the stream has finished them.
         """
@@ -433,9 +443,18 @@ class CopyEngine:
         return torch.cuda.stream(self._xfer) if self._xfer is not None else nullcontext()
 
     def restore(
-        self, entry: HostRows, page_ids: torch.Tensor | Sequence[int], *, first: int = 0, fence: list | None = None
+        self,
+        entry: HostRows,
+        page_ids: torch.Tensor | Sequence[int],
+        *,
+        first: int = 0,
+        fence: list | None = None,
+        after: object = None,
     ) -> None:
         """Write entry rows ``first, first+1, ...`` into pages ``page_ids`` (one row per id).
+
+        ``after``: on CUDA, an event (or a list of them) the copy waits for before it writes the
+        pages (work still queued that may touch them); without it, the caller's current stream.
 
         ``fence``: on CUDA from pinned rows, a list that receives the event after which the pages
         hold the bytes (the call then returns without waiting for the copy: the caller waits on the
@@ -451,7 +470,7 @@ class CopyEngine:
         if n == 0:
             return
         pinned = self.stage and self._stream is not None and self._pinned(segs)
-        with self._lock, self._on_stream(None, fence if pinned else None):
+        with self._lock, self._on_stream(after, fence if pinned else None):
             if not self.stage:  # CPU: straight from the host rows, regions split over threads
                 cpu_ids = self._device_ids(ids)
                 pieces = list(self._pieces(segs, first, first + n, None))
@@ -464,7 +483,7 @@ class CopyEngine:
 
                 _run_groups(self._groups_for(n), scatter)
                 return
-            dev_ids = self._device_ids(ids)  # on the engine's stream, inside the capture lock
+            dev_ids = self._device_ids(ids, asynchronous=pinned)  # on the engine's stream, inside the capture lock
             self._link_after_engine()
             for k, (lo, hi, host) in enumerate(self._pieces(segs, first, first + n, self.chunk_pages)):
                 cid = dev_ids[lo:hi]

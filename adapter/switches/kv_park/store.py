@@ -8,8 +8,10 @@ Invariants (tests check each one):
   Nothing is lost: an evicted or refused entry only means a re-prefill.
 * An offer with a worker returns before the copy ran ("queued"); the caller's ``on_landed``
   callback (which releases what the copy reads) runs on the caller's thread, from :meth:`poll`,
-  :meth:`fence` or :meth:`take`, only after the copy has landed. A full queue, or a store without
-  a worker, copies synchronously ("saved") and runs ``on_landed`` before returning.
+  :meth:`fence` or :meth:`take`, only after the copy has landed. A full queue (``queue_depth``; None:
+  unbounded, as the switch runs it: every queued copy already holds its bytes of the budget, so the
+  budget bounds the queue), or a store without a worker, copies synchronously ("saved") and runs
+  ``on_landed`` before returning.
 * A failed copy (worker or synchronous) disables parking for the process with one log line, drops
   every parked entry and still runs ``on_landed``: the requests recompute. Later offers are refused.
 * Entries live in ordinary pageable host memory (eviction drops the reference), or, with a park
@@ -124,7 +126,7 @@ class ParkStore:
         budget_bytes: int,
         *,
         worker: bool = True,
-        queue_depth: int = 2,
+        queue_depth: int | None = 2,
         idle_exit_s: float = 0.5,
         host_pool: HostPool | None = None,
     ):
@@ -132,8 +134,8 @@ class ParkStore:
             budget_bytes = host_pool.capacity
         if budget_bytes <= 0:
             raise ValueError(f"budget_bytes must be positive, got {budget_bytes}")
-        if queue_depth < 1:
-            raise ValueError(f"queue_depth must be >= 1, got {queue_depth}")
+        if queue_depth is not None and queue_depth < 1:
+            raise ValueError(f"queue_depth must be >= 1 (or None: unbounded), got {queue_depth}")
         self.budget = int(budget_bytes)
         self.stats = Stats()
         self.disabled_reason: str | None = None
@@ -142,7 +144,7 @@ class ParkStore:
         self._lock = threading.Lock()
         self.worker = bool(worker)
         self.idle_exit_s = idle_exit_s
-        self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=queue_depth)
+        self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=queue_depth or 0)  # 0: unbounded
         self._thread: threading.Thread | None = None
         self.host_pool = host_pool
         # Carvings a restore still reads on the device (its event not yet done): freed once it is.

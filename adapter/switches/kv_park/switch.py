@@ -42,7 +42,18 @@ Copies in flight (pages are write-fenced, not held in the allocator)
     the full-to-SWA mapping) a SWA page that batch writes, and a restore waits for all copies.
     (A HiCache load-back writes freshly allocated pages during the pass, before the batch is known:
     beside HiCache every copy in flight is fenced at the start of each pass.) Allocation, freeing
-    and tree eviction write no bytes. A full queue saves synchronously.
+    and tree eviction write no bytes. The queue is unbounded (each queued copy holds its bytes of
+    the budget), so a retraction never copies on the scheduler thread.
+
+No wait on the scheduler thread for a copy (CUDA)
+    A save does not wait for the forward that wrote its pages: it records one CUDA event on each
+    stream that writes KV (the scheduler thread's current stream, and the scheduler's forward
+    stream, where the overlap loop runs the forward; SGLang's HiCache fences its own copies on
+    that stream the same way) and the copy stream waits for them on the device. A restore's copy
+    follows the same events (a forward still in flight may touch pages just handed out), and those
+    streams then wait for the copy's event, so the forward that reads the restored pages (and
+    HiCache's write-back, which follows the forward stream) sees them; the host waits only in the
+    write fence above, when a page a copy still reads is about to be written.
 
 Host memory: the park pool (allocated once, at the first scheduler pass)
     On a CUDA KV pool, ``DSV41_KV_PARK_GIB`` of host RAM is allocated in 1 GiB chunks, each starting
@@ -53,19 +64,24 @@ Host memory: the park pool (allocated once, at the first scheduler pass)
     naming ``DSV41_KV_PARK_GIB``, the size, how far pinning got and the host limit). Saves and
     restores move device pages straight into and out of the pinned rows on the copy engine's
     streams (the link overlaps the gather / scatter of the next chunk): a save runs on the park
-    worker, a restore returns before its copy lands and the pass fences on its event before it
-    returns a batch; its pool rows go back to the pool only once that event is done. A CPU KV pool
+    worker, a restore returns before its copy lands (the KV streams wait for its event); its pool
+    rows go back to the pool only once that event is done. A CPU KV pool
     keeps pageable entries (nothing to pin).
 
-Beside HiCache: one host budget, HiCache's
+Beside HiCache: one host budget, HiCache's, and nothing held twice
     With ``--enable-hierarchical-cache`` the park pool is carved out of HiCache's host pools at the
     first scheduler pass (:mod:`adapter.switches.kv_park.beside_hicache`: their own allocator hands
     the slots over; ``min(DSV41_KV_PARK_GIB, half of HiCache's host pools)``), so the profile's
     host-RAM total is HiCache's host pool alone and parked bytes plus HiCache's own never exceed
-    it. A retraction whose servable prefix the tree already holds (device or host) parks nothing;
-    otherwise the whole servable prefix is parked (the prefix pages HiCache also keeps on host are
-    then held twice inside that one budget: parking only the tail needs HiCache to load its part
-    back before the restore, not built).
+    it. A retraction parks only the Full pages past what the tree holds for the row (device, or
+    host through HiCache, as ``match_prefix`` counts it: ``parked_from`` in the entry); nothing
+    when it holds all of them. The SWA side still parks the row's whole window (at most one window
+    of pages). The restore matches again: when the tree's part is on host only, HiCache's own
+    load-back (``init_load_back``, as the admission calls it) brings it to the device, then the
+    parked tail is written and inserted after it; when HiCache evicted part of it from both tiers
+    (``dropped reason=prefix_gone_from_hicache``) or its load-back gives nothing
+    (``load_back_refused``: no device room, under its threshold, pinned by another load), the entry
+    is dropped and the request recomputes as stock.
 
 Nothing is ever lost
     A refused offer (over ``DSV41_KV_PARK_GIB``), an entry evicted by LRU, a restore that finds no
@@ -128,7 +144,9 @@ class _State:
     # (its admission then locks them as its prefix) so running rows do not evict them meanwhile.
     pins: dict[Any, tuple[Any, Any]] = field(default_factory=dict)
     checked_hicache: bool = False  # the first scheduler pass asked whether HiCache is attached
-    restoring: list[Any] = field(default_factory=list)  # CUDA events of restores not yet fenced
+    # The scheduler's forward stream (learned at the first pass): under the overlap loop the forward
+    # writes and reads KV pages there, not on the scheduler thread's current stream.
+    forward_stream: Any = None
     beside_hicache: bool = False  # the park pool is carved out of HiCache's host pools
 
     def once(self, what: str, **params: object) -> None:
@@ -157,7 +175,9 @@ STATE: _State | None = None
 def install(ctx: api.SwitchContext) -> dict[str, object]:
     SWITCH.bind(ctx)
     budget_gib = int(ctx.option("DSV41_KV_PARK_GIB"))
-    state = _State(ParkStore(budget_gib * GIB, worker=True))
+    # An unbounded queue: a retraction never copies on the scheduler thread (each queued copy
+    # already holds its bytes of the budget, so the budget bounds the queue).
+    state = _State(ParkStore(budget_gib * GIB, worker=True, queue_depth=None))
     ctx.wrap("release_req", _release_req)
     ctx.wrap("Scheduler.get_next_batch_to_run", _get_next_batch_to_run)
     # Parking copies run on a worker thread; a global-mode CUDA graph capture on another thread must
@@ -262,24 +282,98 @@ def _park(state: _State, req: Any, req_to_token_pool: Any, allocator: Any, tree_
         if swa_pages is None:
             state.once("unsupported", reason="swa_slots_are_not_whole_pages")
             return
-    if state.beside_hicache and _held_by_tree(tree_cache, req, tokens[:n], page_size) >= n:
-        # Beside HiCache the tree (device, or host through HiCache) holds all of it: nothing to add.
-        SWITCH.event("dropped", level=logging.DEBUG, rid=req.rid, reason="tree_holds_it", servable=n, at="park")
-        return
-    if engines.full.device.type == "cuda":
-        torch.cuda.synchronize(engines.full.device)  # the forward that wrote these pages must be complete
-    meta = {"tokens": array("q", tokens[:n]), "page_size": page_size, "pool": id(pool), "swa_from": swa_from}
-    outcome = state.store.offer(req.rid, engines.full, pages.cpu(), meta=meta)
-    if swa_pages is not None and not outcome.startswith("refused"):
-        swa_outcome = state.store.offer((req.rid, "swa"), engines.swa, swa_pages.cpu(), meta={"swa_from": swa_from})
-        if swa_outcome.startswith("refused"):
-            state.store.discard(req.rid)  # the full pages alone cannot be restored
-            outcome = swa_outcome
+    parked_from = 0  # the first token of the parked Full pages
+    if state.beside_hicache:
+        # Beside HiCache only the tail the tree does not hold (device, or host through HiCache) is
+        # parked: nothing is held twice, and the restore brings the rest back through HiCache.
+        parked_from = _held_by_tree(tree_cache, req, tokens[:n], page_size)
+        if parked_from >= n:
+            SWITCH.event("dropped", level=logging.DEBUG, rid=req.rid, reason="tree_holds_it", servable=n, at="park")
+            return
+        pages = pages[parked_from // page_size :]
+    meta = {"tokens": array("q", tokens[:n]), "page_size": page_size, "pool": id(pool), "swa_from": swa_from,
+            "parked_from": parked_from}
+    outcome = save_pages(state, req.rid, engines, pages.cpu(), None if swa_pages is None else swa_pages.cpu(), meta)
     if SWITCH.debug or api.metrics_on():  # the line and the metrics: skip the sums when nothing reads them
         nbytes = 0 if outcome.startswith("refused") else pages.numel() * engines.full.page_bytes + (
             0 if swa_pages is None or engines.swa is None else swa_pages.numel() * engines.swa.page_bytes)
         SWITCH.event("parked", level=logging.DEBUG, rid=req.rid, pages=pages.numel(), outcome=outcome.split(":")[0],
                      bytes=nbytes, held=state.store.used_bytes + state.store.reserved_bytes)
+
+
+def kv_streams(state: _State, device: torch.device) -> list[Any]:
+    """The CUDA streams whose queued work writes or reads KV pages: the scheduler thread's current
+    stream (the forward runs there without the overlap loop) and the scheduler's forward stream."""
+    streams = [torch.cuda.current_stream(device)]
+    forward = state.forward_stream
+    if forward is not None and forward != streams[0]:
+        streams.append(forward)
+    return streams
+
+
+def _recorded_on(streams: list[Any]) -> list[Any]:
+    """One CUDA event recorded now on each stream: the point a copy must follow."""
+    events = []
+    for stream in streams:
+        event = torch.cuda.Event()
+        event.record(stream)
+        events.append(event)
+    return events
+
+
+def save_pages(
+    state: _State, rid: Any, engines: _Engines, pages: torch.Tensor, swa_pages: torch.Tensor | None, meta: dict[str, Any]
+) -> str:
+    """Offer a retracted row's pages (and its SWA window pages) to the store; the store's outcome.
+
+    On CUDA the scheduler thread does not wait for the forward that wrote the pages, nor for the
+    copy: events recorded now on the KV streams (:func:`kv_streams`) travel with the offer, the
+    copy stream waits for them on the device, and the worker copies. The pages are freed at once
+    and write-fenced (:func:`_fence_writes`) until the copy has landed."""
+    after = _recorded_on(kv_streams(state, engines.full.device)) if engines.full.device.type == "cuda" else None
+    outcome = state.store.offer(rid, engines.full, pages, meta=meta, after=after)
+    if swa_pages is not None and not outcome.startswith("refused"):
+        assert engines.swa is not None
+        swa_outcome = state.store.offer((rid, "swa"), engines.swa, swa_pages, meta={"swa_from": meta["swa_from"]}, after=after)
+        if swa_outcome.startswith("refused"):
+            state.store.discard(rid)  # the full pages alone cannot be restored
+            outcome = swa_outcome
+    return outcome
+
+
+def restore_pages(state: _State, copies: list[tuple[Any, CopyEngine, torch.Tensor, int]]) -> None:
+    """Take each ``(key, engine, page ids, first entry row)`` entry out of the store and write it into
+    its pages.
+
+    On CUDA nothing here waits on the host: the copies follow the work already queued on the KV
+    streams (a forward still in flight may touch pages just handed out: a row that finished last
+    step), and those streams then wait for the copies, so the forward that reads the pages, and
+    HiCache's write-back (its device-to-host stream follows the forward stream), see the restored
+    bytes. Each entry's pool rows go back to the pool once its copy has read them. A failed copy
+    waits out what was queued and raises (the caller frees the pages)."""
+    store = state.store
+    device = copies[0][1].device
+    streams = kv_streams(state, device) if device.type == "cuda" else []
+    after = _recorded_on(streams) or None
+    fence: list[Any] = []  # CUDA events of the copies queued from pinned pool rows
+    try:
+        for key, engine, pages, first in copies:
+            entry = store.take(key)
+            if entry is None:
+                raise LookupError(f"the parked entry {key!r} is gone")
+            done: list[Any] = []
+            try:
+                engine.restore(entry.rows, pages, first=first, fence=done, after=after)
+            finally:
+                store.release(entry, after=done[0] if done else None)
+            fence += done
+    except BaseException:
+        for event in fence:
+            event.synchronize()
+        raise
+    for stream in streams:
+        for event in fence:
+            stream.wait_event(event)
 
 
 # -- fencing and restoring around each scheduler pass -------------------------------------------
@@ -291,6 +385,9 @@ def _get_next_batch_to_run(wrapped: Any, instance: Any, args: tuple, kwargs: dic
         return wrapped(*args, **kwargs)
     if not state.checked_hicache:  # the tree and the KV pool are built before the first pass
         state.checked_hicache = True
+        forward = getattr(instance, "forward_stream", None)
+        if isinstance(forward, torch.cuda.Stream):
+            state.forward_stream = forward
         _boot_pool(state, instance)
     if state.beside_hicache and state.store.pending():
         # HiCache loads host pages back into freshly allocated device pages during this pass,
@@ -305,19 +402,9 @@ def _get_next_batch_to_run(wrapped: Any, instance: Any, args: tuple, kwargs: dic
         state.store.disable(f"restore failed: {type(exc).__name__}: {exc}")
     plan = wrapped(*args, **kwargs)
     batch = getattr(plan, "batch_to_run", None)
-    if batch is not None and state.restoring:
-        _fence_restores(state)
     if batch is not None and state.store.pending():
         _fence_writes(state, instance.token_to_kv_pool_allocator, getattr(batch, "out_cache_loc", None))
     return plan
-
-
-def _fence_restores(state: _State) -> None:
-    """Before a forward reads restored pages: wait for the restores' copies (CUDA events; they had
-    the whole scheduling pass to land, so this rarely waits)."""
-    for event in state.restoring:
-        event.synchronize()
-    state.restoring.clear()
 
 
 def boot_pool(budget_gib: int, *, locker: PageLocker | None = None, chunk_bytes: int | None = None) -> HostPool:
@@ -357,6 +444,26 @@ def _boot_pool(state: _State, scheduler: Any) -> None:
     pool = boot_pool(state.store.budget // GIB)
     state.store.use_pool(pool)
     SWITCH.event("pool", **pool.describe())
+
+
+def _load_back(tree: Any, req: Any, match: Any, upto: int) -> str | None:
+    """Bring the tree's host-only part of ``req``'s prefix (at least ``upto`` tokens with the device
+    part) to the device through HiCache's own load-back (``init_load_back``, what the admission
+    calls: its locks, its eviction for room, its one batch of host-to-device copies, which the next
+    prefill batch starts and its forward waits for). None on success, else why it cannot."""
+    from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams
+
+    host = int(getattr(match, "host_hit_length", 0) or 0)
+    if int(match.device_prefix_len) + host < upto:
+        return "prefix_gone_from_hicache"  # HiCache evicted part of it from both tiers
+    # init_load_back reads the request's last match; the admission's own match sets them again.
+    req.last_node = match.last_device_node
+    req.swa_host_hit_length = int(getattr(match, "swa_host_hit_length", 0) or 0)
+    req.mamba_host_hit_length = int(getattr(match, "mamba_host_hit_length", 0) or 0)
+    loaded = tree.init_load_back(InitLoadBackParams(best_match_node=match.best_match_node, host_hit_length=host, req=req))
+    if loaded is None or int(loaded[0]) == 0:
+        return "load_back_refused"  # no device room, under HiCache's threshold, or pinned by another load
+    return None
 
 
 def _held_by_tree(tree_cache: Any, req: Any, tokens: list[int], page_size: int) -> int:
@@ -492,6 +599,17 @@ def _restore_one(state: _State, scheduler: Any, req: Any, *, may_evict: bool) ->
     key = RadixKey(token_ids=tokens[:n], extra_key=req.extra_key, cache_salt=req.cache_salt)
     match = tree.match_prefix(MatchPrefixParams(key=key))
     have = int(match.device_prefix_len)
+    parked_from = min(int(entry.meta.get("parked_from", 0)), n)  # below it, the tree's part (beside HiCache)
+    if have < parked_from:
+        # The tree's part is on host only: HiCache's own load-back brings it to the device first.
+        why = _load_back(tree, req, match, parked_from)
+        if why is None:
+            match = tree.match_prefix(MatchPrefixParams(key=key))
+            have = int(match.device_prefix_len)
+            why = None if have >= parked_from else "load_back_short"
+        if why is not None:
+            return _drop(store, req.rid, why, servable=n, parked_from=parked_from, cached=have,
+                         host=int(getattr(match, "host_hit_length", 0) or 0))
     if have >= n:
         # Nothing to copy, but the same hazard as a restore: keep the tree's pages until admission.
         _pin(state, req.rid, tree, match.last_device_node)
@@ -532,37 +650,20 @@ def _restore_one(state: _State, scheduler: Any, req: Any, *, may_evict: bool) ->
         if slots is None:
             return False
         slots = slots.to(torch.int64)
-        if engines.full.device.type == "cuda":
-            # Under the overlap loop a forward may still be in flight on another stream and touch
-            # pages just handed out (a row that finished last step): let it drain first.
-            torch.cuda.synchronize(engines.full.device)
-        taken: list[Any] = []  # entries taken from the store: their pool rows are released below
-        fence: list[Any] = []  # CUDA events of the restores' copies (from pinned pool rows), in order
         try:
-            entry = store.take(req.rid)
-            assert entry is not None
-            taken.append(entry)
             pages = torch.div(slots[::page_size], page_size, rounding_mode="floor")
-            engines.full.restore(entry.rows, pages.cpu(), first=have // page_size, fence=fence)
             params = InsertParams(key=key, value=torch.cat([prefix, slots]), prev_prefix_len=have)
+            copies = [(req.rid, engines.full, pages.cpu(), (have - parked_from) // page_size)]
             if swa_from is not None:
-                swa_entry = store.take((req.rid, "swa"))
-                assert swa_entry is not None and engines.swa is not None
-                taken.append(swa_entry)
+                assert engines.swa is not None
                 swa_slots = allocator.full_to_swa_index_mapping[slots[tail_from - have :]].to(torch.int64)
                 swa_pages = torch.div(swa_slots[::page_size], page_size, rounding_mode="floor")
-                engines.swa.restore(swa_entry.rows, swa_pages.cpu(), first=(tail_from - swa_from) // page_size, fence=fence)
+                copies.append(((req.rid, "swa"), engines.swa, swa_pages.cpu(), (tail_from - swa_from) // page_size))
                 params.set_evicted_seqlen(ComponentType.SWA, tail_from)  # no SWA KV below the window we had
+            restore_pages(state, copies)
         except BaseException:
             allocator.free(slots)  # neither in the tree nor owned by a request: give them back
-            for event in fence:
-                event.synchronize()
             raise
-        finally:
-            # The pool rows go back once the copies that read them are done (fenced below).
-            for i, e in enumerate(taken):
-                store.release(e, after=fence[i] if i < len(fence) else None)
-        state.restoring.extend(fence)
         tree.insert(params)
         # Until the admission takes them as the request's prefix, running rows' decode could evict
         # the restored pages (pool-full retractions wait for them to finish): pin them.
