@@ -45,31 +45,45 @@ BURST_LOG_S = 10  # at most one ``burst`` line this often (the metric counts eve
 class Bound:
     """The lag ledger of one scheduler (one rank)."""
 
-    __slots__ = ("_burst_logged", "_decode", "_last_t", "_prefill_tokens", "_window_step", "bursting", "lag", "pct",
-                 "per_token", "stamps", "step")
+    __slots__ = ("_decode", "_last_t", "_logged", "_prefill_tokens", "_served", "_window_ns", "_window_step",
+                 "bursting", "given", "lag", "late", "longest", "pct", "per_token", "stamps", "step")
 
     def __init__(self, pct: int):
         self.pct = pct
-        self.lag = 0  # ns of window steps since the backlog began
-        self.stamps: dict[int, tuple[Any, int]] = {}  # id(req) -> (req, first seen waiting at an arming)
+        self.lag = 0  # ns of window steps since the backlog began (at most the backlog)
+        self.given = 0  # ns of window steps since the backlog began, never capped (what a prompt pays after its stamp)
+        self.longest = 0  # ns: the longest window of this backlog (the bound's "one window")
+        # id(req) -> (req, when first seen waiting, the lag it found then, ``given`` then)
+        self.stamps: dict[int, tuple[Any, int, int, int]] = {}
         self.per_token = Recent(CHUNK_SAMPLES)  # ns per token of a prefill pass
         self.step = Recent(CHUNK_SAMPLES)  # ns of a decode pass (model mode has no step alone of its own)
         self.bursting = False  # a window of this backlog was cut (the burst line was logged)
+        self.late = 0  # prompts served beyond their bound since the boot (the ``unbounded`` lines' count)
         self._last_t: int | None = None
-        self._burst_logged: int | None = None  # when the last burst line was logged
+        self._logged: dict[str, int] = {}  # when the last line of each kind (burst, unbounded) was logged
         self._window_step = False  # the pass that just ran was a step a window gave
+        self._window_ns = 0  # the open window's steps so far
         self._prefill_tokens = 0  # the pass that just ran was a prefill of this many tokens
         self._decode = False  # the pass that just ran was a decode step
+        self._served: list[tuple[Any, int, int, int]] = []  # stamps of the prompts the pass that just ran prefilled
 
-    def on_pass(self, t: int, backlog: bool) -> None:
-        """A pass entered at ``t``; ``backlog``: a prompt waits (queued or chunked)."""
+    def on_pass(self, t: int, chunked: Any, waiting: Any) -> list[tuple[int, int]]:
+        """A pass entered at ``t`` with ``chunked`` (the chunked prompt or None) and ``waiting`` (the
+        waiting queue). Returns ``(lag, ttft)`` (ns) of each prompt whose first token the pass
+        before gave beyond its bound (:meth:`unbounded`): a lag it inherited."""
         if self._last_t is not None:
             took = t - self._last_t
             if self._window_step:
                 # at most a typical decode step: what a step right after a chunk costs beyond it is
                 # the alternation, which the share charges to the prompt's side (controller.py)
                 typical = self.step.value()
-                self.lag += min(took, typical) if typical else took
+                given = min(took, typical) if typical else took
+                self.lag += given
+                self.given += given
+                self._window_ns += given
+            elif self._window_ns:
+                self.longest = max(self.longest, self._window_ns)
+                self._window_ns = 0
             if self._prefill_tokens:
                 self.per_token.add(took // self._prefill_tokens)
             elif self._decode:
@@ -77,21 +91,69 @@ class Bound:
         self._last_t = t
         self._window_step = self._decode = False
         self._prefill_tokens = 0
-        if not backlog and (self.lag or self.stamps):
-            self.lag, self.bursting = 0, False
-            self.stamps.clear()
+        late = [found for served in self._served if (found := self.unbounded(t, served)) is not None]
+        self._served = []
+        self.late += len(late)
+        if chunked is None and not waiting:
+            if self.lag or self.stamps or self.given:
+                self.lag = self.given = self.longest = self._window_ns = 0
+                self.bursting = False
+                self.stamps.clear()
+        elif self.lag and waiting:
+            # the backlog runs behind stock's: a prompt arriving now finds that lag, so it is
+            # stamped on arrival (once a pass, and only while there is a lag to find)
+            self._stamp_arrivals(t, chunked, waiting)
+        return late
 
-    def log_burst(self, t: int) -> bool:
-        """Whether the burst seen at ``t`` gets a line (none in the last :data:`BURST_LOG_S`)."""
-        if self._burst_logged is not None and t - self._burst_logged < BURST_LOG_S * 10**9:
+    def unbounded(self, t: int, served: tuple[Any, int, int, int]) -> tuple[int, int] | None:
+        """``(lag, ttft)`` when the prompt ``served`` (its stamp) got its first token at ``t``
+        beyond ``1 / (1 - pct)`` of its stock TTFT plus the backlog's longest window: its lag
+        (what it found on arrival and what was given since) exceeds ``pct`` of its TTFT by more
+        than ``1 - pct`` of that window. None: within its bound."""
+        _, stamp, found, given = served
+        lag = found + self.given - given
+        ttft = t - stamp
+        window = max(self.longest, self._window_ns)
+        if 100 * lag > self.pct * ttft + (100 - self.pct) * window:
+            return lag, ttft
+        return None
+
+    def _stamp_arrivals(self, t: int, chunked: Any, waiting: Any) -> None:
+        per_token = self.per_token.value() or 0
+        ahead = 0  # tokens the prompt finds ahead of it: the chunked prompt's rest, the queue before it
+        if chunked is not None:
+            ahead = len(chunked.origin_input_ids) - (chunked.extend_end or chunked.prefix_len)
+        stamps = self.stamps
+        for req in waiting:
+            seen = stamps.get(id(req))
+            if (seen is None or seen[0] is not req) and not req.output_ids:
+                stamps[id(req)] = self._stamp(req, t, ahead * per_token)
+            ahead += len(req.origin_input_ids) + len(req.output_ids) - req.prefix_len
+
+    def _stamp(self, req: Any, t: int, ahead_ns: int) -> tuple[Any, int, int, int]:
+        """A prompt first seen waiting at ``t`` with ``ahead_ns`` of prefill ahead of it: the lag it
+        finds is at most that (stock would have served what is ahead of it by then)."""
+        return req, t, min(self.lag, ahead_ns), self.given
+
+    def log_line(self, what: str, t: int) -> bool:
+        """Whether the ``what`` line (burst, unbounded) seen at ``t`` gets logged (none in the last
+        :data:`BURST_LOG_S`; the metric counts each)."""
+        last = self._logged.get(what)
+        if last is not None and t - last < BURST_LOG_S * 10**9:
             return False
-        self._burst_logged = t
+        self._logged[what] = t
         return True
 
-    def ran(self, prefill_tokens: int, decode: bool) -> None:
-        """What the pass that just entered runs: a prefill of that many tokens, or a decode step."""
+    def ran(self, prefill_tokens: int, decode: bool, reqs: Any = (), chunked: Any = None) -> None:
+        """What the pass that just entered runs: a prefill of that many tokens (``reqs``, of which
+        all but ``chunked`` get their first token from it), or a decode step."""
         self._prefill_tokens = prefill_tokens
         self._decode = decode
+        if prefill_tokens and self.stamps:
+            for req in reqs:
+                seen = self.stamps.get(id(req))
+                if seen is not None and seen[0] is req and req is not chunked:
+                    self._served.append(self.stamps.pop(id(req)))
 
     def window_step(self) -> None:
         """The pass that just entered defers prefill: its decode step is one a window gives."""
@@ -102,31 +164,36 @@ class Bound:
 
         ``waiting``: the scheduler's waiting queue; ``chunked``: the chunked prompt; ``tokens_left``:
         its tokens still to prefill, this chunk's included; ``step_ns``: the streams' step."""
+        per_token = self.per_token.value() or 0
+        rest = tokens_left * per_token
         stamps = {}
-        first = None
         queued = 0  # the waiting prompts' tokens, prefix hits not known yet: at most their prefill
+        room = None  # the least room of a waiting prompt (its share of its time so far, less its lag)
         for req in (chunked, *waiting):
+            ahead = 0
             if req is not chunked:
+                ahead = tokens_left + queued
                 queued += len(req.origin_input_ids) + len(req.output_ids)
                 if req.output_ids:  # a retracted stream re-prefills: its first token came long ago
                     continue
             key = id(req)
             seen = self.stamps.get(key)
-            stamp = seen[1] if seen is not None and seen[0] is req else t
-            stamps[key] = (req, stamp)
-            first = stamp if first is None else max(first, stamp)
+            stamp = seen if seen is not None and seen[0] is req else self._stamp(req, t, ahead * per_token)
+            stamps[key] = stamp
+            _, since, found, given = stamp
+            # its lag: what it found on arrival and every window step since; its time at least its
+            # wait so far and the chunked prompt's rest, which every waiting prompt is behind
+            mine = self.pct * (t - since + rest) - 100 * (found + self.given - given)
+            room = mine if room is None else min(room, mine)
         self.stamps = stamps
-        per_token = self.per_token.value() or 0
-        rest = tokens_left * per_token
         if per_token:
             # stock's backlog is ours less the lag; once ours is no larger than the lag, stock's
-            # would be empty and ours has been catching up since: the lag is at most our backlog
+            # would be empty and ours has been catching up since: the lag a prompt arriving now
+            # finds is at most our backlog
             self.lag = min(self.lag, rest + queued * per_token)
         step_ns = step_ns or self.step.value()
         if not step_ns:
             return None
-        wait = t - (first if first is not None else t)
-        room = self.pct * (wait + rest) - 100 * self.lag
-        if room <= 0:
+        if room is None or room <= 0:
             return 0
         return -(-room // ((100 - self.pct) * step_ns))

@@ -175,7 +175,14 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
             return wrapped(*args, **kwargs)
         ctl = state.ctl
         state.pass_t = t = controller.now()
-        state.bound.on_pass(t, instance.chunked_req is not None or bool(instance.waiting_queue))
+        for lag, ttft in state.bound.on_pass(t, instance.chunked_req, instance.waiting_queue):
+            # a prompt served beyond its bound: it found a lag no window of its own added (bound.py)
+            late = {"share": pct, "lag_ms": round(lag / 1e6, 1), "ttft_ms": round(ttft / 1e6, 1),
+                    "waiting": len(instance.waiting_queue)}
+            if state.bound.log_line("unbounded", t):  # a line at most every BURST_LOG_S, each prompt counted
+                ctx.event("unbounded", **late)
+            else:
+                ctx.tally("unbounded", **late)
         if ctl is not None:
             # the overlap loop's pass waits on the batch before the one it launched: one more in a row
             ctl.on_pass(t, 3 if getattr(instance, "enable_overlap", False) else 2)
@@ -183,7 +190,8 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
         batch = plan.batch_to_run
         extend = batch is not None and batch.forward_mode.is_extend()
         # not extend: a decode batch (DP attention's idle batches are refused)
-        state.bound.ran(sum(batch.extend_lens) if extend else 0, batch is not None and not extend)
+        state.bound.ran(sum(batch.extend_lens) if extend else 0, batch is not None and not extend,
+                        batch.reqs if extend else (), instance.chunked_req)
         if ctl is not None:
             ctl.ran(batch is not None and not extend)
         chunked = instance.chunked_req
@@ -244,7 +252,7 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
             state.bound.bursting = True
             burst = {"share": pct, "lag_ms": round(state.bound.lag / 1e6, 1), "waiting": len(instance.waiting_queue),
                      "planned": n + cut, "allowed": n}
-            if state.bound.log_burst(state.pass_t):  # a line at most every BURST_LOG_S, every backlog counted
+            if state.bound.log_line("burst", state.pass_t):  # a line at most every BURST_LOG_S, every backlog counted
                 ctx.event("burst", **burst)
             else:
                 ctx.tally("burst", **burst)
