@@ -6,30 +6,61 @@ one prompt's chunks alone. The stock scheduler runs prefill first, so every step
 the streams delays *every* prompt then waiting, the chunked one and each one queued behind it
 (a window defers the whole next prefill batch). Over one backlog (from the moment a prompt is
 waiting until none is) the prefill schedule therefore runs behind stock's by the **lag** ``L``:
-the window time given since the backlog began, and a prompt whose first token comes at ``T``
-(from its arrival) would have had it stock at ``T - L`` at the earliest. Its TTFT stays within
-``1 / (1 - pct)`` of stock's exactly when ``L <= pct * T``. The bound is enforced for the prompt
-that binds it, the one that has waited least (``L`` is common to all, ``T`` smallest), as::
+the window time given since the backlog began. ``L`` is at most our backlog's prefill still to
+run: once ours is no larger than the lag, stock's would be empty.
 
-    allowed(D) :  L + D  <=  pct/100 * (w + D + R)           D: the next window's time
-    =>  D  <=  (pct * (w + R) - 100 * L) / (100 - pct)
+**Each prompt's lag.** A prompt pays the lag it *found* on arrival (``L`` then, at most the prefill
+ahead of it: stock would have served what is ahead of it by then) plus every window step given
+while it waits. Whose first token comes at ``T`` (from its arrival) would have had it stock at
+``T - lag`` at the earliest, so its TTFT stays within ``1 / (1 - pct)`` of stock's exactly when
+``lag <= pct * T``. Each prompt is stamped (its arrival, the lag it found, the window time given
+so far) on the first pass that sees it waiting while the backlog has a lag, and otherwise at the
+first window armed while it waits. A window is cut so that no waiting prompt's bound is passed::
 
-with ``w`` that prompt's wait so far and ``R`` the chunked prompt's own prefill still to run (its
-tokens left, this chunk's included, at the measured time per chunk token), which every waiting
-prompt is behind. A window is cut to ``ceil(D / step)`` steps: at most one step beyond the bound,
-and a prompt that arrives during a window waits that window out (the bound's "plus at most one
-window"). ``L`` is reset when no prompt waits; it only grows while one does, so a backlog that
-outlasts what the share allows (arrivals faster than ``1 - pct`` of the prefill rate, a burst)
-cuts windows until it clears: the streams get less than ``pct`` and the switch says so (the
-``burst`` line, once per backlog, and the window line's ``cut``; metrics
-``dsv41_decode_yield_bursts_total``, ``..._steps_cut_total``). A cut window carries no debt: the
-closed loop's balance is not allowed to repay it later as a longer window.
+    allowed(D) :  lag_i + D  <=  pct/100 * (w_i + D + R)   for every waiting prompt i
+    =>  D  <=  min_i (pct * (w_i + R) - 100 * lag_i) / (100 - pct)
 
-Which prompt arrived when: each prompt is stamped when a window is first armed while it waits (the
-waiting queue is read once per arming, never per pass), so a prompt that arrived mid-window is
-stamped after it: its wait is understated, which only cuts more. The clock is the scheduler's
-pass stamps (:func:`adapter.switches.decode_yield.controller.now`); under tensor parallelism rank
-0's bound is the one broadcast with ``N`` (:mod:`adapter.switches.decode_yield.agreement`).
+with ``w_i`` its wait so far and ``R`` the chunked prompt's own prefill still to run (its tokens
+left, this chunk's included, at the measured time per chunk token), which every waiting prompt is
+behind. A window is cut to ``ceil(D / step)`` steps: at most one step beyond the bound, and a
+prompt that arrives during a window waits that window out (the bound's "plus at most one window").
+
+**A prompt that arrives into a lagged backlog** finds a lag no window of its own added. While
+that lag is within ``pct`` of its time (enough of the backlog still ahead of it) the cut above
+keeps its bound. Where it is not (it arrives near the backlog's end, when stock would have served
+it at once), nothing a later window does can undo it, and the prompt cannot be let go first: the
+engine admits a waiting prompt into a pass beside the chunked prompt's chunk only whole, within
+the chunk budget, and tracks one chunked prompt at a time (``PrefillAdder`` refuses a second one
+that needs chunking), so a prompt a chunk long or longer cannot overtake within a pass (on
+``bench_serving``'s chat traffic at the gate's 64-token chunk every turn's new part is at least a
+64-token question); giving
+it the whole pass would need a pass with the chunked prompt unscheduled, which the engine's
+per-pass stash and merge of ``chunked_req`` does not allow. SGLang's own
+``--schedule-policy shortest-prefill-first`` reserves chunk budget for waiting prompts shorter
+than it; this switch does not change the policy. So such a prompt is a burst the share cannot
+bound: its room is negative, so no window is given while it waits (it pays what it found and
+nothing more), and when its first token comes past its bound (its lag beyond ``pct`` of its TTFT
+plus ``1 - pct`` of the backlog's longest window) it is counted: an ``unbounded`` line (at most
+one per :data:`BURST_LOG_S`) and ``dsv41_decode_yield_prompts_unbounded_total`` (every one).
+
+**Which prompts the bound covers**: every prompt whose prefill is stock's (the same cache hits)
+and whose found lag is within its share; every other prompt served past it by a lag is counted.
+Not covered and not counted: a prompt whose own prefill differs from stock's, a cached prefix
+evicted in this run that stock would have hit (a hybrid SWA pool under pressure frees pages at
+other moments when windows interleave decode steps with chunks): the ledger measures what the
+windows add, not the cache.
+
+``L`` only grows while a prompt waits, so a backlog that outlasts what the share allows (arrivals
+faster than ``1 - pct`` of the prefill rate, a burst) cuts windows until it clears: the streams
+get less than ``pct`` and the switch says so (the ``burst`` line, once per backlog, and the window
+line's ``cut``; metrics ``dsv41_decode_yield_bursts_total``, ``..._steps_cut_total``). A cut window
+carries no debt: the closed loop's balance is not allowed to repay it later as a longer window.
+
+Reading the waiting queue: at each arming, and on every pass only while the backlog has a lag (to
+stamp arrivals); a prompt the pass that just ran prefilled is weighed on the next pass (its first
+token's time). The clock is the scheduler's pass stamps
+(:func:`adapter.switches.decode_yield.controller.now`); under tensor parallelism rank 0's bound is
+the one broadcast with ``N`` (:mod:`adapter.switches.decode_yield.agreement`).
 """
 
 from __future__ import annotations

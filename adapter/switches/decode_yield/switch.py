@@ -27,14 +27,17 @@ changes: chunk boundaries, batch contents and outputs stay the engine's own.
 **What the share means with many prompts in flight** (:mod:`adapter.switches.decode_yield.bound`):
 ``pct`` is the streams' share of the wall time of *all* prefill work, not of one prompt's chunks: a
 window defers the whole next prefill batch, so it delays every prompt then waiting, the chunked one
-and each one queued behind it. The bound: a window is cut so that no prompt waiting when it is armed
-is held beyond ``1 / (1 - pct)`` of its stock TTFT (the lag the windows of the current backlog have
-added is at most ``pct`` of its own time to first token), give or take one step; a prompt arriving
+and each one queued behind it. The bound: a window is cut so that no waiting prompt is held beyond
+``1 / (1 - pct)`` of its stock TTFT (its lag, what it found on arrival and the window steps given
+since, at most ``pct`` of its own time to first token), give or take one step; a prompt arriving
 during a window waits that window out. Where the share cannot be given within that (prefill
 arriving faster than ``1 - pct`` of the prefill rate: a burst), windows are cut, the streams get
 less, a ``burst`` line says so (at most one per backlog and per 10 s) and the window line carries
 ``cut``; a cut window leaves the closed loop no debt to repay. A prompt that arrives into a backlog
-the windows have already lengthened inherits that lag (at most the backlog's remaining prefill).
+the windows have already lengthened, near its end, finds more lag than its share (it cannot go
+first: the engine schedules one chunked prompt at a time): no window is given while it waits, and
+if its first token still comes past its bound it is counted (``unbounded`` line,
+``dsv41_decode_yield_prompts_unbounded_total``). Which prompts the bound covers: bound.py.
 
 Under ``--enable-mixed-chunk`` the running rows also decode one token inside the chunk
 (``Scheduler`` mixes them in and sets ``batch.decoding_reqs``); the share is on the streams' token
