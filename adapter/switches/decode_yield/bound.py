@@ -6,14 +6,18 @@ one prompt's chunks alone. The stock scheduler runs prefill first, so every step
 the streams delays *every* prompt then waiting, the chunked one and each one queued behind it
 (a window defers the whole next prefill batch). Over one backlog (from the moment a prompt is
 waiting until none is) the prefill schedule therefore runs behind stock's by the **lag** ``L``:
-the window time given since the backlog began. ``L`` is at most our backlog's prefill still to
-run: once ours is no larger than the lag, stock's would be empty.
+the window time given since the backlog began, each step counted at most the streams' step alone
+(the closed loop's; a typical decode step in model mode): what a step right after a chunk costs
+beyond it is the alternation, which the share charges to the prompt's side. ``L`` is at most our
+backlog's prefill still to run: once ours is no larger than the lag, stock's would be empty.
 
 **Each prompt's lag.** A prompt pays the lag it *found* on arrival (``L`` then, at most the prefill
 ahead of it: stock would have served what is ahead of it by then) plus every window step given
 while it waits. Whose first token comes at ``T`` (from its arrival) would have had it stock at
 ``T - lag`` at the earliest, so its TTFT stays within ``1 / (1 - pct)`` of stock's exactly when
-``lag <= pct * T``. Each prompt is stamped (its arrival, the lag it found, the window time given
+``lag <= pct * T``. That holds the chunked prompt to its own bound too (its lag: every window
+step since it began waiting): in measured mode the closed loop's share keeps it there, and in
+model mode a mis-fitted model's windows are cut once it would pass it. Each prompt is stamped (its arrival, the lag it found, the window time given
 so far) on the first pass that sees it waiting while the backlog has a lag, and otherwise at the
 first window armed while it waits. A window is cut so that no waiting prompt's bound is passed::
 
@@ -98,16 +102,17 @@ class Bound:
         self._decode = False  # the pass that just ran was a decode step
         self._served: list[tuple[Any, int, int, int]] = []  # stamps of the prompts the pass that just ran prefilled
 
-    def on_pass(self, t: int, chunked: Any, waiting: Any) -> list[tuple[int, int]]:
+    def on_pass(self, t: int, chunked: Any, waiting: Any, step_alone: int | None = None) -> list[tuple[int, int]]:
         """A pass entered at ``t`` with ``chunked`` (the chunked prompt or None) and ``waiting`` (the
-        waiting queue). Returns ``(lag, ttft)`` (ns) of each prompt whose first token the pass
+        waiting queue); ``step_alone``: the streams' step alone where the closed loop measures it. Returns ``(lag, ttft)`` (ns) of each prompt whose first token the pass
         before gave beyond its bound (:meth:`unbounded`): a lag it inherited."""
         if self._last_t is not None:
             took = t - self._last_t
             if self._window_step:
-                # at most a typical decode step: what a step right after a chunk costs beyond it is
-                # the alternation, which the share charges to the prompt's side (controller.py)
-                typical = self.step.value()
+                # at most the streams' step alone (else a typical decode step): what a step right
+                # after a chunk costs beyond it is the alternation, which the share charges to the
+                # prompt's side (controller.py)
+                typical = step_alone or self.step.value()
                 given = min(took, typical) if typical else took
                 self.lag += given
                 self.given += given

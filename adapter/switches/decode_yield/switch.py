@@ -178,7 +178,8 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
             return wrapped(*args, **kwargs)
         ctl = state.ctl
         state.pass_t = t = controller.now()
-        for lag, ttft in state.bound.on_pass(t, instance.chunked_req, instance.waiting_queue):
+        step_alone = ctl.step_ns() if ctl is not None else None
+        for lag, ttft in state.bound.on_pass(t, instance.chunked_req, instance.waiting_queue, step_alone):
             # a prompt served beyond its bound: it found a lag no window of its own added (bound.py)
             late = {"share": pct, "lag_ms": round(lag / 1e6, 1), "ttft_ms": round(ttft / 1e6, 1),
                     "waiting": len(instance.waiting_queue)}
