@@ -52,7 +52,9 @@ and whose found lag is within its share; every other prompt served past it by a 
 Not covered and not counted: a prompt whose own prefill differs from stock's, a cached prefix
 evicted in this run that stock would have hit (a hybrid SWA pool under pressure frees pages at
 other moments when windows interleave decode steps with chunks): the ledger measures what the
-windows add, not the cache.
+windows add, not the cache. Under such pressure the count can also include a prompt stock would
+have held as long (admission waiting for the pool in both): stock's backlog is taken as ours less
+the lag.
 
 ``L`` only grows while a prompt waits, so a backlog that outlasts what the share allows (arrivals
 faster than ``1 - pct`` of the prefill rate, a burst) cuts windows until it clears: the streams
