@@ -17,9 +17,10 @@ while it waits. Whose first token comes at ``T`` (from its arrival) would have h
 ``T - lag`` at the earliest, so its TTFT stays within ``1 / (1 - pct)`` of stock's exactly when
 ``lag <= pct * T``. That holds the chunked prompt to its own bound too (its lag: every window
 step since it began waiting): in measured mode the closed loop's share keeps it there, and in
-model mode a mis-fitted model's windows are cut once it would pass it. Each prompt is stamped (its arrival, the lag it found, the window time given
-so far) on the first pass that sees it waiting while the backlog has a lag, and otherwise at the
-first window armed while it waits. A window is cut so that no waiting prompt's bound is passed::
+model mode a mis-fitted model's windows are cut once it would pass it. Each prompt is stamped
+(its arrival, the lag it found, the window time given so far) on the first pass that sees it
+waiting while the backlog has a lag, and otherwise at the first window armed while it waits. A
+window is cut so that no waiting prompt's bound is passed::
 
     allowed(D) :  lag_i + D  <=  pct/100 * (w_i + D + R)   for every waiting prompt i
     =>  D  <=  min_i (pct * (w_i + R) - 100 * lag_i) / (100 - pct)
@@ -37,9 +38,8 @@ engine admits a waiting prompt into a pass beside the chunked prompt's chunk onl
 the chunk budget, and tracks one chunked prompt at a time (``PrefillAdder`` refuses a second one
 that needs chunking), so a prompt a chunk long or longer cannot overtake within a pass (on
 ``bench_serving``'s chat traffic at the gate's 64-token chunk every turn's new part is at least a
-64-token question); giving
-it the whole pass would need a pass with the chunked prompt unscheduled, which the engine's
-per-pass stash and merge of ``chunked_req`` does not allow. SGLang's own
+64-token question); giving it the whole pass would need a pass with the chunked prompt
+unscheduled, which the engine's per-pass stash and merge of ``chunked_req`` does not allow. SGLang's own
 ``--schedule-policy shortest-prefill-first`` reserves chunk budget for waiting prompts shorter
 than it; this switch does not change the policy. So such a prompt is a burst the share cannot
 bound: its room is negative, so no window is given while it waits (it pays what it found and
@@ -106,8 +106,9 @@ class Bound:
 
     def on_pass(self, t: int, chunked: Any, waiting: Any, step_alone: int | None = None) -> list[tuple[int, int]]:
         """A pass entered at ``t`` with ``chunked`` (the chunked prompt or None) and ``waiting`` (the
-        waiting queue); ``step_alone``: the streams' step alone where the closed loop measures it. Returns ``(lag, ttft)`` (ns) of each prompt whose first token the pass
-        before gave beyond its bound (:meth:`unbounded`): a lag it inherited."""
+        waiting queue); ``step_alone``: the streams' step alone where the closed loop measures it.
+        Returns ``(lag, ttft)`` (ns) of each prompt whose first token the pass before gave beyond
+        its bound (:meth:`unbounded`): a lag it inherited."""
         if self._last_t is not None:
             took = t - self._last_t
             if self._window_step:
