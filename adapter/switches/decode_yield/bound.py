@@ -37,7 +37,7 @@ it at once), nothing a later window does can undo it, and the prompt cannot be l
 engine admits a waiting prompt into a pass beside the chunked prompt's chunk only whole, within
 the chunk budget, and tracks one chunked prompt at a time (``PrefillAdder`` refuses a second one
 that needs chunking), so a prompt a chunk long or longer cannot overtake within a pass (on
-``bench_serving``'s chat traffic at the gate's 64-token chunk every turn's new part is at least a
+``bench_serving``'s chat traffic at a 64-token chunk every turn's new part is at least a
 64-token question); giving it the whole pass would need a pass with the chunked prompt
 unscheduled, which the engine's per-pass stash and merge of ``chunked_req`` does not allow. SGLang's own
 ``--schedule-policy shortest-prefill-first`` reserves chunk budget for waiting prompts shorter
