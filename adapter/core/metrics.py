@@ -117,6 +117,10 @@ METRICS: tuple[Metric, ...] = (
     Metric("dsv41_decode_yield_bursts_total", "decode_yield", "burst",
            "Prefill backlogs in which the share could not be given without holding a prompt beyond its "
            "bound (a burst beyond what the share allows): the streams got less than pct."),
+    # decode yield: one `unbounded` line per prompt served beyond its bound (a lag it found on arrival)
+    Metric("dsv41_decode_yield_prompts_unbounded_total", "decode_yield", "unbounded",
+           "Prompts whose first token came beyond 1 / (1 - pct) of their stock TTFT plus one window: they "
+           "arrived into a backlog the windows had already lengthened, and inherited that lag."),
     # SWA thin: the `demoted` line reports running totals
     Metric("dsv41_swa_thin_hooked_inserts_total", "swa_thin", "demoted",
            "Checkpoint inserts of a UnifiedTreeCore cache that SWA thin saw (hooked).", "cumulative", _num("hooked")),

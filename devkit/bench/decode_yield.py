@@ -170,7 +170,8 @@ def _ab(a: Any, b: Any, reset: Any, reps: int) -> tuple[float, float]:
 
 def _bound_ledger_copy(ledger: dict[str, Any]) -> dict[str, Any]:
     """A copy of decode yield's bound ledger (its slots) that later passes cannot change."""
-    return {name: dict(v) if isinstance(v, dict) else copy.deepcopy(v) if hasattr(v, "samples") else v
+    return {name: dict(v) if isinstance(v, dict) else list(v) if isinstance(v, list)
+            else copy.deepcopy(v) if hasattr(v, "samples") else v
             for name, v in ledger.items()}
 
 

@@ -1,7 +1,8 @@
 """Decode yield's bound on the prompts (adapter/switches/decode_yield/bound.py) on the real SGLang
 scheduler (devkit.testkit.scheduler) with scripted wall times: a prompt waiting behind the chunked
 one is not held beyond what the share allows it, the streams keep their share where the bound
-allows it, a cut window leaves no debt, and a backlog the share cannot serve says so."""
+allows it, a cut window leaves no debt, a backlog the share cannot serve says so, and a prompt that
+arrives into a backlog the windows have lengthened keeps its bound or is counted."""
 
 from __future__ import annotations
 
@@ -121,3 +122,77 @@ def test_the_lag_is_forgotten_once_no_prompt_waits():
     h.run(2)
     bound = h.scheduler.__dict__[ATTR].bound
     assert bound.lag == 0 and not bound.bursting and not bound.stamps
+
+
+def _run_at(pct: int | None, after_ms: int):
+    """Two streams decode; a 16-chunk prompt prefills; a one-chunk prompt arrives ``after_ms`` of
+    clock after it (the same moment with and without the switch: stock has then served more of
+    the long prompt). Returns (trace from the long prompt on, long, the short prompt's TTFT in
+    ns, the ledger's lag when it arrived, the trace index it arrived at, the harness); one pass
+    runs after its first token."""
+    importlib.import_module("sglang.srt.managers.scheduler")
+    if pct is not None:
+        boot.install({"DSV41_DECODE_YIELD": str(pct), "DSV41_DEBUG_LOG": "1"})
+    h = build_scheduler(page_size=1, pool_tokens=1 << 15, chunked_prefill_size=CHUNK, max_reqs=16)
+    clock = ScriptedClock(COSTS)
+    h.on_forward = clock.forward
+    controller.now = clock.now
+    [h.add_request(32, max_new_tokens=4000) for _ in range(2)]
+    h.drain()
+    h.run(8)
+    long = h.add_request(LONG, max_new_tokens=2)
+    start, t0 = len(h.trace), clock.t
+    short = arrived = lag = at = None
+    while short is None or not short.output_ids:
+        assert h.step().kind != "idle" and len(h.trace) - start < 2000
+        if short is None and clock.t - t0 >= after_ms * 10**6:
+            short, arrived, at = h.add_request(40, max_new_tokens=4), clock.t, len(h.trace) - start
+            state = h.scheduler.__dict__.get(ATTR)
+            lag = state.bound.lag if state is not None else 0
+    ttft = clock.t - arrived
+    h.step()  # the pass after its first token: the ledger weighs the prompt it served
+    return h.trace[start:], long, ttft, lag, at, h
+
+
+def _against_stock(pct: int, after_ms: int):
+    """(short's TTFT, its stock TTFT, one window in ns, the ledger's lag on its arrival, the decode
+    steps between the long prompt's chunks after its arrival, the ledger)."""
+    steps, long, ttft, lag, at, h = _run_at(pct, after_ms)
+    boot.uninstall()
+    stock_ttft = _run_at(None, after_ms)[2]
+    chunks = [i for i, s in enumerate(steps) if s.kind == "prefill" and long.rid in s.rids]
+    gaps = [_decodes_between(steps, a, b) for a, b in itertools.pairwise(chunks)]
+    window_ns = max(gaps) * COSTS(steps[chunks[0] + 1])
+    after = [_decodes_between(steps, a, b) for a, b in itertools.pairwise(chunks) if a >= at]
+    return ttft, stock_ttft, window_ns, lag, after, h.scheduler.__dict__[ATTR].bound
+
+
+@pytest.mark.parametrize("after_ms", [30, 50, 210])
+def test_a_prompt_arriving_into_a_lagged_backlog_within_its_share_keeps_its_bound_uncounted(after_ms, debug_lines):
+    """The windows have already delayed the long prompt when the short one arrives (a lag it
+    finds), but the long prompt's rest ahead of it is long enough that the lag is within its
+    share (at 210 ms it arrives in the last window: the lag it finds is that rest, not the
+    ledger's): its TTFT stays within 1 / (1 - pct) of stock's plus one window, and nothing counts it."""
+    ttft, stock_ttft, window_ns, lag, _, bound = _against_stock(50, after_ms)
+    assert lag > 0  # it arrived into a backlog the windows had lengthened
+    assert ttft <= stock_ttft / (1 - 0.50) + window_ns, (ttft, stock_ttft, window_ns)
+    assert bound.late == 0
+    assert not [line for line in debug_lines if "decode_yield unbounded" in line]
+
+
+@pytest.mark.parametrize("after_ms", [100, 150])
+def test_a_prompt_that_inherits_more_lag_than_its_share_allows_is_counted_and_stops_the_windows(after_ms,
+                                                                                            debug_lines):
+    """Stock has almost served the long prompt when the short one arrives; with the switch about
+    half of it is still ahead, a lag no window of the short prompt's own added (the engine admits
+    one chunked prompt at a time, so it cannot go first). Its TTFT is past 1 / (1 - pct) of stock's
+    plus one window: the ledger counts it (``unbounded`` line with its TTFT and lag, the metric's
+    count), and no window is given while it waits, so the lag it pays is only what it found."""
+    ttft, stock_ttft, window_ns, _, after, bound = _against_stock(50, after_ms)
+    assert ttft > stock_ttft / (1 - 0.50) + window_ns, (ttft, stock_ttft, window_ns)
+    assert bound.late == 1
+    lines = [receipts.parse_line(line) for line in debug_lines if "decode_yield unbounded" in line]
+    assert len(lines) == 1 and lines[0].params["share"] == "50"
+    assert abs(float(lines[0].params["ttft_ms"]) * 1e6 - ttft) <= 0.1e6  # stamped on the pass it arrived at
+    assert float(lines[0].params["lag_ms"]) * 1e6 > 0.5 * ttft  # the lag it paid: past pct of its TTFT
+    assert after and after == [0] * len(after)  # no window while it waits

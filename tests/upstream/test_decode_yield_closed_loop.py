@@ -26,7 +26,8 @@ def _clock_restored(monkeypatch):
 
 def test_a_step_change_in_decode_cost_mid_prompt_is_followed():
     """Decode steps cost 2 ms, then 5 ms from chunk 20 on (a chunk 10 ms): the loop re-estimates the
-    step and holds pct 50 on both sides; the open-loop model, right for the first half, is not."""
+    step and holds pct 50 on both sides; the open-loop model, right for the first half, is not, and
+    only the prompts' bound stops it."""
     def script() -> Script:
         return Script(lambda k: 10 * MS, lambda k: 2 * MS if k < 20 else 5 * MS)
 
@@ -39,9 +40,12 @@ def test_a_step_change_in_decode_cost_mid_prompt_is_followed():
     # 0.71: its first step is valued at the step alone before it, 2 ms), and the next window repays
     # what is left over
     assert found[20][1] == 4 and found[21][1] == 0
-    # the open-loop model with the first half's costs (chunk 10 ms, step 2 ms): 0.71 once the step is 5 ms
+    # the open-loop model with the first half's costs (chunk 10 ms, step 2 ms): 0.71 once the step is 5 ms,
+    # until the long prompt's own lag reaches pct of its time: then the prompts' bound cuts its windows
+    # (bound.py), so the prompt is not held past its bound and the streams get only the lag it allows
     model = _run(50, script(), mode="model", env=MODEL_10_2)
-    assert abs(_share(model[2:20]) - 0.50) <= 0.03 and _share(model[22:]) > 0.65
+    assert abs(_share(model[2:20]) - 0.50) <= 0.03 and _share(model[22:26]) > 0.65
+    assert [c[1] for c in model[-8:]] == [0] * 8 and _share(model[20:]) < 0.6
 
 
 def test_a_slow_chunk_is_repaid_by_the_next_window_and_no_more():

@@ -27,14 +27,17 @@ changes: chunk boundaries, batch contents and outputs stay the engine's own.
 **What the share means with many prompts in flight** (:mod:`adapter.switches.decode_yield.bound`):
 ``pct`` is the streams' share of the wall time of *all* prefill work, not of one prompt's chunks: a
 window defers the whole next prefill batch, so it delays every prompt then waiting, the chunked one
-and each one queued behind it. The bound: a window is cut so that no prompt waiting when it is armed
-is held beyond ``1 / (1 - pct)`` of its stock TTFT (the lag the windows of the current backlog have
-added is at most ``pct`` of its own time to first token), give or take one step; a prompt arriving
+and each one queued behind it. The bound: a window is cut so that no waiting prompt is held beyond
+``1 / (1 - pct)`` of its stock TTFT (its lag, what it found on arrival and the window steps given
+since, at most ``pct`` of its own time to first token), give or take one step; a prompt arriving
 during a window waits that window out. Where the share cannot be given within that (prefill
 arriving faster than ``1 - pct`` of the prefill rate: a burst), windows are cut, the streams get
 less, a ``burst`` line says so (at most one per backlog and per 10 s) and the window line carries
 ``cut``; a cut window leaves the closed loop no debt to repay. A prompt that arrives into a backlog
-the windows have already lengthened inherits that lag (at most the backlog's remaining prefill).
+the windows have already lengthened, near its end, finds more lag than its share (it cannot go
+first: the engine schedules one chunked prompt at a time): no window is given while it waits, and
+if its first token still comes past its bound it is counted (``unbounded`` line,
+``dsv41_decode_yield_prompts_unbounded_total``). Which prompts the bound covers: bound.py.
 
 Under ``--enable-mixed-chunk`` the running rows also decode one token inside the chunk
 (``Scheduler`` mixes them in and sets ``batch.decoding_reqs``); the share is on the streams' token
@@ -175,7 +178,15 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
             return wrapped(*args, **kwargs)
         ctl = state.ctl
         state.pass_t = t = controller.now()
-        state.bound.on_pass(t, instance.chunked_req is not None or bool(instance.waiting_queue))
+        step_alone = ctl.step_ns() if ctl is not None else None
+        for lag, ttft in state.bound.on_pass(t, instance.chunked_req, instance.waiting_queue, step_alone):
+            # a prompt served beyond its bound: it found a lag no window of its own added (bound.py)
+            late = {"share": pct, "lag_ms": round(lag / 1e6, 1), "ttft_ms": round(ttft / 1e6, 1),
+                    "waiting": len(instance.waiting_queue)}
+            if state.bound.log_line("unbounded", t):  # a line at most every BURST_LOG_S, each prompt counted
+                ctx.event("unbounded", **late)
+            else:
+                ctx.tally("unbounded", **late)
         if ctl is not None:
             # the overlap loop's pass waits on the batch before the one it launched: one more in a row
             ctl.on_pass(t, 3 if getattr(instance, "enable_overlap", False) else 2)
@@ -183,7 +194,8 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
         batch = plan.batch_to_run
         extend = batch is not None and batch.forward_mode.is_extend()
         # not extend: a decode batch (DP attention's idle batches are refused)
-        state.bound.ran(sum(batch.extend_lens) if extend else 0, batch is not None and not extend)
+        state.bound.ran(sum(batch.extend_lens) if extend else 0, batch is not None and not extend,
+                        batch.reqs if extend else (), instance.chunked_req)
         if ctl is not None:
             ctl.ran(batch is not None and not extend)
         chunked = instance.chunked_req
@@ -244,7 +256,7 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
             state.bound.bursting = True
             burst = {"share": pct, "lag_ms": round(state.bound.lag / 1e6, 1), "waiting": len(instance.waiting_queue),
                      "planned": n + cut, "allowed": n}
-            if state.bound.log_burst(state.pass_t):  # a line at most every BURST_LOG_S, every backlog counted
+            if state.bound.log_line("burst", state.pass_t):  # a line at most every BURST_LOG_S, every backlog counted
                 ctx.event("burst", **burst)
             else:
                 ctx.tally("burst", **burst)
