@@ -55,6 +55,10 @@ class ServerFailed(RuntimeError):
     """The server did not come up (exited, or not ready in time); everything it started is stopped."""
 
 
+PORT_RETRIES = 2
+PORT_TAKEN = "address already in use"  # uvicorn's bind error (errno 98)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -142,18 +146,38 @@ class Server:
         return ["timeout", "-k", "10", str(self.max_life_s), self.python, "-m", "sglang.launch_server", *self.args]
 
     def start(self) -> Server:
+        """Boot and wait until ready. A port taken between :func:`free_port` and the server's bind
+        (another process on the machine got it first) is retried on a fresh port, at most
+        :data:`PORT_RETRIES` times; the log keeps every attempt."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        t0 = time.monotonic()
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                         cwd=self.cwd, start_new_session=True)
-        try:
-            self._wait_ready(t0)
-        except BaseException:
-            self.stop()
-            raise
-        self.startup_s = time.monotonic() - t0
-        return self
+        for attempt in range(PORT_RETRIES + 1):
+            t0 = time.monotonic()
+            with open(self.log_path, "ab" if attempt else "wb") as log:
+                self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                             cwd=self.cwd, start_new_session=True)
+            try:
+                self._wait_ready(t0)
+            except ServerFailed:
+                self.stop()
+                if attempt == PORT_RETRIES or not self._lost_its_port():
+                    raise
+                self._move_to(free_port())
+                continue
+            except BaseException:
+                self.stop()
+                raise
+            self.startup_s = time.monotonic() - t0
+            return self
+        raise AssertionError("unreachable")
+
+    def _lost_its_port(self) -> bool:
+        return PORT_TAKEN in self.log_text() and self.proc is not None and self.proc.poll() is not None
+
+    def _move_to(self, port: int) -> None:
+        with open(self.log_path, "a") as log:
+            log.write(f"\n[launcher] port {self.port} was taken before the server bound it: again on port {port}\n")
+        self.args[self.args.index("--port") + 1] = str(port)
+        self.port = port
 
     def _wait_ready(self, t0: float) -> None:
         assert self.proc is not None

@@ -1,6 +1,8 @@
 """End-to-end: SGLang 0.5.23's HTTP server on CPU through the kit's launcher (slow: each boot takes
 20-120 s on a shared 2-core machine). One server at a time, always stopped."""
 
+import socket
+
 import pytest
 
 from adapter.core import receipts, registry
@@ -29,6 +31,20 @@ def test_server_boots_on_cpu_with_the_overlay_logs_its_receipts_and_generates_gr
     assert any("Tree cache initialized" in line and "hybrid_swa=True" in line for line in lines)
     assert len(first["output_ids"]) == 12 and first["output_ids"] == second["output_ids"]
     assert first["meta_info"]["cached_tokens"] == 0 and second["meta_info"]["cached_tokens"] == 299
+
+
+def test_a_server_whose_port_another_process_took_boots_again_on_a_fresh_port(tiny_model, tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        server = launcher.Server(launcher.server_args(tiny_model, port), tmp_path / "server.log", {})
+        with server:
+            assert server.port != port and server.args[server.args.index("--port") + 1] == str(server.port)
+            assert len(client.generate(server.base_url, [5, 6, 7], 2)["output_ids"]) == 2
+    text = server.log_text()
+    assert launcher.PORT_TAKEN in text and f"[launcher] port {port} was taken" in text
+    assert launcher.members(server.proc.pid) == []
 
 
 def test_launcher_leaves_no_process_behind_when_the_server_fails_to_boot(tmp_path):
