@@ -353,12 +353,16 @@ class CacheKit:
 
 
 def build(geometry: Geometry = SMALL, backend: str = "python", session: bool = False,
-          eviction_policy: str = "lru", kv_dtype: Any = None, hicache: HiCache | None = None) -> CacheKit:
+          eviction_policy: str = "lru", kv_dtype: Any = None, hicache: HiCache | None = None,
+          dsv4: Any = None) -> CacheKit:
     """A real ``UnifiedRadixCache`` with FULL + SWA components on CPU (the construction of the
     upstream kit's ``build_fixture``, without its inspector). ``backend`` is ``"python"``,
     ``"rust"`` or ``None`` (None: the env var / default, as the engine does); ``session`` turns on
     the session radix cache (its LRU ``mid`` partition); ``kv_dtype``: the KV pools' dtype
-    (bfloat16 when None); ``hicache``: HiCache attached (:class:`HiCache`)."""
+    (bfloat16 when None); ``hicache``: HiCache attached (:class:`HiCache`); ``dsv4``: a
+    :class:`.dsv4_pool.Dsv4Pool`: SGLang's ``DeepSeekV4TokenToKVPool`` at those sizes instead of a
+    one-layer ``SWAKVPool`` (the geometry's pool sizes become the configured ones; with ``hicache``,
+    SGLang's DeepSeek-V4 host stack)."""
     import torch
     from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
@@ -367,15 +371,20 @@ def build(geometry: Geometry = SMALL, backend: str = "python", session: bool = F
     from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
-    g = geometry
+    g = geometry if dsv4 is None else geometry.with_pools(full_tokens=dsv4.full, swa_tokens=dsv4.swa)
     server_args = set_server_args(g.page, hicache)
     pool = ReqToTokenPool(size=g.max_reqs, max_context_len=g.max_ctx, device="cpu", enable_memory_saver=False)
-    dtype = torch.bfloat16 if kv_dtype is None else kv_dtype
-    kv = SWAKVPool(size=g.full_tokens, size_swa=g.swa_tokens, page_size=g.page, dtype=dtype,
-                   head_num=1, head_dim=1, swa_attention_layer_ids=[0], full_attention_layer_ids=[1],
-                   device="cpu")
-    allocator = SWATokenToKVPoolAllocator(size=g.full_tokens, size_swa=g.swa_tokens, page_size=g.page,
-                                          dtype=dtype, device="cpu", kvcache=kv, need_sort=False)
+    if dsv4 is not None:
+        from overlay_tools.simulate import dsv4_pool
+
+        _, allocator = dsv4_pool.build_kv(dsv4, pool)
+    else:
+        dtype = torch.bfloat16 if kv_dtype is None else kv_dtype
+        kv = SWAKVPool(size=g.full_tokens, size_swa=g.swa_tokens, page_size=g.page, dtype=dtype,
+                       head_num=1, head_dim=1, swa_attention_layer_ids=[0], full_attention_layer_ids=[1],
+                       device="cpu")
+        allocator = SWATokenToKVPoolAllocator(size=g.full_tokens, size_swa=g.swa_tokens, page_size=g.page,
+                                              dtype=dtype, device="cpu", kvcache=kv, need_sort=False)
     params = CacheInitParams(
         disable=False, req_to_token_pool=pool, token_to_kv_pool_allocator=allocator, page_size=g.page,
         sliding_window_size=g.window, tree_components=(ComponentType.FULL, ComponentType.SWA),
