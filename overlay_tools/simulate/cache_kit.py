@@ -173,6 +173,10 @@ class CacheKit:
         # machine's preemption does not land in the figures.
         self.timings: dict[str, list[int]] | None = None
         self.loaded_from_host = self.load_backs = 0  # HiCache: Full tokens loaded back, load-backs
+        # Tokens an allocation keeps free beyond itself (0: evict only the shortfall). The replay sets
+        # SGLang's over-estimate: alloc_paged_token_slots_extend evicts for the batch's extend + a page
+        # per request before it allocates.
+        self.alloc_headroom = 0
         self.baseline = (allocator.full_available_size(), allocator.swa_available_size())
 
     # -- allocation -----------------------------------------------------------------------------
@@ -182,6 +186,8 @@ class CacheKit:
         page = self.geometry.page
         assert n % page == 0, f"allocations are whole pages: {n} % {page}"
         a = self.allocator
+        if self.alloc_headroom:
+            self.reserve(n + self.alloc_headroom)
         short_full = n - a.full_attn_allocator.available_size()
         short_swa = n - a.swa_attn_allocator.available_size()
         if short_full > 0 or short_swa > 0:
@@ -197,6 +203,14 @@ class CacheKit:
         a.full_to_swa_index_mapping[full] = swa
         self.swa_alloc_tokens += n
         return full
+
+    def reserve(self, num_tokens: int) -> None:
+        """SGLang's eviction before an allocation (``evict_from_tree_cache``: the allocator evicts
+        until ``num_tokens`` Full and SWA slots are free, or nothing evictable is left)."""
+        from sglang.srt.mem_cache.common import evict_from_tree_cache
+
+        self.evict_calls += 1
+        evict_from_tree_cache(self.cache, num_tokens)
 
     # -- request life cycle ---------------------------------------------------------------------
     def admit(self, tokens: list[int], out_len: int = 0, rid: str | None = None, session_id: str | None = None) -> Any:

@@ -189,6 +189,9 @@ class Replay:
             rows: list[tuple[int, int]] = []
             budget = self.chunk
             pending_done: list[Running] = []
+            # Eviction before each allocation of this pass as SGLang's alloc_paged_token_slots_extend
+            # over-estimates it: the pass's extend plus a page for each of its requests so far.
+            kit.alloc_headroom = self.page
             if chunked is not None:
                 x = chunked
                 start = x.ct.pos
@@ -213,6 +216,7 @@ class Replay:
                 # the scheduler's new_token_ratio): the decoding requests, and those admitted or
                 # chunked in this pass (they join the running batch after it).
                 batch = [y.sync_output() for y in (*decoding, *pending_done)]
+                kit.alloc_headroom = (len(pending_done) + (chunked is not None) + 1) * self.page
                 ct = cone.start_turn(kit, tokens, r.output_length - decoded, self.chunk, budget=budget,
                                      rid=f"t{r.index}" + (f"r{self.retractions}" if again else ""),
                                      running_batch=ScheduleBatch(reqs=batch), new_token_ratio=self.ratio.current)
@@ -251,6 +255,7 @@ class Replay:
                     chunked = x
                 else:
                     pending_done.append(x)
+            kit.alloc_headroom = 0
             if rows or pending_done:
                 cost = cost_model.chunk_cost(rows, self.coef) if rows else 0
                 t += cost
@@ -274,6 +279,8 @@ class Replay:
             if ready and not waiting:
                 steps = min(steps, max(1, -(-(ready[0][0] - t) // max(step_fs, 1))))
             steps = max(1, steps)
+            if steps > 1:  # the steps after a page step evict again for the batch (alloc_for_decode)
+                kit.reserve(len(decoding) * self.page)
             cost = steps * self._step_fs(decoding, steps // 2)
             t += cost
             self.busy_fs += cost
@@ -293,6 +300,7 @@ class Replay:
         ``release_req`` does (no insert), and ``new_token_ratio`` is re-estimated from those left.
         Returns the retracted, to be queued first. Out-of-window SWA of the running requests is
         released as ``maybe_evict_swa`` does."""
+        from sglang.srt.environ import envs
         from sglang.srt.managers.scheduler_components.new_token_ratio_tracker import NewTokenRatioTracker
         from sglang.srt.mem_cache.common import release_kv_cache
 
@@ -317,6 +325,7 @@ class Replay:
                                     "running": {y.r.index: y.decoded for y in order}})
                 req = x.ct.req
                 release_kv_cache(req, kit.cache, checkpoint=False)
+                kit.reserve(len(order) * envs.SGLANG_RETRACT_DECODE_STEPS.get())  # release_req's eviction
                 req.reset_for_retract()
                 x.ct.req = None
                 self.retractions += 1
@@ -327,6 +336,7 @@ class Replay:
             decoding[:] = [x for x in decoding if x.ct.req is not None]
             self.ratio.current = NewTokenRatioTracker.estimate_new_token_ratio_after_retract(
                 [x.ct.req for x in decoding])
+        kit.reserve(len(decoding) * page)  # alloc_for_decode: a page for every request, over-estimated
         for x in decoding:
             if x.room == 0:
                 req = x.ct.req
