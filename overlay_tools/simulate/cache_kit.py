@@ -115,14 +115,15 @@ class TransferCounter:
 
 def attach_hicache(cache: Any, params: Any, server_args: Any) -> None:
     """``init_hicache`` as ``create_unified_radix_cache`` calls it after building the cache, over the
-    host route (:func:`.host_route.apply`, pinned); the cache reports its transfers to a :class:`TransferCounter`
-    (``cache.metrics_collector``)."""
+    host route (:func:`.host_route.apply`, pinned) and within :func:`.host_route.host_budget`; the cache
+    reports its transfers to a :class:`TransferCounter` (``cache.metrics_collector``)."""
     from overlay_tools.simulate import host_route
 
     host_route.apply()
     if cache.metrics_collector is None:
         cache.metrics_collector = TransferCounter()
-    cache.init_hicache(server_args, params)
+    with host_route.host_budget():  # this machine's free RAM, without a serving node's 10 GiB reserve
+        cache.init_hicache(server_args, params)
 
 
 @dataclass(frozen=True)

@@ -44,19 +44,24 @@ _POOL = "sglang.srt.mem_cache.deepseek_v4_memory_pool"
 _KVC = "sglang.srt.mem_cache.kv_cache_configurator"
 _HOST = "sglang.srt.mem_cache.hybrid_cache.hybrid_pool_assembler"
 PINS = {
-    # the sizes: the configurator a DSV4 boot builds, and the two calls that give the pool sizes
+    # the sizes: the configurator a DSV4 boot builds, and what gives the pool sizes (tails in cap mode)
     f"{_CFG}:DSV4PoolConfigurator.__init__": "bfa7e9dd41c21d6f36a0c31292aa94ec61b8662a610d6425d78587d8b08c1059",
     f"{_CFG}:DSV4PoolConfigurator.calculate_pool_sizes_from_max_tokens": (
         "c92cde13ed72cba01604e77cdf9a11cf7f44ba79105ffc9e3eb19ab0b5044850"),
     f"{_CFG}:DSV4PoolConfigurator.finalize_with_max_running_requests": (
         "be64fa68f4456c055f6e743e8b8426e8f923eac3beeb0216bae7985c1db6f40e"),
-    f"{_CFG}:DSV4PoolConfigurator._compute_dsv4_sizes": "06830ac00e5b1894643b7ea149b133faefa4400913cf73d45abc0a85e5d77f0e",
-    f"{_CFG}:DSV4PoolConfigurator._resolve_swa_cap_tokens": "ab17ab73ad147c662b052451d745c8ae10cff86eb8cf3af6c706aaf32388cfe8",
+    f"{_CFG}:DSV4PoolConfigurator._compute_dsv4_sizes": (
+        "06830ac00e5b1894643b7ea149b133faefa4400913cf73d45abc0a85e5d77f0e"),
+    f"{_CFG}:DSV4PoolConfigurator._resolve_swa_cap_tokens": (
+        "ab17ab73ad147c662b052451d745c8ae10cff86eb8cf3af6c706aaf32388cfe8"),
     # the pool and the allocator, built as the engine's KV cache configurator builds them
     f"{_POOL}:DeepSeekV4TokenToKVPool.__init__": "2d9d15898f70c7814f372524bf99c9cfaabb9c44b385d61245396a9c91040ad4",
-    f"{_KVC}:KVCacheConfigurator._build_dsv4_kv_pool": "9c8be23a7d4cbfe51379c0393169949fa41d2fa99f2442d6663b5d1ffc62469f",
-    f"{_KVC}:KVCacheConfigurator._build_token_to_kv_pool_allocator": "a0bc1c4af3054a7b01af841b7911a6c8e9718204e75f3d81539f9a1ceb57162e",
-    "sglang.srt.mem_cache.allocator.swa:SWATokenToKVPoolAllocator.__init__": "afacb9cfb673a688360595c8642a89b97a50de2d6453c7bcfc6f862c41a3494a",
+    f"{_KVC}:KVCacheConfigurator._build_dsv4_kv_pool": (
+        "9c8be23a7d4cbfe51379c0393169949fa41d2fa99f2442d6663b5d1ffc62469f"),
+    f"{_KVC}:KVCacheConfigurator._build_token_to_kv_pool_allocator": (
+        "a0bc1c4af3054a7b01af841b7911a6c8e9718204e75f3d81539f9a1ceb57162e"),
+    "sglang.srt.mem_cache.allocator.swa:SWATokenToKVPoolAllocator.__init__": (
+        "afacb9cfb673a688360595c8642a89b97a50de2d6453c7bcfc6f862c41a3494a"),
     # +hicache: the DSV4 host stack init_hicache selects for this pool
     f"{_HOST}:_DeepSeekV4Strategy.matches": "8e96ee470e6aea382285b2cbf31ada1381644be2d6c8efbdb1c56cd218125298",
     f"{_HOST}:build_deepseek_v4_hicache_stack": "e5f13dc15ba71288bb271cce4f707a59a296c8eb36dbef0ac63eb019fb5e1039",

@@ -3,9 +3,12 @@
 Geometry: page, chunk, ``--swa-prefix-tails`` and ``--max-running-requests`` from the profile's
 launch line (SGLang's own parser, :func:`adapter.ops.check.parse_launch`); the sliding window, layer
 count and the cone's bound from the model's ``config.json`` (``check.read_model`` /
-cone replay's own predictor and decision); the SWA pool from SGLang's
-``DSV4PoolConfigurator._resolve_swa_cap_tokens`` for that many tails at that many running requests
-(:func:`.swa_pool.swa_pool_for_tails`); the Full pool from ``--kv-tokens``, else the
+cone replay's own predictor and decision); for a DeepSeek-V4 model every pool from SGLang's
+``DSV4PoolConfigurator`` at the model's compression ratios (:func:`.dsv4_pool.configure`; the replay
+runs on SGLang's ``DeepSeekV4TokenToKVPool``, one layer per ratio standing in), for another SWA model
+the SWA pool from the configurator's cap-mode formula (``DSV4PoolConfigurator._resolve_swa_cap_tokens``
+for that many tails at that many running requests, :func:`.swa_pool.swa_pool_for_tails`) on a
+one-layer ``SWAKVPool``; the Full pool from ``--kv-tokens``, else the
 launch line's ``--max-total-tokens``, else :data:`DEFAULT_FULL_TOKENS` (an assumption, said in the
 output). Without a model folder the production profile's DeepSeek-V4.1 is assumed: window 128, 61
 layers, the last one C128, last KV source at layer 10, decoder SWA bounded replay on as SGLang
@@ -18,7 +21,8 @@ Policies (the switches installed through the registry's boot, as a serving proce
 * ``thin``: ``DSV41_SWA_THIN=1`` (which turns on the Python core and ``fast_tree_core``).
 * ``thin+cone``: ``DSV41_SWA_THIN=1 DSV41_SWA_CONE_REPLAY=1 DSV41_SWA_CONE_TOKENS=N``.
 * ``stock+hicache``, ``thin+cone+hicache``: the same with HiCache's host tier attached
-  (``init_hicache`` as ``--enable-hierarchical-cache`` does; :class:`.cache_kit.HiCache`):
+  (``init_hicache`` as ``--enable-hierarchical-cache`` does; :class:`.cache_kit.HiCache`; on the DSV4
+  pool SGLang selects its DeepSeek-V4 host stack):
   host pools of ``--hicache-ratio`` x each device pool, ``--hicache-write-policy`` from the launch
   line (SGLang's defaults: ratio 2, write_through), and the admission's load-back of host hits.
   Run by default only when the profile's launch line enables HiCache (:func:`default_policies`).

@@ -67,11 +67,13 @@ def left_out(kv_park: bool = False, dsv4: Any = None) -> list[str]:
         "admission: a real PrefillAdder per request with the running batch reserved at new_token_ratio, but "
         "FCFS in arrival order (no LPM / priority reordering), one chunked request at a time, and the chunked "
         "request reserved like a running one (not through add_chunked_req)",
+        "eviction: before each allocation, by as much as SGLang over-estimates it (a prefill pass's extend plus a "
+        "page per request, a page per decoding request each step, release_req's retract steps), but a prefill "
+        "pass evicts request by request as it admits them (the engine admits the whole pass, then evicts once)",
         "outputs run to the trace's output_length (no early stop): new_token_ratio's early-EOS estimate only "
         "under-reserves, never over",
         "retraction: the retracted request comes back as its prompt + whole pages of its output (the "
-        "rest of its output is decoded again); release_req's extra eviction of retract-steps headroom is not "
-        "done" + ("; DSV41_KV_PARK (in the profile): a parked request's KV comes back with no prefill and no "
+        "rest of its output is decoded again)" + ("; DSV41_KV_PARK (in the profile): a parked request's KV comes back with no prefill and no "
                   "cost (the host restore time is not modelled; pages are re-allocated at re-admission)"
                   if kv_park else "; DSV41_KV_PARK is off in the profile: retracted requests are recomputed"),
         "SWA: running requests' out-of-window SWA is released at page events (maybe_evict_swa per step in the "

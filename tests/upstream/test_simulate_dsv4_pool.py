@@ -151,12 +151,30 @@ def test_a_hicache_replay_at_dsv4_geometry_runs_on_sglangs_dsv4_host_stack(tmp_p
     assert stock[-1].prefix == 0 and stock[-1].recomputed == last.recomputed + 512
 
 
-def test_every_pin_of_the_dsv4_pool_matches_the_installed_sglang_and_a_drifted_one_refuses_by_name(monkeypatch):
+def test_every_pin_of_the_dsv4_pool_and_the_replay_matches_the_installed_sglang_and_a_drifted_one_refuses_by_name(
+        monkeypatch):
     from adapter.core import pins
 
-    assert [c.describe() for c in (pins.check(t, dsv4_pool.PINS) for t in dsv4_pool.PINS) if not c.ok] == []
+    for table in (dsv4_pool.PINS, engine.PINS):
+        assert [c.describe() for c in (pins.check(t, table) for t in table) if not c.ok] == []
+    monkeypatch.setitem(engine.PINS, "sglang.srt.mem_cache.common:evict_from_tree_cache", "0" * 64)
+    with pytest.raises(engine.ReplayRefused, match=r"evict_from_tree_cache drifted from the pin"):
+        engine.check_pins()
     target = "sglang.srt.mem_cache.deepseek_v4_memory_pool:DeepSeekV4TokenToKVPool.__init__"
     monkeypatch.setitem(dsv4_pool.PINS, target, "0" * 64)
     with pytest.raises(dsv4_pool.PoolRefused, match=r"DeepSeekV4TokenToKVPool.__init__ drifted from the pin"):
         dsv4_pool.configure(ratios=V41_RATIOS, kv_sources=(), window=WINDOW, page=PAGE, chunk=CHUNK,
                             max_running=RUNNING, tails=2, full_tokens=16 * PAGE)
+
+
+def test_the_host_pools_are_booked_against_free_ram_without_a_serving_nodes_reserve(tmp_path, monkeypatch):
+    """SGLang's host pools refuse to allocate unless the machine keeps 10 GiB free beside them (a serving
+    node's reserve). ``simulate`` is the only thing its process runs: it books them against the RAM
+    that is free (SGLang's ``host_memory_budget_scope``), so a reserve no machine has does not stop
+    the replay; a pool that does not fit still refuses with SGLang's own error."""
+    from sglang.srt.mem_cache.pool_host import base
+
+    monkeypatch.setattr(base, "HICACHE_HOST_MEMORY_RESERVE_BYTES", 1 << 50)
+    requests = _trace(tmp_path, [(0, 512, 16, [1])])
+    kit, turns = _replay(_fleet(8), requests, "stock+hicache")
+    assert dsv4_pool.host_stack(kit.cache) == DSV4_HOST_STACK and turns[0].recomputed == 512
