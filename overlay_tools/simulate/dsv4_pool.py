@@ -20,10 +20,10 @@ one C128, become two), which is what lets a fleet-sized pool (4M Full tokens) fi
 memory; every pool keeps the size the configurator gave it. No KV is written (no forward runs).
 
 Invariants (checked by ``tests/upstream/test_simulate_dsv4_pool.py``): the pool is
-``DeepSeekV4TokenToKVPool``; its SWA size is what the configurator gives for the fleet's tails (the
-number ``simulate`` printed before, from the configurator's cap-mode formula); after the same
-requests its allocator's free Full and SWA slots equal those the engine's scheduler leaves on its own
-DSV4 pool.
+``DeepSeekV4TokenToKVPool``; its SWA size is what the configurator gives for the fleet's tails (equal
+to its cap-mode formula, :func:`.swa_pool.swa_pool_for_tails`); after the same requests its
+allocator's free and the tree's evictable Full and SWA slots equal those the engine's scheduler leaves
+on its own DSV4 pool.
 
 Everything called with a fixed signature is pinned in :data:`PINS`; a drifted target refuses with
 :class:`PoolRefused` naming it, before anything is built.
