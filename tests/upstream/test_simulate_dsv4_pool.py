@@ -63,13 +63,17 @@ def _replay(geo: fleet.Fleet, requests, policy: str = "stock"):
         fleet.uninstall()
 
 
-def _engine(geo: fleet.Fleet, requests, together: bool) -> dict[str, int]:
+def _engine(geo: fleet.Fleet, requests, together: bool, hicache: bool = False, loaded: list | None = None) -> dict[str, int]:
     """The same requests through SGLang's scheduler on its own DSV4 pool: one after another (each
-    finished before the next arrives), or all queued at once."""
+    finished before the next arrives), or all queued at once; ``hicache``: with HiCache attached
+    (write-through, the fleet's ratio), each request's tokens loaded from host appended to ``loaded``."""
     from devkit.testkit.scheduler import build_scheduler
+    from overlay_tools.simulate.cache_kit import HiCache
 
+    tier = HiCache(ratio=geo.hicache_ratio, write_policy="write_through") if hicache else None
     h = build_scheduler(page_size=PAGE, pool_tokens=geo.dsv4.full, swa_pool_tokens=geo.dsv4.swa, max_reqs=RUNNING,
-                        chunked_prefill_size=CHUNK, sliding_window=WINDOW, dsv4=True, max_context_len=8192)
+                        chunked_prefill_size=CHUNK, sliding_window=WINDOW, dsv4=True, max_context_len=8192,
+                        hicache=tier)
     reqs = []
     for r in requests:
         tokens = trace.materialize(r.prompt)
@@ -77,6 +81,8 @@ def _engine(geo: fleet.Fleet, requests, together: bool) -> dict[str, int]:
         if not together:
             h.run_until(reqs[-1].finished)
     h.run_until(lambda: all(req.finished() for req in reqs))
+    if loaded is not None:
+        loaded.extend(req.host_loaded_length for req in reqs)
     s = h.scheduler
     return _counts(s.token_to_kv_pool_allocator, s.tree_cache)
 
@@ -138,7 +144,8 @@ def test_a_hicache_replay_at_dsv4_geometry_runs_on_sglangs_dsv4_host_stack(tmp_p
     ``LogicalHostPool`` anchor; ``DeepSeekV4PagedHostPool`` for SWA, C4, C4 indexer and C128;
     ``DeepSeekV4StateHostPool`` for the two C4 states), not the generic SWA one. A's 512-token history
     is pushed off the 8-page device pool by two strangers; its next turn loads the 512 tokens back from
-    host (stock without a host tier recomputes them); nothing leaks."""
+    host (stock without a host tier recomputes them); nothing leaks. The engine's scheduler with HiCache
+    on its own DSV4 pool loads the same 512 tokens and leaves the same free and evictable slots."""
     rows = [(0, 512, 16, [1]), (1_000_000, 1024, 16, [2, 3]), (2_000_000, 1024, 16, [4, 5]),
             (3_000_000, 1024, 16, [1, 6])]
     requests = _trace(tmp_path, rows)
@@ -149,6 +156,9 @@ def test_a_hicache_replay_at_dsv4_geometry_runs_on_sglangs_dsv4_host_stack(tmp_p
     last = turns[-1]
     assert last.continuation and last.full_lost and last.loaded == 512 and last.prefix == 512
     assert stock[-1].prefix == 0 and stock[-1].recomputed == last.recomputed + 512
+    loaded: list[int] = []
+    assert _counts(kit.allocator, kit.cache) == _engine(geo, requests, together=False, hicache=True, loaded=loaded)
+    assert loaded == [turn.loaded for turn in turns] == [0, 0, 0, 512]
 
 
 def test_every_pin_of_the_dsv4_pool_and_the_replay_matches_the_installed_sglang_and_a_drifted_one_refuses_by_name(
