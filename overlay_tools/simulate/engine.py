@@ -10,9 +10,9 @@ pool runs short, the decode's capacity check (``check_decode_capacity``) and its
 release (``evict_sliding_windows``), the retracted request's release (``release_kv_cache`` without
 insert, ``evict_from_tree_cache`` of its retract steps, ``reset_for_retract``), the eviction before an
 allocation (``evict_from_tree_cache`` by SGLang's over-estimate: a prefill pass's extend plus a page per
-request, a page per decoding request each decode step; :attr:`.cache_kit.CacheKit.alloc_headroom`), and with HiCache attached its backups and the admission's load-back
-of host hits (:mod:`.cone_turn`'s steps over :mod:`.cache_kit`). What is the
-simulation's: the clock and the batches.
+request, a page per decoding request each decode step; :attr:`.cache_kit.CacheKit.alloc_headroom`),
+and with HiCache attached its backups and the admission's load-back of host hits (:mod:`.cone_turn`'s
+steps over :mod:`.cache_kit`). What is the simulation's: the clock and the batches.
 
 The clock (a model, no forward runs): one iteration at a time, prefill first, as SGLang's scheduler
 without mixed chunks or decode yield: a prefill batch continues the one chunked request, then
