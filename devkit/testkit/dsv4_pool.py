@@ -50,6 +50,7 @@ def build_dsv4_kv(
         page_size=page_size, swa_page_size=page_size, dtype=torch.float8_e4m3fn, c4_state_dtype=torch.float32,
         c128_state_dtype=torch.float32, qk_nope_head_dim=448, qk_rope_head_dim=64, indexer_head_dim=128,
         layer_num=len(layers), device="cpu", enable_memory_saver=False, compression_ratios=list(layers),
+        start_layer=0, end_layer=len(layers),  # the engine's layer range (end exclusive): HiCache's DSV4 stack reads it
         sliding_window=sliding_window, full_size=full_tokens,
     )
     allocator = SWATokenToKVPoolAllocator(

@@ -165,7 +165,7 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
           f"{', --quick sample' if args.quick else ''}, time scale {args.time_scale:g}")
     print(links.describe())
     print(f"geometry: {geo.describe()}")
-    left_out = report.left_out(geo.kv_park)
+    left_out = report.left_out(geo.kv_park, geo.dsv4)
     print(f"cost model: {_describe(coef)}")
     print("left out (the replay's simplifications):")
     for item in left_out:
@@ -198,7 +198,7 @@ def sweep(args: argparse.Namespace, geo: Any, requests: list[Any], coef: Any) ->
     policy the smallest setting within 1 % of its best."""
     import dataclasses
 
-    from overlay_tools.simulate.swa_pool import swa_pool_for_tails
+    from overlay_tools.simulate.fleet import with_tails
 
     result: dict[str, Any] = {}
     rows: dict[str, Any] = {}
@@ -206,12 +206,7 @@ def sweep(args: argparse.Namespace, geo: Any, requests: list[Any], coef: Any) ->
     runs = [(policy, "swa_prefix_tails", t) for policy in ("stock", "thin") for t in args.sweep_tails]
     runs += [("thin+cone", "cone_tokens", n) for n in args.sweep_n if n >= geo.cone_bound and n % geo.page == 0]
     for policy, knob, value in runs:
-        if knob == "swa_prefix_tails":
-            pool = swa_pool_for_tails(value, max_running=geo.max_running, page=geo.page, window=geo.window,
-                                      chunk=geo.chunk)["swa_pool"]
-            g = dataclasses.replace(geo, tails=value, swa_pool=pool)
-        else:
-            g = dataclasses.replace(geo, cone_tokens=value)
+        g = with_tails(geo, value) if knob == "swa_prefix_tails" else dataclasses.replace(geo, cone_tokens=value)
         _, row = run_policy(policy, g, requests, args.time_scale, coef=coef, share=getattr(args, "share", 1.0))
         result.setdefault(f"{policy} {knob}", {})[str(value)] = row["recomputed_tokens"]
         rows.setdefault(f"{policy} {knob}", {})[str(value)] = {

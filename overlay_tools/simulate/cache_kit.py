@@ -115,14 +115,15 @@ class TransferCounter:
 
 def attach_hicache(cache: Any, params: Any, server_args: Any) -> None:
     """``init_hicache`` as ``create_unified_radix_cache`` calls it after building the cache, over the
-    host route (:func:`.host_route.apply`, pinned); the cache reports its transfers to a :class:`TransferCounter`
-    (``cache.metrics_collector``)."""
+    host route (:func:`.host_route.apply`, pinned) and within :func:`.host_route.host_budget`; the cache
+    reports its transfers to a :class:`TransferCounter` (``cache.metrics_collector``)."""
     from overlay_tools.simulate import host_route
 
     host_route.apply()
     if cache.metrics_collector is None:
         cache.metrics_collector = TransferCounter()
-    cache.init_hicache(server_args, params)
+    with host_route.host_budget():  # this machine's free RAM, without a serving node's 10 GiB reserve
+        cache.init_hicache(server_args, params)
 
 
 @dataclass(frozen=True)
@@ -173,6 +174,10 @@ class CacheKit:
         # machine's preemption does not land in the figures.
         self.timings: dict[str, list[int]] | None = None
         self.loaded_from_host = self.load_backs = 0  # HiCache: Full tokens loaded back, load-backs
+        # Tokens an allocation keeps free beyond itself (0: evict only the shortfall). The replay sets
+        # SGLang's over-estimate: alloc_paged_token_slots_extend evicts for the batch's extend + a page
+        # per request before it allocates.
+        self.alloc_headroom = 0
         self.baseline = (allocator.full_available_size(), allocator.swa_available_size())
 
     # -- allocation -----------------------------------------------------------------------------
@@ -182,6 +187,8 @@ class CacheKit:
         page = self.geometry.page
         assert n % page == 0, f"allocations are whole pages: {n} % {page}"
         a = self.allocator
+        if self.alloc_headroom:
+            self.reserve(n + self.alloc_headroom)
         short_full = n - a.full_attn_allocator.available_size()
         short_swa = n - a.swa_attn_allocator.available_size()
         if short_full > 0 or short_swa > 0:
@@ -197,6 +204,14 @@ class CacheKit:
         a.full_to_swa_index_mapping[full] = swa
         self.swa_alloc_tokens += n
         return full
+
+    def reserve(self, num_tokens: int) -> None:
+        """SGLang's eviction before an allocation (``evict_from_tree_cache``: the allocator evicts
+        until ``num_tokens`` Full and SWA slots are free, or nothing evictable is left)."""
+        from sglang.srt.mem_cache.common import evict_from_tree_cache
+
+        self.evict_calls += 1
+        evict_from_tree_cache(self.cache, num_tokens)
 
     # -- request life cycle ---------------------------------------------------------------------
     def admit(self, tokens: list[int], out_len: int = 0, rid: str | None = None, session_id: str | None = None) -> Any:
@@ -353,12 +368,16 @@ class CacheKit:
 
 
 def build(geometry: Geometry = SMALL, backend: str = "python", session: bool = False,
-          eviction_policy: str = "lru", kv_dtype: Any = None, hicache: HiCache | None = None) -> CacheKit:
+          eviction_policy: str = "lru", kv_dtype: Any = None, hicache: HiCache | None = None,
+          dsv4: Any = None) -> CacheKit:
     """A real ``UnifiedRadixCache`` with FULL + SWA components on CPU (the construction of the
     upstream kit's ``build_fixture``, without its inspector). ``backend`` is ``"python"``,
     ``"rust"`` or ``None`` (None: the env var / default, as the engine does); ``session`` turns on
     the session radix cache (its LRU ``mid`` partition); ``kv_dtype``: the KV pools' dtype
-    (bfloat16 when None); ``hicache``: HiCache attached (:class:`HiCache`)."""
+    (bfloat16 when None); ``hicache``: HiCache attached (:class:`HiCache`); ``dsv4``: a
+    :class:`.dsv4_pool.Dsv4Pool`: SGLang's ``DeepSeekV4TokenToKVPool`` at those sizes instead of a
+    one-layer ``SWAKVPool`` (the geometry's pool sizes become the configured ones; with ``hicache``,
+    SGLang's DeepSeek-V4 host stack)."""
     import torch
     from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
@@ -367,15 +386,20 @@ def build(geometry: Geometry = SMALL, backend: str = "python", session: bool = F
     from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
-    g = geometry
+    g = geometry if dsv4 is None else geometry.with_pools(full_tokens=dsv4.full, swa_tokens=dsv4.swa)
     server_args = set_server_args(g.page, hicache)
     pool = ReqToTokenPool(size=g.max_reqs, max_context_len=g.max_ctx, device="cpu", enable_memory_saver=False)
-    dtype = torch.bfloat16 if kv_dtype is None else kv_dtype
-    kv = SWAKVPool(size=g.full_tokens, size_swa=g.swa_tokens, page_size=g.page, dtype=dtype,
-                   head_num=1, head_dim=1, swa_attention_layer_ids=[0], full_attention_layer_ids=[1],
-                   device="cpu")
-    allocator = SWATokenToKVPoolAllocator(size=g.full_tokens, size_swa=g.swa_tokens, page_size=g.page,
-                                          dtype=dtype, device="cpu", kvcache=kv, need_sort=False)
+    if dsv4 is not None:
+        from overlay_tools.simulate import dsv4_pool
+
+        _, allocator = dsv4_pool.build_kv(dsv4, pool)
+    else:
+        dtype = torch.bfloat16 if kv_dtype is None else kv_dtype
+        kv = SWAKVPool(size=g.full_tokens, size_swa=g.swa_tokens, page_size=g.page, dtype=dtype,
+                       head_num=1, head_dim=1, swa_attention_layer_ids=[0], full_attention_layer_ids=[1],
+                       device="cpu")
+        allocator = SWATokenToKVPoolAllocator(size=g.full_tokens, size_swa=g.swa_tokens, page_size=g.page,
+                                              dtype=dtype, device="cpu", kvcache=kv, need_sort=False)
     params = CacheInitParams(
         disable=False, req_to_token_pool=pool, token_to_kv_pool_allocator=allocator, page_size=g.page,
         sliding_window_size=g.window, tree_components=(ComponentType.FULL, ComponentType.SWA),

@@ -8,9 +8,11 @@ re-estimated after a retraction; with cone replay installed, its wrapped
 ``_select_prefill_admission``), every chunk checkpoint and the finished-turn release, eviction when a
 pool runs short, the decode's capacity check (``check_decode_capacity``) and its sliding-window
 release (``evict_sliding_windows``), the retracted request's release (``release_kv_cache`` without
-insert, ``reset_for_retract``), and with HiCache attached its backups and the admission's load-back
-of host hits (:mod:`.cone_turn`'s steps over :mod:`.cache_kit`). What is the
-simulation's: the clock and the batches.
+insert, ``evict_from_tree_cache`` of its retract steps, ``reset_for_retract``), the eviction before an
+allocation (``evict_from_tree_cache`` by SGLang's over-estimate: a prefill pass's extend plus a page per
+request, a page per decoding request each decode step; :attr:`.cache_kit.CacheKit.alloc_headroom`),
+and with HiCache attached its backups and the admission's load-back of host hits (:mod:`.cone_turn`'s
+steps over :mod:`.cache_kit`). What is the simulation's: the clock and the batches.
 
 The clock (a model, no forward runs): one iteration at a time, prefill first, as SGLang's scheduler
 without mixed chunks or decode yield: a prefill batch continues the one chunked request, then
@@ -41,6 +43,35 @@ from overlay_tools.simulate.cache_kit import OUTPUT_TOKEN
 from overlay_tools.simulate.trace import Request, materialize
 
 FS_PER_MS = 10**12
+
+# What the replay's eviction before an allocation mirrors (SGLang's over-estimates) and calls, pinned
+# like the overlay's own targets: a drifted one refuses the replay by name (:class:`ReplayRefused`).
+PINS = {
+    "sglang.srt.mem_cache.common:evict_from_tree_cache": (
+        "7ce32fb173d53a7db266de99189248cdb067add9ca81474347c6bcaa6812fb58"),
+    "sglang.srt.mem_cache.allocator.swa:SWATokenToKVPoolAllocator.evict_to_free_tokens": (
+        "5595cfa9461dca3f27a30623fcbd0ac281479a9ac922f9f3e2f113741c7a344a"),
+    "sglang.srt.mem_cache.allocation:alloc_paged_token_slots_extend": (
+        "bcc27737428c11af65bd57672ffd791b59b2c1c0078875ced8f99c06db359aa4"),
+    "sglang.srt.mem_cache.allocation:alloc_paged_token_slots_decode": (
+        "bc84c506c810373e2b1b78788fa98fd0d4d8992e2f86f14fbef21ab37059bfe3"),
+    "sglang.srt.managers.schedule_batch:release_req": (
+        "e9a690b5c7084bb5f69496e1b8e200a75a05db87a7232dc66bdbb5feba112c43"),
+}
+
+
+class ReplayRefused(RuntimeError):
+    """Upstream code the replay mirrors drifted from its pin."""
+
+
+def check_pins(pins: dict[str, str] | None = None) -> None:
+    """Raise :class:`ReplayRefused` naming every drifted pin in ``pins`` (default :data:`PINS`)."""
+    from adapter.core.pins import check
+
+    pins = PINS if pins is None else pins
+    drifted = [c.describe() for c in (check(t, pins) for t in pins) if not c.ok]
+    if drifted:
+        raise ReplayRefused(f"simulate's replay refused: {'; '.join(drifted)}")
 
 
 @dataclass
@@ -125,6 +156,7 @@ class Replay:
 
     def __init__(self, kit: Any, requests: list[Request], *, chunk: int, max_running: int, coef: Any,
                  time_scale: float = 1.0, progress: Callable[[int], None] | None = None, kv_park: bool = False):
+        check_pins()
         self.kit, self.requests, self.chunk, self.max_running = kit, requests, chunk, max_running
         self.coef, self.time_scale, self.progress = coef, time_scale, progress or (lambda n: None)
         self.by_index = {r.index: r for r in requests}
@@ -189,6 +221,9 @@ class Replay:
             rows: list[tuple[int, int]] = []
             budget = self.chunk
             pending_done: list[Running] = []
+            # Eviction before each allocation of this pass as SGLang's alloc_paged_token_slots_extend
+            # over-estimates it: the pass's extend plus a page for each of its requests so far.
+            kit.alloc_headroom = self.page
             if chunked is not None:
                 x = chunked
                 start = x.ct.pos
@@ -213,6 +248,7 @@ class Replay:
                 # the scheduler's new_token_ratio): the decoding requests, and those admitted or
                 # chunked in this pass (they join the running batch after it).
                 batch = [y.sync_output() for y in (*decoding, *pending_done)]
+                kit.alloc_headroom = (len(pending_done) + (chunked is not None) + 1) * self.page
                 ct = cone.start_turn(kit, tokens, r.output_length - decoded, self.chunk, budget=budget,
                                      rid=f"t{r.index}" + (f"r{self.retractions}" if again else ""),
                                      running_batch=ScheduleBatch(reqs=batch), new_token_ratio=self.ratio.current)
@@ -251,6 +287,7 @@ class Replay:
                     chunked = x
                 else:
                     pending_done.append(x)
+            kit.alloc_headroom = 0
             if rows or pending_done:
                 cost = cost_model.chunk_cost(rows, self.coef) if rows else 0
                 t += cost
@@ -274,6 +311,8 @@ class Replay:
             if ready and not waiting:
                 steps = min(steps, max(1, -(-(ready[0][0] - t) // max(step_fs, 1))))
             steps = max(1, steps)
+            if steps > 1:  # the steps after a page step evict again for the batch (alloc_for_decode)
+                kit.reserve(len(decoding) * self.page)
             cost = steps * self._step_fs(decoding, steps // 2)
             t += cost
             self.busy_fs += cost
@@ -293,6 +332,7 @@ class Replay:
         ``release_req`` does (no insert), and ``new_token_ratio`` is re-estimated from those left.
         Returns the retracted, to be queued first. Out-of-window SWA of the running requests is
         released as ``maybe_evict_swa`` does."""
+        from sglang.srt.environ import envs
         from sglang.srt.managers.scheduler_components.new_token_ratio_tracker import NewTokenRatioTracker
         from sglang.srt.mem_cache.common import release_kv_cache
 
@@ -317,6 +357,7 @@ class Replay:
                                     "running": {y.r.index: y.decoded for y in order}})
                 req = x.ct.req
                 release_kv_cache(req, kit.cache, checkpoint=False)
+                kit.reserve(len(order) * envs.SGLANG_RETRACT_DECODE_STEPS.get())  # release_req's eviction
                 req.reset_for_retract()
                 x.ct.req = None
                 self.retractions += 1
@@ -327,6 +368,7 @@ class Replay:
             decoding[:] = [x for x in decoding if x.ct.req is not None]
             self.ratio.current = NewTokenRatioTracker.estimate_new_token_ratio_after_retract(
                 [x.ct.req for x in decoding])
+        kit.reserve(len(decoding) * page)  # alloc_for_decode: a page for every request, over-estimated
         for x in decoding:
             if x.room == 0:
                 req = x.ct.req

@@ -3,9 +3,12 @@
 Geometry: page, chunk, ``--swa-prefix-tails`` and ``--max-running-requests`` from the profile's
 launch line (SGLang's own parser, :func:`adapter.ops.check.parse_launch`); the sliding window, layer
 count and the cone's bound from the model's ``config.json`` (``check.read_model`` /
-cone replay's own predictor and decision); the SWA pool from SGLang's
-``DSV4PoolConfigurator._resolve_swa_cap_tokens`` for that many tails at that many running requests
-(:func:`.swa_pool.swa_pool_for_tails`); the Full pool from ``--kv-tokens``, else the
+cone replay's own predictor and decision); for a DeepSeek-V4 model every pool from SGLang's
+``DSV4PoolConfigurator`` at the model's compression ratios (:func:`.dsv4_pool.configure`; the replay
+runs on SGLang's ``DeepSeekV4TokenToKVPool``, one layer per ratio standing in), for another SWA model
+the SWA pool from the configurator's cap-mode formula (``DSV4PoolConfigurator._resolve_swa_cap_tokens``
+for that many tails at that many running requests, :func:`.swa_pool.swa_pool_for_tails`) on a
+one-layer ``SWAKVPool``; the Full pool from ``--kv-tokens``, else the
 launch line's ``--max-total-tokens``, else :data:`DEFAULT_FULL_TOKENS` (an assumption, said in the
 output). Without a model folder the production profile's DeepSeek-V4.1 is assumed: window 128, 61
 layers, the last one C128, last KV source at layer 10, decoder SWA bounded replay on as SGLang
@@ -18,7 +21,8 @@ Policies (the switches installed through the registry's boot, as a serving proce
 * ``thin``: ``DSV41_SWA_THIN=1`` (which turns on the Python core and ``fast_tree_core``).
 * ``thin+cone``: ``DSV41_SWA_THIN=1 DSV41_SWA_CONE_REPLAY=1 DSV41_SWA_CONE_TOKENS=N``.
 * ``stock+hicache``, ``thin+cone+hicache``: the same with HiCache's host tier attached
-  (``init_hicache`` as ``--enable-hierarchical-cache`` does; :class:`.cache_kit.HiCache`):
+  (``init_hicache`` as ``--enable-hierarchical-cache`` does; :class:`.cache_kit.HiCache`; on the DSV4
+  pool SGLang selects its DeepSeek-V4 host stack):
   host pools of ``--hicache-ratio`` x each device pool, ``--hicache-write-policy`` from the launch
   line (SGLang's defaults: ratio 2, write_through), and the admission's load-back of host hits.
   Run by default only when the profile's launch line enables HiCache (:func:`default_policies`).
@@ -67,6 +71,7 @@ class Fleet:
     hicache_write_policy: str = "write_through"
     hicache_on: bool = False  # the launch line has --enable-hierarchical-cache
     kv_park: bool = False  # the profile sets DSV41_KV_PARK: a retracted request is parked, not recomputed
+    dsv4: Any = None  # the model is DeepSeek-V4: SGLang's DSV4 pool at these sizes (a dsv4_pool.Dsv4Pool)
 
     def describe(self) -> str:
         return (f"page {self.page}, window {self.window}, chunk {self.chunk}, max running {self.max_running}, "
@@ -75,7 +80,8 @@ class Fleet:
                 f"(bound {self.cone_bound}); HiCache (+hicache policies): ratio {self.hicache_ratio:g}, "
                 f"{self.hicache_write_policy} ({'on' if self.hicache_on else 'off'} in the launch line); "
                 f"retraction: {'parked (DSV41_KV_PARK)' if self.kv_park else 'recomputed'}; "
-                f"model: {self.model}; profile: {self.profile}")
+                f"model: {self.model}; profile: {self.profile}"
+                + (f"; pool: {self.dsv4.describe()}" if self.dsv4 is not None else ""))
 
     def default_policies(self) -> tuple[str, ...]:
         """Without ``--policies``: the +hicache policies only when the launch line enables HiCache
@@ -141,14 +147,45 @@ def resolve(env_file: str | None = None, model_path: str | None = None, kv_token
         full, source = DEFAULT_FULL_TOKENS, "assumed: set --kv-tokens to the boot log's max_total_num_tokens"
     if full < chunk or full % page:
         raise env.ConfigError("--kv-tokens", str(full), f"a multiple of the page {page}, at least one chunk ({chunk})")
-    swa = swa_pool_for_tails(tails, max_running=max_running, page=page, window=window, chunk=chunk)["swa_pool"]
+    dsv4 = None
+    if model.pool == "DeepSeekV4TokenToKVPool":  # SGLang's DSV4 configurator sizes every pool of it
+        from overlay_tools.simulate import dsv4_pool
+
+        if not model.compress_ratios:
+            raise env.ConfigError("--model", str(folder), "a DeepSeek-V4 config.json with compress_ratios "
+                                  "(the pool's layers)")
+        dsv4 = dsv4_pool.configure(ratios=tuple(model.compress_ratios), kv_sources=tuple(model.kv_sources),
+                                   window=window, page=page, chunk=chunk, max_running=max_running, tails=tails,
+                                   full_tokens=full)
+        swa = dsv4.swa
+    else:
+        swa = swa_pool_for_tails(tails, max_running=max_running, page=page, window=window, chunk=chunk)["swa_pool"]
     hicache = check.hicache_flags(ns)
     ratio = float(hicache_ratio if hicache_ratio is not None else (hicache or {}).get("ratio") or 2.0)
     if not ratio > 0:
         raise env.ConfigError("--hicache-ratio", str(ratio), "a positive factor (host pool tokens per device token)")
     policy = str((hicache or {}).get("write_policy") or "write_through")
     return Fleet(page, window, chunk, max_running, tails, swa, full, source, n, bound, model_name, profile,
-                 ratio, policy, hicache is not None, bool(environ.get("DSV41_KV_PARK")))
+                 ratio, policy, hicache is not None, bool(environ.get("DSV41_KV_PARK")), dsv4)
+
+
+def with_tails(fleet: Fleet, tails: int) -> Fleet:
+    """``fleet`` at another ``--swa-prefix-tails``: the SWA pool (and with it a DSV4 pool's C4 states)
+    resized by SGLang's configurator."""
+    import dataclasses
+
+    from overlay_tools.simulate.swa_pool import swa_pool_for_tails
+
+    if fleet.dsv4 is None:
+        swa = swa_pool_for_tails(tails, max_running=fleet.max_running, page=fleet.page, window=fleet.window,
+                                 chunk=fleet.chunk)["swa_pool"]
+        return dataclasses.replace(fleet, tails=tails, swa_pool=swa)
+    from overlay_tools.simulate import dsv4_pool
+
+    d = fleet.dsv4
+    pool = dsv4_pool.configure(ratios=d.ratios, kv_sources=d.kv_sources, window=d.window, page=d.page,
+                               chunk=fleet.chunk, max_running=d.max_running, tails=tails, full_tokens=d.full)
+    return dataclasses.replace(fleet, tails=tails, swa_pool=pool.swa, dsv4=pool)
 
 
 def build_kit(policy: str, fleet: Fleet, max_ctx: int) -> Any:
@@ -171,7 +208,7 @@ def build_kit(policy: str, fleet: Fleet, max_ctx: int) -> Any:
     geometry = rc.Geometry(fleet.page, fleet.window, fleet.chunk, full_tokens=fleet.full_tokens,
                            swa_tokens=fleet.swa_pool, max_reqs=fleet.max_running + 2, max_ctx=max_ctx)
     if policy == "stock":
-        return rc.build(geometry, backend=None, hicache=hicache)
+        return rc.build(geometry, backend=None, hicache=hicache, dsv4=fleet.dsv4)
     if policy == "thin":
         state = boot.install({"DSV41_SWA_THIN": "1"})
         importlib.import_module("sglang.srt.mem_cache.unified_radix_cache")
@@ -180,7 +217,7 @@ def build_kit(policy: str, fleet: Fleet, max_ctx: int) -> Any:
     for name in ("swa_thin", "fast_tree_core"):
         if state.outcomes[name].status != "installed":
             raise RuntimeError(f"simulate: {name} did not install: {state.outcomes[name].reason}")
-    kit = rc.build(geometry, backend=None, hicache=hicache)
+    kit = rc.build(geometry, backend=None, hicache=hicache, dsv4=fleet.dsv4)
     if policy == "thin+cone":
         cfg = cache_config(kit.cache)
         if cfg is None or not cfg.enabled:

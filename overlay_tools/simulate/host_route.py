@@ -22,7 +22,13 @@ routes and pins from here for its CPU servers: one copy.
 
 from __future__ import annotations
 
+from typing import Any
+
 HOST_MEMORY = "sglang.srt.mem_cache.pool_host.common"
+# The host pools' RAM check (host_memory_budget_bytes: available RAM less a 10 GiB reserve for a serving
+# node, else the budget of a host_memory_budget_scope) and what the simulation's budget is read with.
+HOST_BUDGET = "sglang.srt.mem_cache.pool_host.base"
+HOST_AVAILABLE = "sglang.srt.mem_cache.host_memory"
 # The copy ops each host pool module imports from sgl_kernel.kvcacheio under is_cuda() or is_hip(),
 # as it names them (host_copies raises by name for the page_head pair: nothing here reaches that layout).
 HOST_POOL_OPS = {
@@ -52,6 +58,11 @@ PINS = {
     # host_memory: what it replaces for a CPU transfer device, and the allocator it calls instead
     f"{HOST_MEMORY}:alloc_with_host_register": "2be04a4ad186063a03f395bb5202ffb8a7b4cdbfa1f2a6e1fa92f48dbe003b6e",
     f"{HOST_MEMORY}:HostTensorAllocator.allocate": "7501533b4c095cb8618d8c4e3cf07e3d165875e39cce8500426866c30061b370",
+    # host_budget: the scope the simulation's host pools are booked in, the check it feeds, the RAM it reads
+    f"{HOST_BUDGET}:host_memory_budget_scope": "e09188b4fba5b1b3294b3725553b4f2862af6737b98a59434afde70d0f2456d0",
+    f"{HOST_BUDGET}:host_memory_budget_bytes": "1b1c4d570cade55179250c788758daf0ff731494bf7f3700f8e8143457be2cd3",
+    f"{HOST_AVAILABLE}:available_host_memory_bytes": (
+        "81082bb404a43ac93109d29534e69652bc273bcc200519fcf24b6aa5607f9be5"),
     # host_pool_ops: the transfer methods that call the bound ops, with the kernels' argument names
     "sglang.srt.mem_cache.pool_host.mha:MHATokenToKVPoolHost.load_to_device_per_layer": "1206daa053dca863b09c2276605022cac81b32c8cddcfc7c228c3e1f34943dec",
     "sglang.srt.mem_cache.pool_host.mha:MHATokenToKVPoolHost.backup_from_device_all_layer": "10804e436ba3520db2346c235f7c879340329e49d2e97d6a367a79506d5c472d",
@@ -137,6 +148,19 @@ def route_host_pool_ops(module, kvcacheio=None) -> None:
             setattr(module, name, getattr(kvcacheio, name))
     for name in HOST_DUMMY_PAGES[module.__name__]:
         route_dummy_page(getattr(module, name))
+
+
+def host_budget() -> Any:
+    """A ``host_memory_budget_scope`` of this machine's available RAM (SGLang's own reading of it): the
+    host pools ``simulate`` builds are booked against what is free, without the 10 GiB SGLang keeps
+    back on a serving node (the simulation is the only thing this process runs). A pool that does not
+    fit still refuses with SGLang's own error."""
+    from sglang.srt.mem_cache.host_memory import available_host_memory_bytes
+    from sglang.srt.mem_cache.pool_host.base import host_memory_budget_scope
+
+    check_pins(HOST_BUDGET)
+    check_pins(HOST_AVAILABLE)
+    return host_memory_budget_scope(available_host_memory_bytes(allow_cgroup_fallback=True))
 
 
 _APPLIED: list[bool] = []

@@ -53,8 +53,9 @@ def summarize(turns: list[Turn], wall_s: float, fallbacks: dict[str, int] | None
     }
 
 
-def left_out(kv_park: bool = False) -> list[str]:
-    """Every simplification the replay still makes, said in the output (and the JSON)."""
+def left_out(kv_park: bool = False, dsv4: Any = None) -> list[str]:
+    """Every simplification the replay still makes, said in the output (and the JSON). ``dsv4``: the
+    fleet's :class:`.dsv4_pool.Dsv4Pool` (the model is DeepSeek-V4), else None."""
     items = [
         "token ids: built from the trace's hash_ids (equal blocks, equal ids); a continuation's prompt is its "
         "parent's prompt + output + fresh ids; every output token is one id; prompts rounded up to whole pages "
@@ -66,23 +67,41 @@ def left_out(kv_park: bool = False) -> list[str]:
         "admission: a real PrefillAdder per request with the running batch reserved at new_token_ratio, but "
         "FCFS in arrival order (no LPM / priority reordering), one chunked request at a time, and the chunked "
         "request reserved like a running one (not through add_chunked_req)",
+        "eviction: before each allocation, by as much as SGLang over-estimates it (a prefill pass's extend plus a "
+        "page per request, a page per decoding request each step, release_req's retract steps), but a prefill "
+        "pass evicts request by request as it admits them (the engine admits the whole pass, then evicts once)",
         "outputs run to the trace's output_length (no early stop): new_token_ratio's early-EOS estimate only "
         "under-reserves, never over",
         "retraction: the retracted request comes back as its prompt + whole pages of its output (the "
-        "rest of its output is decoded again); release_req's extra eviction of retract-steps headroom is not "
-        "done" + ("; DSV41_KV_PARK (in the profile): a parked request's KV comes back with no prefill and no "
+        "rest of its output is decoded again)" + ("; DSV41_KV_PARK (in the profile): a parked request's KV comes back with no prefill and no "
                   "cost (the host restore time is not modelled; pages are re-allocated at re-admission)"
                   if kv_park else "; DSV41_KV_PARK is off in the profile: retracted requests are recomputed"),
         "SWA: running requests' out-of-window SWA is released at page events (maybe_evict_swa per step in the "
         "engine); release_swa_prefix_lock (SGLANG_OPT_RELEASE_PREFILL_SWA) is not modelled",
-        "pools: SGLang's SWAKVPool with one SWA and one Full layer stands for the model's pool (at DeepSeek-V4 "
-        "geometry: not DeepSeekV4TokenToKVPool; its compressed-state and indexer pools are not modelled), sized "
-        "by SGLang's DSV4 configurator for the SWA side",
-        "+hicache: HiCache's generic host stack for FULL + SWA (not the DeepSeek-V4 host stack); the host->device "
-        "load-back time is not modelled (a host hit costs no prefill); backups land by the next pass; no L3",
+        *(_dsv4_pool_items(dsv4) if dsv4 is not None else [
+            "pools: SGLang's SWAKVPool with one SWA and one Full layer stands for the model's pool, the SWA side "
+            "sized by SGLang's DSV4 configurator formula for --swa-prefix-tails",
+            "+hicache: HiCache's generic host stack for FULL + SWA; the host->device load-back time is not "
+            "modelled (a host hit costs no prefill); backups land by the next pass; no L3"]),
         "one instance: no router, no data parallelism; --share stands for one instance's share of a cluster",
     ]
     return items
+
+
+def _dsv4_pool_items(dsv4: Any) -> list[str]:
+    names = ", ".join(("SWA-only" if r == 0 else f"C{r}") for r in dsv4.layers)
+    return [
+        f"pools: SGLang's DeepSeekV4TokenToKVPool (SWA, C4 + indexer, C4 compress states, C128 + states) and its "
+        f"SWATokenToKVPoolAllocator, every pool at the size SGLang's DSV4PoolConfigurator gives; {len(dsv4.layers)} "
+        f"layers ({names}) stand in for the model's {len(dsv4.ratios)} (the allocators count Full and SWA slots, "
+        "the compressed pools follow their indices: the accounting does not depend on the layer count); no KV "
+        "is written (no forward)",
+        "+hicache: SGLang's DeepSeek-V4 host stack (LogicalHostPool anchor; DeepSeekV4PagedHostPool for SWA, C4, "
+        "C4 indexer, C128; DeepSeekV4StateHostPool for the C4 states), except what needs CUDA: the copy kernels "
+        "(sgl_kernel.kvcacheio) run as pure-torch copies (overlay_tools.simulate.host_copies), host memory is "
+        "not cudaHostRegister'ed nor pinned (host_route); the host->device load-back time is not modelled (a host "
+        "hit costs no prefill); backups land by the next pass; no L3",
+    ]
 
 
 def load_figures(turns: list[Turn], prefill_fs: int, busy_fs: int, span_fs: int, share: float) -> dict[str, Any]:

@@ -16,15 +16,14 @@ finishes each before the next arrives (asserted). Simulate gives every prompt it
 lengths, blocks as ids); the server gets the same prompts with each id mapped into the kit's
 vocabulary and each parent's output replaced by the server's own output tokens.
 
-Known difference (stock, requests 4 and 5): before it allocates an extend, SGLang evicts for the
-extend plus one page per request (``alloc_paged_token_slots_extend``'s conservative demand); simulate's
-prefill pass (``cone_turn.prefill_pass`` -> ``CacheKit.alloc_pages``) evicts only the shortfall. The
-first churn prompt (request 3) therefore evicts one page more on the server, and LRU takes session
-A's leaf (its output page [1280, 1536), Full and SWA): request 4 resumes at 0 instead of 1536. It then
-prefills its whole 2048-token prompt instead of 512 tokens, and those passes evict the system
-prompt's window at 2048: request 5 resumes at 0 instead of 2048. With SGLang's headroom eviction
-applied to simulate's prefill passes (:func:`_sglang_extend_headroom`) every request agrees. Under
-thin + cone every request agrees as is.
+What stock's agreement rests on (requests 4 and 5): before it allocates an extend, SGLang evicts for
+the extend plus one page per request (``alloc_paged_token_slots_extend``'s conservative demand), and
+so does simulate's replay (``CacheKit.alloc_headroom``). The first churn prompt (request 3) evicts that
+page too, and LRU takes session A's leaf (its output page [1280, 1536), Full and SWA): request 4
+resumes at 0. It then prefills its whole 2048-token prompt, and those passes evict the system
+prompt's window at 2048: request 5 resumes at 0. A replay that evicted only the shortfall
+(:func:`_shortfall_eviction_only`) would keep both windows (:data:`WITHOUT_HEADROOM`). Under thin +
+cone every request agrees.
 
 Slow and heavy: two boots (about 4 minutes here).
 """
@@ -60,8 +59,8 @@ REQUESTS = [("S", 2048 + 200, 8), ("A", 1100, 260), ("S", 2048 + 100, 8), ("C", 
 FRESH_IDS = 1 << 16  # more than the slice's fresh token ids
 PARENTS = {4: 1, 10: 4, 9: 6, 12: 9}  # session A: 1 -> 4 -> 10, session B: 6 -> 9 -> 12
 
-# Stock: what simulate says and what the server says, where they differ (see the module docstring).
-STOCK_DIFFERENCE = {4: (1536, 0),  # session A's second turn: A's resume window was evicted by the churn
+# Stock: where a replay evicting only the shortfall would differ from the server (the module docstring).
+WITHOUT_HEADROOM = {4: (1536, 0),  # session A's second turn: A's resume window was evicted by the churn
                     5: (2048, 0)}  # a question on the system prompt: its checkpoint window at 2048, likewise
 
 
@@ -151,34 +150,24 @@ def _simulate(trace_path, policy: str) -> list[int]:
     return [t.prefix for t in turns]
 
 
-def _sglang_extend_headroom(monkeypatch) -> None:
-    """Simulate's prefill passes evict as SGLang's ``alloc_paged_token_slots_extend`` does: for the
-    extend plus one page per request (its conservative demand, through SGLang's own
-    ``evict_from_tree_cache``) before the cache kit allocates the extend."""
-    from sglang.srt.mem_cache.common import evict_from_tree_cache
+def _shortfall_eviction_only(monkeypatch) -> None:
+    """Simulate's replay without SGLang's over-estimate: ``CacheKit.reserve`` (its
+    ``evict_from_tree_cache`` before an allocation) does nothing, so an allocation evicts only its
+    shortfall."""
+    from overlay_tools.simulate import cache_kit
 
-    from overlay_tools.simulate import cone_turn
-
-    prefill_pass = cone_turn.prefill_pass
-
-    def with_headroom(kit, turn, end, forward=None):
-        evict_from_tree_cache(kit.cache, end - turn.pos + kit.geometry.page)
-        return prefill_pass(kit, turn, end, forward)
-
-    monkeypatch.setattr(cone_turn, "prefill_pass", with_headroom)
+    monkeypatch.setattr(cache_kit.CacheKit, "reserve", lambda self, num_tokens: None)
 
 
-def test_stock_simulate_differs_from_the_server_only_where_sglang_evicts_a_page_of_headroom(
+def test_stock_simulate_gives_the_server_prefix_on_every_request_as_it_evicts_sglangs_headroom(
         engine, trace_path, monkeypatch):
-    """Stock: every request agrees but 4 and 5, where the server's extend evicted one SWA page more
-    (:data:`STOCK_DIFFERENCE`); with SGLang's headroom eviction, simulate agrees on every request."""
+    """Stock: every request agrees, 4 and 5 because simulate evicts as SGLang over-estimates an
+    extend; evicting only the shortfall, they would differ (:data:`WITHOUT_HEADROOM`)."""
     server = engine("stock")
-    plain = _simulate(trace_path, "stock")
-    differ = {i: (s, e) for i, (s, e) in enumerate(zip(plain, server)) if s != e}
-    assert differ == STOCK_DIFFERENCE, ("if simulate's prefill now evicts SGLang's headroom itself, the "
-                                        "difference is gone: empty STOCK_DIFFERENCE, drop the patch below")
-    _sglang_extend_headroom(monkeypatch)
     assert _simulate(trace_path, "stock") == server
+    _shortfall_eviction_only(monkeypatch)
+    plain = _simulate(trace_path, "stock")
+    assert {i: (s, e) for i, (s, e) in enumerate(zip(plain, server)) if s != e} == WITHOUT_HEADROOM
 
 
 def test_thin_and_cone_simulate_gives_the_server_prefix_on_every_request(engine, trace_path):
