@@ -102,6 +102,9 @@ def _model(path: str | None) -> tuple[Any, str]:
         "DeepSeek-V4.1 assumed (61 layers, window 128, last KV source 10)"
 
 
+RATIO_FLAG = "--swa-full-tokens-ratio"  # SGLang's ratio mode for the SWA pool: not modelled
+
+
 def resolve(env_file: str | None = None, model_path: str | None = None, kv_tokens: int | None = None,
             tails: int | None = None, cone_tokens: int | None = None, hicache_ratio: float | None = None) -> Fleet:
     """The geometry of one run; bad values are a ``ConfigError`` naming the flag or key."""
@@ -116,6 +119,10 @@ def resolve(env_file: str | None = None, model_path: str | None = None, kv_token
     profile = str(env_file or DEFAULT_PROFILE)
     environ = check.profile_environ(profile)
     words = shlex.split(environ.get(check.LAUNCH_KEY, ""))
+    if any(w.split("=", 1)[0] == RATIO_FLAG for w in words):
+        raise env.ConfigError(check.LAUNCH_KEY, RATIO_FLAG, "a launch line without it: simulate sizes the SWA pool "
+                              "as SGLang does without it (from --swa-prefix-tails), not by a Full-pool ratio; "
+                              "simulate a copy of the profile without the flag")
     launch = check.parse_launch(words)
     ns = launch.namespace
     folder = model_path or (launch.model_path if launch.model_path and Path(launch.model_path).is_dir() else None)

@@ -146,6 +146,14 @@ def test_the_hicache_policies_run_by_default_only_when_the_launch_line_enables_h
         fleet.resolve(str(fleet.REPO / ".env.tp4.example"), hicache_ratio=0)
 
 
+def test_a_launch_line_with_a_swa_full_tokens_ratio_is_refused_naming_the_flag(tmp_path):
+    profile = (fleet.REPO / ".env.tp4.example").read_text().replace(" --page-size 256", " --page-size 256 "
+                                                                       "--swa-full-tokens-ratio 0.1")
+    (tmp_path / "ratio.env").write_text(profile)
+    with pytest.raises(env.ConfigError, match="--swa-full-tokens-ratio"):
+        fleet.resolve(str(tmp_path / "ratio.env"))
+
+
 def test_the_cli_names_the_line_field_and_value_of_a_malformed_trace(tmp_path, capsys):
     path = tmp_path / "bad.jsonl"
     path.write_text('{"timestamp": 0, "input_length": 512, "output_length": 4, "hash_ids": [1]}\n'
