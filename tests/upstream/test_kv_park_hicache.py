@@ -28,9 +28,9 @@ HICACHE = HiCache(ratio=2.0, write_policy="write_back")
 PAGE = 16
 
 
-def _build(hicache: HiCache | None = HICACHE, hybrid_swa: bool = True):
+def _build(hicache: HiCache | None = HICACHE, hybrid_swa: bool = True, window: int = 32):
     return build_scheduler(page_size=PAGE, pool_tokens=1024, max_reqs=8, chunked_prefill_size=256, hybrid_swa=hybrid_swa,
-                           swa_pool_tokens=512, sliding_window=32, hicache=hicache)
+                           swa_pool_tokens=512, sliding_window=window, hicache=hicache)
 
 
 def _park():
@@ -281,3 +281,69 @@ def test_beside_hicache_a_restore_whose_prefix_hicache_evicted_recomputes_with_o
     assert not store.ready_keys() and store.host_pool.used_bytes == 0, "the dropped tails still hold pool rows"
     h.run_until(lambda: a.finished() and b.finished(), max_passes=1000)
     assert len(a.output_ids) == 200 and len(b.output_ids) == 200, "a request lost its output"
+
+
+def _swa_bytes(h, req, lo: int, hi: int) -> torch.Tensor:
+    """The SWA pool's bytes of ``req``'s tokens ``[lo, hi)`` (through the Full-to-SWA slot mapping)."""
+    alloc = h.scheduler.token_to_kv_pool_allocator
+    swa = alloc.get_kvcache().swa_kv_pool
+    full = h.scheduler.req_to_token_pool.req_to_token[req.kv.req_pool_idx, lo:hi].long()
+    slots = alloc.full_to_swa_index_mapping[full].long()
+    assert bool((slots > 0).all()), f"{req.rid}: tokens [{lo}, {hi}) have no SWA slots"
+    return torch.cat([b[slots].view(torch.uint8).reshape(hi - lo, -1) for b in [*swa.k_buffer, *swa.v_buffer]], dim=1)
+
+
+@pytest.mark.parametrize("policy", ["write_through", "write_back"])
+def test_beside_hicache_the_swa_window_parks_only_past_the_trees_part_and_the_tree_brings_the_rest_back(policy, records):
+    """A window wider than the parked tail: the row's window pages below ``parked_from`` are the
+    tree's own SWA pages (HiCache backs them up with the prefix), so only the window's tail is parked,
+    and after HiCache's load-back the whole window reads as before the retraction, byte for byte."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    window = 64
+    boot.install({"DSV41_KV_PARK": "ram", "DSV41_KV_PARK_GIB": "4", "DSV41_DEBUG_LOG": "1"})
+    h = _build(HiCache(ratio=2.0, write_policy=policy), hybrid_swa=True, window=window)
+    tree = h.scheduler.tree_cache
+    a = h.add_request(100, max_new_tokens=200)
+    b = h.add_request(70, max_new_tokens=200)
+    _randomize(h)
+    h.run(20)
+    whole = {r.rid: (len(r.origin_input_ids) + len(r.output_ids) - 1) // PAGE * PAGE for r in (a, b)}
+    alloc = h.scheduler.token_to_kv_pool_allocator
+    live = {}  # the row's window: its first token with a SWA slot, page aligned
+    for r in (a, b):
+        slots = h.scheduler.req_to_token_pool.req_to_token[r.kv.req_pool_idx, : whole[r.rid]].long()
+        dead = (alloc.full_to_swa_index_mapping[slots] == 0).nonzero()
+        live[r.rid] = 0 if dead.numel() == 0 else (int(dead.max()) // PAGE + 1) * PAGE
+    swa_before = {r.rid: _swa_bytes(h, r, live[r.rid], whole[r.rid]) for r in (a, b)}
+    full_before = {r.rid: _full_bytes(h, r, whole[r.rid]) for r in (a, b)}
+    h.retract_all()
+    store = _park().STATE.store
+    store.fence()
+    host_total = _host_total(tree)
+    for r in (a, b):
+        entry, swa_entry = store._entries[r.rid], store._entries[(r.rid, "swa")]
+        parked_from, swa_from = entry.meta["parked_from"], entry.meta["swa_from"]
+        assert swa_from == live[r.rid] and swa_from < parked_from < whole[r.rid], (r.rid, swa_from, parked_from)
+        assert entry.meta["swa_parked_from"] == parked_from
+        assert swa_entry.pages == (whole[r.rid] - parked_from) // PAGE, f"{r.rid}: the tree's window pages were parked again"
+    assert _host_held(tree) <= host_total and store.used_bytes <= store.host_pool.capacity <= host_total // 2
+    tree.evict(EvictParams(num_tokens=1 << 30))  # the device tree loses every unlocked node (write-back: to host now)
+    for r in (a, b):
+        # HiCache's host part (Full and its SWA run) ends where both parked tails start: no page is
+        # both parked and in HiCache's host pools.
+        match = _tree_match(h, r, whole[r.rid])
+        held = int(match.device_prefix_len) + int(match.host_hit_length)
+        assert int(match.device_prefix_len) == 0 and held == store._entries[r.rid].meta["parked_from"], (r.rid, held)
+        assert int(match.swa_host_hit_length) > 0 and int(match.full_kv_hit_length) == held, (r.rid, match)
+    _zero_free_device_pages(h)
+    step = h.step()
+    assert step.kind == "prefill" and set(step.rids) == {"r1", "r2"}
+    prefix = dict(zip(step.rids, step.prefix_lens, strict=True))
+    for r in (a, b):
+        assert prefix[r.rid] == whole[r.rid], f"{r.rid}: HiCache's part plus the parked tails were not found as a prefix"
+        assert torch.equal(_full_bytes(h, r, whole[r.rid]), full_before[r.rid]), f"{r.rid}: other full-attention bytes"
+        assert torch.equal(_swa_bytes(h, r, live[r.rid], whole[r.rid]), swa_before[r.rid]), f"{r.rid}: other SWA bytes"
+    assert store.stats.restored >= 2 and store.stats.failed == 0 and not store.ready_keys()
+    h.run_until(lambda: a.finished() and b.finished(), max_passes=1000)
+    assert store.host_pool.used_bytes == 0, "pool rows held by no entry"

@@ -283,6 +283,7 @@ def _park(state: _State, req: Any, req_to_token_pool: Any, allocator: Any, tree_
             state.once("unsupported", reason="swa_slots_are_not_whole_pages")
             return
     parked_from = 0  # the first token of the parked Full pages
+    swa_parked_from = swa_from  # the first token of the parked SWA pages
     if state.beside_hicache:
         # Beside HiCache only the tail the tree does not hold (device, or host through HiCache) is
         # parked: nothing is held twice, and the restore brings the rest back through HiCache.
@@ -291,8 +292,14 @@ def _park(state: _State, req: Any, req_to_token_pool: Any, allocator: Any, tree_
             SWITCH.event("dropped", level=logging.DEBUG, rid=req.rid, reason="tree_holds_it", servable=n, at="park")
             return
         pages = pages[parked_from // page_size :]
+        if swa_pages is not None and swa_from is not None and parked_from > swa_from:
+            # The window's pages below parked_from are the tree's own SWA pages (the row shares the
+            # tree's slots there): the match that counted them validated a SWA run of at least the
+            # window ending at parked_from, and HiCache's load-back brings it back with the Full KV.
+            swa_pages = swa_pages[(parked_from - swa_from) // page_size :]
+            swa_parked_from = parked_from
     meta = {"tokens": array("q", tokens[:n]), "page_size": page_size, "pool": id(pool), "swa_from": swa_from,
-            "parked_from": parked_from}
+            "parked_from": parked_from, "swa_parked_from": swa_parked_from}
     outcome = save_pages(state, req.rid, engines, pages.cpu(), None if swa_pages is None else swa_pages.cpu(), meta)
     if SWITCH.debug or api.metrics_on():  # the line and the metrics: skip the sums when nothing reads them
         nbytes = 0 if outcome.startswith("refused") else pages.numel() * engines.full.page_bytes + (
@@ -658,7 +665,8 @@ def _restore_one(state: _State, scheduler: Any, req: Any, *, may_evict: bool) ->
                 assert engines.swa is not None
                 swa_slots = allocator.full_to_swa_index_mapping[slots[tail_from - have :]].to(torch.int64)
                 swa_pages = torch.div(swa_slots[::page_size], page_size, rounding_mode="floor")
-                copies.append(((req.rid, "swa"), engines.swa, swa_pages.cpu(), (tail_from - swa_from) // page_size))
+                swa_parked_from = int(entry.meta.get("swa_parked_from", swa_from))  # below it, the tree's SWA pages
+                copies.append(((req.rid, "swa"), engines.swa, swa_pages.cpu(), (tail_from - swa_parked_from) // page_size))
                 params.set_evicted_seqlen(ComponentType.SWA, tail_from)  # no SWA KV below the window we had
             restore_pages(state, copies)
         except BaseException:
