@@ -461,3 +461,36 @@ def test_sglang_hicache_cannot_load_back_full_kv_whose_window_is_gone_on_both_ti
     assert int(match.full_kv_hit_length) == whole and match.last_visited_node_id is not None
     with pytest.raises(AssertionError, match=r"SWA load-back traversal reached node \d+ without a device or host value"):
         tree.load_back(match.last_visited_node_id, req=y)
+
+
+def test_beside_hicache_a_window_run_the_tree_holds_past_what_it_serves_is_never_parked_again(records):
+    """Past what it serves the tree holds the SWA KV of the last page of that stretch (a run shorter
+    than the window, attached the way SGLang's buffer-mode load-back attaches a window to a Full-only
+    span): parking the stretch's window would hold that page twice, so the row parks nothing and
+    recomputes from what the tree serves (one ``dropped reason=window_partly_in_the_tree`` line)."""
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+    from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+
+    boot.install({"DSV41_KV_PARK": "ram", "DSV41_KV_PARK_GIB": "4", "DSV41_DEBUG_LOG": "1"})
+    h = _build(HiCache(ratio=2.0, write_policy="write_through"), hybrid_swa=True)
+    y, whole, served = _same_prompt_further(h)
+    tree, alloc = h.scheduler.tree_cache, h.scheduler.token_to_kv_pool_allocator
+    key = RadixKey(token_ids=(y.origin_input_ids + y.output_ids)[:whole])
+    _, node, _ = tree.tree_core.match_full_device_prefix(key)
+    full = tree.path_device_indices(node).long()[whole - PAGE : whole]
+    swa = alloc.swa_attn_allocator.alloc(PAGE)
+    for action in tree.tree_core.attach_swa_window(key, whole - PAGE, whole, swa, component_type=ComponentType.SWA):
+        tree._apply_cache_action(action)
+    alloc.full_to_swa_index_mapping[full] = swa.to(alloc.full_to_swa_index_mapping.dtype)
+    match = _tree_match(h, y, whole)
+    assert int(match.device_prefix_len) + int(match.host_hit_length) == served < whole == int(match.full_kv_hit_length)
+    h.retract_all()
+    store = _park().STATE.store
+    store.fence()
+    dropped = [rec.getMessage() for rec in records if "kv_park dropped" in rec.getMessage()]
+    assert sum("reason=window_partly_in_the_tree" in line for line in dropped) == 1, dropped
+    assert not store.ready_keys() and store.host_pool.used_bytes == 0
+    step = h.step()
+    assert step.kind == "prefill" and step.rids == (y.rid,) and step.prefix_lens[0] <= served
+    h.run_until(y.finished, max_passes=1000)
+    assert len(y.output_ids) == 200

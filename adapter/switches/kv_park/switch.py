@@ -302,6 +302,14 @@ def _park(state: _State, req: Any, req_to_token_pool: Any, allocator: Any, tree_
             SWITCH.event("dropped", level=logging.DEBUG, rid=req.rid, reason="window_lost_full_kv_on_host",
                          servable=n, served=tree_from, full=parked_from, at="park")
             return
+        if (parked_from > tree_from and swa_from is not None
+                and _tree_holds_swa(tree_cache, req, tokens, max(swa_from, tree_from), parked_from, page_size)):
+            # Past what it serves the tree still holds some of the window's SWA pages (a run shorter
+            # than the window, on the device or in HiCache's host pool): parking them would hold
+            # them twice, and a host-only one cannot come back without a window. Recompute.
+            SWITCH.event("dropped", level=logging.DEBUG, rid=req.rid, reason="window_partly_in_the_tree",
+                         servable=n, served=tree_from, full=parked_from, at="park")
+            return
         pages = pages[parked_from // page_size :]
         if swa_pages is not None and swa_from is not None and tree_from > swa_from:
             # The window's pages below tree_from are the tree's own SWA pages (the row shares the
@@ -494,6 +502,23 @@ def _full_on_device(tree: Any, req: Any, tokens: Any) -> Any:
     key = RadixKey(token_ids=array("q", tokens), extra_key=req.extra_key, cache_salt=req.cache_salt)
     on_device, node, _ = tree.tree_core.match_full_device_prefix(key)
     return node if on_device >= len(tokens) else None
+
+
+def _tree_holds_swa(tree: Any, req: Any, tokens: Any, lo: int, hi: int, page_size: int) -> bool:
+    """Whether the tree holds the SWA KV (device, or host only) of any page in ``[lo, hi)`` of
+    ``tokens``, whose Full KV it holds on the device (read-only: no split, no LRU touch)."""
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+    from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+
+    core = tree.tree_core
+    for end in range(lo + page_size, hi + 1, page_size):
+        key = RadixKey(token_ids=array("q", tokens[:end]), extra_key=req.extra_key, cache_salt=req.cache_salt)
+        _, node, _ = core.match_full_device_prefix(key)  # the node holding token end - 1
+        if core.get_component_device_value(node, ComponentType.SWA) is not None:
+            return True
+        if core.component_has_host_value_only(node, ComponentType.SWA):
+            return True
+    return False
 
 
 def _held_by_tree(tree_cache: Any, req: Any, tokens: list[int], page_size: int) -> tuple[int, int]:
