@@ -73,12 +73,28 @@ Beside HiCache: one host budget, HiCache's, and nothing held twice
     first scheduler pass (:mod:`adapter.switches.kv_park.beside_hicache`: their own allocator hands
     the slots over; ``min(DSV41_KV_PARK_GIB, half of HiCache's host pools)``), so the profile's
     host-RAM total is HiCache's host pool alone and parked bytes plus HiCache's own never exceed
-    it. A retraction parks only the Full pages past what the tree holds for the row (device, or
-    host through HiCache, as ``match_prefix`` counts it: ``parked_from`` in the entry); nothing
-    when it holds all of them. The SWA side still parks the row's whole window (at most one window
-    of pages). The restore matches again: when the tree's part is on host only, HiCache's own
-    load-back (``init_load_back``, as the admission calls it) brings it to the device, then the
-    parked tail is written and inserted after it; when HiCache evicted part of it from both tiers
+    it. Nothing is held twice (no page, Full or SWA, both parked and in HiCache's host pools):
+
+    * Full: only the pages past the tree's Full KV of the row (device, or host through HiCache) are
+      parked (``parked_from`` in the entry); nothing when the prefix the tree serves covers them.
+    * SWA: only the window's pages past the prefix the tree serves (``tree_from``: ``match_prefix``'s
+      device plus host hit, where a SWA run of at least the window ends). Below it the row's window
+      pages are the tree's own (the row shares its slots), and HiCache's load-back brings them back
+      with the Full KV.
+    * Past a window the tree lost. In SGLang 0.5.23 the tree can hold Full KV past the prefix
+      ``match_prefix`` serves, on the device and on host: another request with the same tokens
+      inserted it, and its window there was evicted. ``full_kv_hit_length`` counts it. That Full
+      KV is not parked: the restore locks the tree's device pages (Full only) and takes only the
+      window's SWA from the entry (the insert keeps the tree's Full pages). When part of it is on
+      host only, at the park or at the restore, the request recomputes from the prefix the tree
+      serves (``dropped reason=window_lost_full_kv_on_host`` / ``window_gap_left_the_device``):
+      HiCache's load-back of a node with no window on either tier fails (its SWA traversal asserts;
+      a test pins this). The same applies when the tree still holds part of that stretch's window,
+      on the device or on host (``window_partly_in_the_tree``).
+
+    The restore matches again. When the tree's part is on host only, HiCache's own load-back
+    (``init_load_back``, as the admission calls it) brings it to the device, Full and SWA; then the
+    parked tail is written and inserted after it. When HiCache evicted part of it from both tiers
     (``dropped reason=prefix_gone_from_hicache``) or its load-back gives nothing
     (``load_back_refused``: no device room, under its threshold, pinned by another load), the entry
     is dropped and the request recomputes as stock.
