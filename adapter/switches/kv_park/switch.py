@@ -705,7 +705,6 @@ def _restore_one(state: _State, scheduler: Any, req: Any, *, may_evict: bool) ->
     room = need + _running_need(scheduler)
     lock = tree.lock(match.last_device_node)  # the matched prefix must survive our eviction
     try:
-
         if allocator.available_size() < room:
             if not may_evict:
                 return False
