@@ -486,6 +486,11 @@ SWITCHES: tuple[Switch, ...] = (
             # Beside HiCache a restore brings the tree's host-only part back through HiCache's own
             # load-back before it writes the parked tail.
             "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.init_load_back",
+            # Full KV the tree holds past a window it lost (a Full-only walk), and whether it still
+            # holds a window page there, on the device or on host: never parked twice.
+            "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore.match_full_device_prefix",
+            "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore.get_component_device_value",
+            "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore.component_has_host_value_only",
             # The streams a copy follows: the forward's (run_batch, overlap loop), which HiCache's
             # device-to-host copy also follows (start_writing), so a restore's event orders both.
             "sglang.srt.managers.scheduler:Scheduler.run_batch",

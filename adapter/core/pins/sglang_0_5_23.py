@@ -335,6 +335,14 @@ PINS: dict[str, str] = {
         "dc5bc0d6149525f16368586d8864155b82e5be1671a452be8ce29c4b83434aaa"
     ),
     # kv_park (relied on: called with a fixed signature)
+    # Beside HiCache: a window page the tree still holds past what it serves (on the device or host
+    # only; the Rust tree core's adapter has the same two calls) is never parked twice.
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore.get_component_device_value": (
+        "4373877c8e2a4b9869e419ee700b208379cba1e7a5c33db2392abe58cca9f692"
+    ),
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore.component_has_host_value_only": (
+        "973e07684c253af43a0724ec7a874c1830825723a4ad5ca425501af95adf7322"
+    ),
     "sglang.srt.mem_cache.deepseek_v4_memory_pool:DeepSeekV4IndexerPool.contiguous_page_row_buffers": (
         "d9895e530c1d4e5e365407b8f9b6cba0bb04b873f298325f0dd7376c2e1b5186"
     ),

@@ -11,11 +11,13 @@ page-locked buffers, so nothing is pinned twice either. The carve-out is
 HiCache's host pool alone (``--hicache-ratio`` / ``--hicache-size``), and HiCache keeps at least
 ``1 - SHARE`` of it for its own prefixes.
 
-What is parked (:func:`adapter.switches.kv_park.switch._park`): only the Full pages past what the
-tree holds for the row, on the device or on host through HiCache (a retraction whose servable prefix
-it holds in full parks nothing), so no page is both parked and in HiCache's host pool. The restore
-brings HiCache's part back through HiCache's own load-back before it writes the parked tail, or drops
-the entry (the request recomputes) when HiCache evicted that part in between.
+What is parked (:func:`adapter.switches.kv_park.switch._park`): only the Full pages past the tree's
+Full KV of the row, and only the SWA window pages past the prefix the tree serves, on the device or on
+host through HiCache (a retraction whose servable prefix it holds in full parks nothing), so no page
+is both parked and in HiCache's host pools. The restore brings HiCache's part back through HiCache's
+own load-back before it writes the parked tail, or drops the entry (the request recomputes) when
+HiCache evicted that part in between. Full KV the tree holds past a window it lost is used from the
+device, never parked (see the switch's docstring).
 
 Importing this module imports no SGLang.
 """

@@ -73,12 +73,28 @@ Beside HiCache: one host budget, HiCache's, and nothing held twice
     first scheduler pass (:mod:`adapter.switches.kv_park.beside_hicache`: their own allocator hands
     the slots over; ``min(DSV41_KV_PARK_GIB, half of HiCache's host pools)``), so the profile's
     host-RAM total is HiCache's host pool alone and parked bytes plus HiCache's own never exceed
-    it. A retraction parks only the Full pages past what the tree holds for the row (device, or
-    host through HiCache, as ``match_prefix`` counts it: ``parked_from`` in the entry); nothing
-    when it holds all of them. The SWA side still parks the row's whole window (at most one window
-    of pages). The restore matches again: when the tree's part is on host only, HiCache's own
-    load-back (``init_load_back``, as the admission calls it) brings it to the device, then the
-    parked tail is written and inserted after it; when HiCache evicted part of it from both tiers
+    it. Nothing is held twice (no page, Full or SWA, both parked and in HiCache's host pools):
+
+    * Full: only the pages past the tree's Full KV of the row (device, or host through HiCache) are
+      parked (``parked_from`` in the entry); nothing when the prefix the tree serves covers them.
+    * SWA: only the window's pages past the prefix the tree serves (``tree_from``: ``match_prefix``'s
+      device plus host hit, where a SWA run of at least the window ends). Below it the row's window
+      pages are the tree's own (the row shares its slots), and HiCache's load-back brings them back
+      with the Full KV.
+    * Past a window the tree lost. In SGLang 0.5.23 the tree can hold Full KV past the prefix
+      ``match_prefix`` serves, on the device and on host: another request with the same tokens
+      inserted it, and its window there was evicted. ``full_kv_hit_length`` counts it. That Full
+      KV is not parked: the restore locks the tree's device pages (Full only) and takes only the
+      window's SWA from the entry (the insert keeps the tree's Full pages). When part of it is on
+      host only, at the park or at the restore, the request recomputes from the prefix the tree
+      serves (``dropped reason=window_lost_full_kv_on_host`` / ``window_gap_left_the_device``):
+      HiCache's load-back of a node with no window on either tier fails (its SWA traversal asserts;
+      a test pins this). The same applies when the tree still holds part of that stretch's window,
+      on the device or on host (``window_partly_in_the_tree``).
+
+    The restore matches again. When the tree's part is on host only, HiCache's own load-back
+    (``init_load_back``, as the admission calls it) brings it to the device, Full and SWA; then the
+    parked tail is written and inserted after it. When HiCache evicted part of it from both tiers
     (``dropped reason=prefix_gone_from_hicache``) or its load-back gives nothing
     (``load_back_refused``: no device room, under its threshold, pinned by another load), the entry
     is dropped and the request recomputes as stock.
@@ -283,16 +299,44 @@ def _park(state: _State, req: Any, req_to_token_pool: Any, allocator: Any, tree_
             state.once("unsupported", reason="swa_slots_are_not_whole_pages")
             return
     parked_from = 0  # the first token of the parked Full pages
+    swa_parked_from = swa_from  # the first token of the parked SWA pages
     if state.beside_hicache:
         # Beside HiCache only the tail the tree does not hold (device, or host through HiCache) is
         # parked: nothing is held twice, and the restore brings the rest back through HiCache.
-        parked_from = _held_by_tree(tree_cache, req, tokens[:n], page_size)
-        if parked_from >= n:
+        # ``tree_from``: the prefix the tree can serve (a SWA run of at least the window ends there);
+        # ``parked_from``: where its Full KV ends, which may be further (another request's identical
+        # continuation whose window was evicted: HiCache can hold that Full KV on host too).
+        tree_from, parked_from = _held_by_tree(tree_cache, req, tokens[:n], page_size)
+        if tree_from >= n:
             SWITCH.event("dropped", level=logging.DEBUG, rid=req.rid, reason="tree_holds_it", servable=n, at="park")
             return
+        if parked_from > tree_from and _full_on_device(tree_cache, req, tokens[:parked_from]) is None:
+            # Part of that Full KV is on host only, and HiCache's load-back cannot bring back a node
+            # whose window is gone on both tiers (SGLang 0.5.23's SWA load-back asserts): parking
+            # it would hold it twice, parking past it is useless. The request recomputes from what
+            # the tree serves, as stock.
+            SWITCH.event("dropped", level=logging.DEBUG, rid=req.rid, reason="window_lost_full_kv_on_host",
+                         servable=n, served=tree_from, full=parked_from, at="park")
+            return
+        if (parked_from > tree_from and swa_from is not None
+                and _tree_holds_swa(tree_cache, req, tokens, max(swa_from, tree_from), parked_from, page_size)):
+            # Past what it serves the tree still holds some of the window's SWA pages (a run shorter
+            # than the window, on the device or in HiCache's host pool): parking them would hold
+            # them twice, and a host-only one cannot come back without a window. Recompute.
+            SWITCH.event("dropped", level=logging.DEBUG, rid=req.rid, reason="window_partly_in_the_tree",
+                         servable=n, served=tree_from, full=parked_from, at="park")
+            return
         pages = pages[parked_from // page_size :]
+        if swa_pages is not None and swa_from is not None and tree_from > swa_from:
+            # The window's pages below tree_from are the tree's own SWA pages (the row shares the
+            # tree's slots there): the match that counted them validated a SWA run of at least the
+            # window ending at tree_from, and HiCache's load-back brings it back with the Full KV.
+            swa_pages = swa_pages[(tree_from - swa_from) // page_size :]
+            swa_parked_from = tree_from
+    else:
+        tree_from = 0
     meta = {"tokens": array("q", tokens[:n]), "page_size": page_size, "pool": id(pool), "swa_from": swa_from,
-            "parked_from": parked_from}
+            "parked_from": parked_from, "swa_parked_from": swa_parked_from, "tree_from": tree_from}
     outcome = save_pages(state, req.rid, engines, pages.cpu(), None if swa_pages is None else swa_pages.cpu(), meta)
     if SWITCH.debug or api.metrics_on():  # the line and the metrics: skip the sums when nothing reads them
         nbytes = 0 if outcome.startswith("refused") else pages.numel() * engines.full.page_bytes + (
@@ -466,15 +510,46 @@ def _load_back(tree: Any, req: Any, match: Any, upto: int) -> str | None:
     return None
 
 
-def _held_by_tree(tree_cache: Any, req: Any, tokens: list[int], page_size: int) -> int:
-    """Tokens of ``tokens`` (whole pages) the tree already holds, on the device or on host."""
+def _full_on_device(tree: Any, req: Any, tokens: Any) -> Any:
+    """The node where the tree's device Full KV of ``tokens`` ends when it covers them all (no SWA
+    validation: past a window the tree lost), else None."""
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    key = RadixKey(token_ids=array("q", tokens), extra_key=req.extra_key, cache_salt=req.cache_salt)
+    on_device, node, _ = tree.tree_core.match_full_device_prefix(key)
+    return node if on_device >= len(tokens) else None
+
+
+def _tree_holds_swa(tree: Any, req: Any, tokens: Any, lo: int, hi: int, page_size: int) -> bool:
+    """Whether the tree holds the SWA KV (device, or host only) of any page in ``[lo, hi)`` of
+    ``tokens``, whose Full KV it holds on the device (read-only: no split, no LRU touch)."""
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+    from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+
+    core = tree.tree_core
+    for end in range(lo + page_size, hi + 1, page_size):
+        key = RadixKey(token_ids=array("q", tokens[:end]), extra_key=req.extra_key, cache_salt=req.cache_salt)
+        _, node, _ = core.match_full_device_prefix(key)  # the node holding token end - 1
+        if core.get_component_device_value(node, ComponentType.SWA) is not None:
+            return True
+        if core.component_has_host_value_only(node, ComponentType.SWA):
+            return True
+    return False
+
+
+def _held_by_tree(tree_cache: Any, req: Any, tokens: list[int], page_size: int) -> tuple[int, int]:
+    """Tokens of ``tokens`` (whole pages) the tree holds, on the device or on host: the prefix it can
+    serve (``match_prefix``'s device plus host hit, SWA-validated on a hybrid tree), and the prefix
+    of its Full KV (``full_kv_hit_length``: the walk goes on through host-backed nodes past a window
+    the tree lost, so it is never shorter)."""
     from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
     from sglang.srt.mem_cache.radix_cache import RadixKey
 
     key = RadixKey(token_ids=tokens, extra_key=req.extra_key, cache_salt=req.cache_salt)
     match = tree_cache.match_prefix(MatchPrefixParams(key=key))
     held = int(match.device_prefix_len) + int(getattr(match, "host_hit_length", 0) or 0)
-    return min(held, len(tokens)) // page_size * page_size
+    full = max(held, int(getattr(match, "full_kv_hit_length", 0) or 0))
+    return min(held, len(tokens)) // page_size * page_size, min(full, len(tokens)) // page_size * page_size
 
 
 def _fence_writes(state: _State, allocator: Any, loc: torch.Tensor | None) -> None:
@@ -599,17 +674,27 @@ def _restore_one(state: _State, scheduler: Any, req: Any, *, may_evict: bool) ->
     key = RadixKey(token_ids=tokens[:n], extra_key=req.extra_key, cache_salt=req.cache_salt)
     match = tree.match_prefix(MatchPrefixParams(key=key))
     have = int(match.device_prefix_len)
-    parked_from = min(int(entry.meta.get("parked_from", 0)), n)  # below it, the tree's part (beside HiCache)
-    if have < parked_from:
+    parked_from = min(int(entry.meta.get("parked_from", 0)), n)  # below it, the tree's Full KV (beside HiCache)
+    tree_from = min(int(entry.meta.get("tree_from", parked_from)), parked_from)  # below it, all the tree's
+    if have < tree_from:
         # The tree's part is on host only: HiCache's own load-back brings it to the device first.
-        why = _load_back(tree, req, match, parked_from)
+        why = _load_back(tree, req, match, tree_from)
         if why is None:
             match = tree.match_prefix(MatchPrefixParams(key=key))
             have = int(match.device_prefix_len)
-            why = None if have >= parked_from else "load_back_short"
+            why = None if have >= tree_from else "load_back_short"
         if why is not None:
             return _drop(store, req.rid, why, servable=n, parked_from=parked_from, cached=have,
                          host=int(getattr(match, "host_hit_length", 0) or 0))
+    gap_lock = None
+    if have < parked_from:
+        # The tree's Full KV past the prefix it can serve (its window was evicted), not parked: it
+        # must still be on the device (HiCache cannot load it back without a window); locked, Full
+        # only. The insert below keeps the tree's pages and takes the window's SWA from the entry.
+        gap_node = _full_on_device(tree, req, tokens[:parked_from])
+        if gap_node is None:
+            return _drop(store, req.rid, "window_gap_left_the_device", servable=n, parked_from=parked_from, cached=have)
+        gap_lock = tree.lock(gap_node, skip_lock_components=(ComponentType.SWA,))
     if have >= n:
         # Nothing to copy, but the same hazard as a restore: keep the tree's pages until admission.
         _pin(state, req.rid, tree, match.last_device_node)
@@ -653,12 +738,15 @@ def _restore_one(state: _State, scheduler: Any, req: Any, *, may_evict: bool) ->
         try:
             pages = torch.div(slots[::page_size], page_size, rounding_mode="floor")
             params = InsertParams(key=key, value=torch.cat([prefix, slots]), prev_prefix_len=have)
-            copies = [(req.rid, engines.full, pages.cpu(), (have - parked_from) // page_size)]
+            # Full pages below parked_from are the tree's (the insert frees these duplicates).
+            skip = max(0, parked_from - have) // page_size
+            copies = [(req.rid, engines.full, pages[skip:].cpu(), max(0, have - parked_from) // page_size)]
             if swa_from is not None:
                 assert engines.swa is not None
                 swa_slots = allocator.full_to_swa_index_mapping[slots[tail_from - have :]].to(torch.int64)
                 swa_pages = torch.div(swa_slots[::page_size], page_size, rounding_mode="floor")
-                copies.append(((req.rid, "swa"), engines.swa, swa_pages.cpu(), (tail_from - swa_from) // page_size))
+                swa_parked_from = int(entry.meta.get("swa_parked_from", swa_from))  # below it, the tree's SWA pages
+                copies.append(((req.rid, "swa"), engines.swa, swa_pages.cpu(), (tail_from - swa_parked_from) // page_size))
                 params.set_evicted_seqlen(ComponentType.SWA, tail_from)  # no SWA KV below the window we had
             restore_pages(state, copies)
         except BaseException:
@@ -672,6 +760,8 @@ def _restore_one(state: _State, scheduler: Any, req: Any, *, may_evict: bool) ->
             _pin(state, req.rid, tree, inserted.last_device_node)
     finally:
         tree.unlock(lock)
+        if gap_lock is not None:
+            tree.unlock(gap_lock)
     if SWITCH.debug or api.metrics_on():  # the line and the metrics: skip the sums when nothing reads them
         SWITCH.event("restored", level=logging.DEBUG, rid=req.rid, pages=pages.numel(), tokens=n, cached=have,
                      held=store.used_bytes + store.reserved_bytes)
