@@ -28,10 +28,9 @@ def _clock_restored(monkeypatch):
 
 
 
-def _run(pct: int | None, arrive_after_chunks: int, check=None):
-    """Two streams decode; a 16-chunk prompt prefills; a one-chunk prompt arrives after the long
-    one's ``arrive_after_chunks``-th chunk. Returns (trace from the long prompt on, long, short,
-    the short prompt's TTFT in ns, the clock)."""
+def _streams_decoding(pct: int | None):
+    """A real scheduler on the scripted clock (decode yield at ``pct``, or stock) with two streams
+    decoding, their step alone measured. Returns (harness, clock, streams)."""
     importlib.import_module("sglang.srt.managers.scheduler")
     if pct is not None:
         boot.install({"DSV41_DECODE_YIELD": str(pct), "DSV41_DEBUG_LOG": "1"})
@@ -41,7 +40,15 @@ def _run(pct: int | None, arrive_after_chunks: int, check=None):
     controller.now = clock.now
     streams = [h.add_request(32, max_new_tokens=4000) for _ in range(2)]
     h.drain()
-    h.run(8)  # the streams' step alone is measured
+    h.run(8)
+    return h, clock, streams
+
+
+def _run(pct: int | None, arrive_after_chunks: int, check=None):
+    """Two streams decode; a 16-chunk prompt prefills; a one-chunk prompt arrives after the long
+    one's ``arrive_after_chunks``-th chunk. Returns (trace from the long prompt on, long, short,
+    the short prompt's TTFT in ns, the clock)."""
+    h, clock, streams = _streams_decoding(pct)
     long = h.add_request(LONG, max_new_tokens=2)
     start = len(h.trace)
     short = None
@@ -130,16 +137,7 @@ def _run_at(pct: int | None, after_ms: int):
     the long prompt). Returns (trace from the long prompt on, long, the short prompt's TTFT in
     ns, the ledger's lag when it arrived, the trace index it arrived at, the harness); one pass
     runs after its first token."""
-    importlib.import_module("sglang.srt.managers.scheduler")
-    if pct is not None:
-        boot.install({"DSV41_DECODE_YIELD": str(pct), "DSV41_DEBUG_LOG": "1"})
-    h = build_scheduler(page_size=1, pool_tokens=1 << 15, chunked_prefill_size=CHUNK, max_reqs=16)
-    clock = ScriptedClock(COSTS)
-    h.on_forward = clock.forward
-    controller.now = clock.now
-    [h.add_request(32, max_new_tokens=4000) for _ in range(2)]
-    h.drain()
-    h.run(8)
+    h, clock, _ = _streams_decoding(pct)
     long = h.add_request(LONG, max_new_tokens=2)
     start, t0 = len(h.trace), clock.t
     short = arrived = lag = at = None
