@@ -43,12 +43,14 @@ Importing this module imports no SGLang.
 
 from __future__ import annotations
 
+import contextlib
 import resource
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -147,16 +149,14 @@ def check_host_room(capacity: int, what: str, room: HostRoom | None = None) -> H
 # -- page-locking ----------------------------------------------------------------------------------
 
 
-class PageLocker:
+class PageLocker(Protocol):
     """Page-locks (pins) and unlocks host memory; the one call that pins."""
 
-    name = "none"
+    name: str
 
-    def lock(self, tensor: torch.Tensor) -> None:  # pragma: no cover - the base class pins nothing
-        pass
+    def lock(self, tensor: torch.Tensor) -> None: ...
 
-    def unlock(self, tensor: torch.Tensor) -> None:  # pragma: no cover
-        pass
+    def unlock(self, tensor: torch.Tensor) -> None: ...
 
 
 class CudaHostRegister(PageLocker):
@@ -255,12 +255,10 @@ class HostPool:
                     locker.lock(chunk)
             except (RuntimeError, MemoryError) as exc:
                 done = sum(c.numel() for c in chunks)
-                for c in chunks:  # nothing stays locked after a failed boot
-                    if locker is not None:
-                        try:
+                if locker is not None:
+                    for c in chunks:  # nothing stays locked after a failed boot (best effort: it fails anyway)
+                        with contextlib.suppress(Exception):
                             locker.unlock(c)
-                        except Exception:  # best effort: the boot fails anyway
-                            pass
                 room = room or host_room()
                 verb = "page-lock" if locker is not None else "allocate"
                 raise PoolError(
