@@ -150,25 +150,23 @@ class Server:
         (another process on the machine got it first) is retried on a fresh port, at most
         :data:`PORT_RETRIES` times; the log keeps every attempt."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        for attempt in range(PORT_RETRIES + 1):
+        attempt = 0
+        while True:
             t0 = time.monotonic()
             with open(self.log_path, "ab" if attempt else "wb") as log:
                 self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=self.env,
                                              cwd=self.cwd, start_new_session=True)
             try:
                 self._wait_ready(t0)
-            except ServerFailed:
+            except BaseException as exc:
                 self.stop()
-                if attempt == PORT_RETRIES or not self._lost_its_port():
+                if not isinstance(exc, ServerFailed) or attempt == PORT_RETRIES or not self._lost_its_port():
                     raise
+                attempt += 1
                 self._move_to(free_port())
                 continue
-            except BaseException:
-                self.stop()
-                raise
             self.startup_s = time.monotonic() - t0
             return self
-        raise AssertionError("unreachable")
 
     def _lost_its_port(self) -> bool:
         return PORT_TAKEN in self.log_text() and self.proc is not None and self.proc.poll() is not None

@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import runpy
+import selectors
 import subprocess
 import sys
 import traceback
@@ -67,8 +68,6 @@ class ServingClient:
 
 
 def _readline(proc: subprocess.Popen, timeout_s: float) -> str:
-    import selectors
-
     assert proc.stdout is not None
     with selectors.DefaultSelector() as sel:
         sel.register(proc.stdout, selectors.EVENT_READ)
