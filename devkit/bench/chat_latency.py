@@ -16,6 +16,13 @@ p99 ITL, median end-to-end latency; per row the mean over its boots and the TTFT
 against the bound ``1 / (1 - pct)`` of the row's share (:func:`bound`). On boots with decode yield
 the switch's window lines (``DSV41_DEBUG_LOG=1``) are counted: windows, steps given, how they ended.
 
+Per request (the same seed sends the same requests to every boot): ``past bound`` counts a boot's
+requests whose TTFT passed the row's bound x that request's stock TTFT (the stock boots' mean) plus
+the boot's longest window, the issue's contract for each prompt; ``counted`` is how many the switch
+itself said it served past their bound (``dsv41_decode_yield_prompts_unbounded_total``, read from
+``/metrics``: every boot runs with ``--enable-metrics``). On a stock row ``past bound`` is the noise
+floor: each stock boot's requests past the run's tightest bound x the other stock boots' TTFT.
+
 ``--quick``: stock and the gate's profile, one round, fewer conversations: two boots and two client
 runs, the client's imports done once while the first server boots
 (:class:`devkit.engine_kit.serving_client.ServingClient`). The last line printed is one JSON object.
@@ -33,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from devkit.engine_kit import metrics_page
 from devkit.engine_kit.serving_client import ServingClient
 
 OUT = Path(__file__).resolve().parents[2] / "build" / "bench-chat-latency"
@@ -46,6 +54,11 @@ CLIENT_TIMEOUT_S = 900
 YIELD_PCT = "33"
 CONE = {"DSV41_SWA_CONE_REPLAY": "1", "DSV41_SWA_CONE_TOKENS": "64"}
 THIN = {"DSV41_SWA_THIN": "1"}
+# every boot exports metrics (stock too, so rows compare): the switch's own count of the prompts it
+# served past their bound, beside the client's per-request count
+METRICS_ARGS = ("--enable-metrics",)
+SWITCH_COUNTERS = {"unbounded": "dsv41_decode_yield_prompts_unbounded_total",
+                   "bursts": "dsv41_decode_yield_bursts_total", "steps_cut": "dsv41_decode_yield_steps_cut_total"}
 
 
 def gate_profile(kit_name: str) -> dict[str, str]:
@@ -107,8 +120,11 @@ def client_env() -> dict[str, str]:
 
 
 def figures_of(result: dict[str, Any]) -> dict[str, Any]:
-    """The per-boot figures from bench_serving's output file (one JSON object)."""
-    ttfts = [x * 1000 for x in result.get("ttfts") or [] if x]
+    """The per-boot figures from bench_serving's output file (one JSON object); ``ttfts_ms`` per
+    request in the dataset's order (the same seed sends the same requests to every boot), None
+    where a request failed."""
+    per_request = [round(x * 1000, 1) if x else None for x in result.get("ttfts") or []]
+    ttfts = [x for x in per_request if x is not None]
     return {
         "completed": result.get("completed"),
         "mean_ttft_ms": _r(result.get("mean_ttft_ms")),
@@ -117,7 +133,7 @@ def figures_of(result: dict[str, Any]) -> dict[str, Any]:
         "p99_itl_ms": _r(result.get("p99_itl_ms")),
         "median_e2e_ms": _r(result.get("median_e2e_latency_ms")),
         "max_ttft_ms": _r(max(ttfts)) if ttfts else None,
-        "ttfts_ms": [round(x, 1) for x in ttfts],
+        "ttfts_ms": per_request,
     }
 
 
@@ -126,6 +142,7 @@ def _r(x: Any) -> float | None:
 
 
 WINDOW_RE = re.compile(r"\[dsv41\] decode_yield window .*?\bn=(\d+).*?\bgiven=(\d+) ended=(\w+)")
+STEP_RE = re.compile(r"\bstep_us=([\d.]+)")
 BURST_RE = re.compile(r"\[dsv41\] decode_yield (?:burst|over_share)\b")
 
 
@@ -139,7 +156,37 @@ def window_counts(lines: Sequence[str]) -> dict[str, Any]:
     given = [int(m.group(2)) for m in found]
     return {"windows": len(found), "steps_given": sum(given),
             "max_given": max(given) if given else 0, "ended": ended,
-            "burst_lines": sum(1 for line in lines if BURST_RE.search(line))}
+            "burst_lines": sum(1 for line in lines if BURST_RE.search(line)),
+            "longest_ms": longest_window_ms(lines)}
+
+
+def longest_window_ms(lines: Sequence[str]) -> float:
+    """The longest window a boot's decode-yield lines report, in ms: its steps given at its step
+    (measured mode's lines carry ``step_us``; model mode's do not, and count 0)."""
+    longest = 0.0
+    for line in lines:
+        window, step = WINDOW_RE.search(line), STEP_RE.search(line)
+        if window and step:
+            longest = max(longest, int(window.group(2)) * float(step.group(1)) / 1000)
+    return round(longest, 1)
+
+
+def past_bound(ttfts: Sequence[float | None], stock: Sequence[float | None], bound: float,
+               slack_ms: float) -> int | None:
+    """How many requests' TTFT passed ``bound`` x their stock TTFT (per request, the same request in
+    the stock boots) plus ``slack_ms`` (the boot's longest window: the bound's "plus one window");
+    None when the boots' requests do not line up."""
+    if not ttfts or len(ttfts) != len(stock):
+        return None
+    return sum(1 for mine, theirs in zip(ttfts, stock)
+               if mine is not None and theirs is not None and mine > bound * theirs + slack_ms)
+
+
+def per_request_mean(boots: Sequence[Sequence[float | None]]) -> list[float | None]:
+    """The mean TTFT of each request over ``boots`` (its present values)."""
+    if not boots or len({len(b) for b in boots}) != 1:
+        return []
+    return [_mean(values) for values in zip(*boots)]
 
 
 @dataclass
@@ -149,6 +196,7 @@ class BootResult:
     round: int
     figures: dict[str, Any] = field(default_factory=dict)
     windows: dict[str, Any] = field(default_factory=dict)
+    counted: dict[str, int] = field(default_factory=dict)  # the switch's counters (SWITCH_COUNTERS)
     wall_s: float = 0.0
     error: str | None = None
 
@@ -161,7 +209,7 @@ def run_boot(kit: Any, model: Path, label: str, profile: dict[str, str], round_:
     safe = re.sub(r"[^A-Za-z0-9]+", "-", label).strip("-")
     log = out / f"r{round_}-{safe}.log"
     boot_profile = {**profile, "DSV41_DEBUG_LOG": "1"} if profile else {}  # window lines; stock stays stock
-    server = kit.server(model, log, boot_profile, list(extra))
+    server = kit.server(model, log, boot_profile, [*METRICS_ARGS, *extra])
     t0 = time.monotonic()
     try:
         server.start()
@@ -175,6 +223,8 @@ def run_boot(kit: Any, model: Path, label: str, profile: dict[str, str], round_:
         else:
             records = [json.loads(x) for x in out_file.read_text().splitlines() if x.strip()]
             result.figures = figures_of(records[-1])
+            counters = metrics_page.read_counters(server.base_url, SWITCH_COUNTERS.values())
+            result.counted = {key: int(counters[name]) for key, name in SWITCH_COUNTERS.items()}
     except Exception as exc:  # a failed boot is a row that says so, the other rows still run
         result.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     finally:
@@ -194,11 +244,17 @@ COLUMNS = ("mean_ttft_ms", "p99_ttft_ms", "mean_itl_ms", "p99_itl_ms", "median_e
 
 
 def summarize(boots: list[BootResult]) -> list[dict[str, Any]]:
-    """Per row: each column per boot and their mean, the TTFT ratio to stock's mean and the bound."""
+    """Per row: each column per boot and their mean, the TTFT ratio to stock's mean and the bound;
+    per boot, ``past_bound``: the requests served past ``bound`` x their own stock TTFT (the stock
+    boots' mean for that request) plus the boot's longest window, and ``counted``: those the switch
+    counted itself (``dsv41_decode_yield_prompts_unbounded_total``). A stock boot's ``past_bound`` is
+    the noise floor: its requests past the tightest bound of the run x the other stock boots' TTFT."""
     labels = list(dict.fromkeys(b.label for b in boots))
     stock = [b for b in boots if not b.profile and not b.error]
     stock_ttft = _mean([b.figures["mean_ttft_ms"] for b in stock])
     stock_p99 = _mean([b.figures["p99_ttft_ms"] for b in stock])
+    per_request = per_request_mean([b.figures.get("ttfts_ms") or [] for b in stock])
+    tightest = min((x for x in (bound(b.profile) for b in boots) if x is not None), default=None)
     table = []
     for label in labels:
         mine = [b for b in boots if b.label == label]
@@ -213,8 +269,24 @@ def summarize(boots: list[BootResult]) -> list[dict[str, Any]]:
         row["p99_ttft_ratio"] = _ratio(row["p99_ttft_ms_mean"], stock_p99)
         row["windows"] = [b.windows.get("windows", 0) for b in ok]
         row["burst_lines"] = [b.windows.get("burst_lines", 0) for b in ok]
+        row["past_bound"] = [_past_bound(b, stock, per_request, row["bound"] or tightest) for b in ok]
+        row["counted"] = [b.counted.get("unbounded") if row["bound"] else None for b in ok]
         table.append(row)
     return table
+
+
+def _past_bound(boot: BootResult, stock: list[BootResult], per_request: list[float | None],
+                limit: float | None) -> int | None:
+    """:func:`past_bound` of one boot: against the stock boots' per-request mean, or for a stock
+    boot against the other stock boots (None with one stock boot or no bound in the run)."""
+    if limit is None:
+        return None
+    if any(b is boot for b in stock):
+        others = [b for b in stock if b is not boot]
+        if not others:
+            return None
+        per_request = per_request_mean([b.figures.get("ttfts_ms") or [] for b in others])
+    return past_bound(boot.figures.get("ttfts_ms") or [], per_request, limit, boot.windows.get("longest_ms", 0.0))
 
 
 def _mean(values: Sequence[float | None]) -> float | None:
@@ -228,14 +300,17 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 def print_table(table: list[dict[str, Any]], say: Callable[[str], None] = print) -> None:
     header = ["row", "mean TTFT ms", "p99 TTFT", "mean ITL", "p99 ITL", "median e2e", "TTFT / stock", "bound",
-              "windows"]
+              "past bound", "counted", "windows"]
 
     def cell(row: dict[str, Any], col: str) -> str:
         per = "/".join(f"{v:.0f}" for v in row[col] if v is not None)
         return per or "-"
 
+    def per_boot(values: Sequence[Any]) -> str:
+        return "/".join("-" if v is None else str(v) for v in values) or "-"
+
     lines = [[r["row"], *(cell(r, c) for c in COLUMNS), f"{r['ttft_ratio'] or '-'}", f"{r['bound'] or '-'}",
-              "/".join(str(w) for w in r["windows"]) or "-"] for r in table]
+              per_boot(r["past_bound"]), per_boot(r["counted"]), per_boot(r["windows"])] for r in table]
     from adapter.ops.table import render
 
     say(render(header, lines, align="left"))
@@ -316,5 +391,5 @@ def run(quick: bool = False, model: str = "mellum", rounds: int | None = None) -
     return {"model": model, "rounds": rounds, "traffic": traffic,
             "rows": [{k: v for k, v in r.items()} for r in table],
             "boots": [{"row": b.label, "round": b.round, **{c: b.figures.get(c) for c in COLUMNS},
-                       "windows": b.windows, "error": b.error} for b in boots],
+                       "windows": b.windows, "counted": b.counted, "error": b.error} for b in boots],
             "wall_s": wall}

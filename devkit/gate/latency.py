@@ -19,11 +19,10 @@ JSON object.
 from __future__ import annotations
 
 import json
-import re
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,17 +30,6 @@ ITL_TOLERANCE = 0.10  # the profile's ITL may read this much above stock's (mach
 CONTROL_FACTOR = 2.0  # the two stock boots' figures may differ by this factor (machine noise: 1.9 seen on a quiet one)
 TTFT_KEYS = ("mean_ttft_ms", "p99_ttft_ms")
 ITL_KEYS = ("mean_itl_ms", "p99_itl_ms")
-_WINDOW = re.compile(r"\[dsv41\] decode_yield window .*?\bgiven=(\d+)\b.*?\bstep_us=([\d.]+)")
-
-
-def longest_window_ms(lines: Sequence[str]) -> float:
-    """The longest window a boot's decode-yield lines report, in ms (its steps at its step)."""
-    longest = 0.0
-    for line in lines:
-        match = _WINDOW.search(line)
-        if match:
-            longest = max(longest, int(match.group(1)) * float(match.group(2)) / 1000)
-    return round(longest, 1)
 
 
 def judge(a1: dict[str, float], a2: dict[str, float], b: dict[str, float], pct: int | None,
@@ -92,15 +80,17 @@ def run(quick: bool = True, model_kit: str = "mellum", out: str | Path | None = 
     boots = cl.measure(model_kit, [("A1-stock", {}), ("B-profile", profile), ("A2-stock", {})], 1, traffic, out, say)
     a1, b, a2 = boots
     errors = [f"{x.label}: {x.error}" for x in boots if x.error]
-    window_ms = longest_window_ms((out.resolve() / "r1-B-profile.log").read_text(errors="replace").splitlines()
-                                  if (out.resolve() / "r1-B-profile.log").is_file() else [])
-    result = judge(a1.figures, a2.figures, b.figures, pct, window_ms)
+    result = judge(a1.figures, a2.figures, b.figures, pct, b.windows.get("longest_ms", 0.0))
+    # per request (informative): B's requests past the bound x their stock TTFT plus its longest
+    # window, those the switch counted, and each control's against the other (the noise floor)
+    per_boot = {r["row"]: (r["past_bound"] or [None])[0] for r in cl.summarize(boots)}
     if errors:
         result["verdict"], result["fails"] = "FAIL", errors + result["fails"]
-    header = ["boot", *TTFT_KEYS, *ITL_KEYS, "windows"]
-    rows = [[x.label, *(str(x.figures.get(k, "-")) for k in TTFT_KEYS + ITL_KEYS), str(x.windows.get("windows", 0))]
+    header = ["boot", *TTFT_KEYS, *ITL_KEYS, "windows", "past bound", "counted"]
+    rows = [[x.label, *(str(x.figures.get(k, "-")) for k in TTFT_KEYS + ITL_KEYS), str(x.windows.get("windows", 0)),
+             str(per_boot.get(x.label, "-")), str(x.counted.get("unbounded", "-") if x.profile else "-")]
             for x in boots]
-    rows.append(["limit (B)", *(str(result["limits"].get(k, "-")) for k in TTFT_KEYS + ITL_KEYS), ""])
+    rows.append(["limit (B)", *(str(result["limits"].get(k, "-")) for k in TTFT_KEYS + ITL_KEYS), "", "", ""])
     say(render(header, rows, align="left"))
     if result["controls_disagree"]:
         say(f"controls disagree on {', '.join(result['controls_disagree'])} -> INVALID (machine noise)")
@@ -109,7 +99,8 @@ def run(quick: bool = True, model_kit: str = "mellum", out: str | Path | None = 
     say(f"gate latency: {result['verdict']} in {time.monotonic() - t0:.0f} s")
     return {**result, "model": model_kit, "quick": quick, "profile": profile,
             "boots": {x.label: {**{k: x.figures.get(k) for k in TTFT_KEYS + ITL_KEYS}, "windows": x.windows,
-                                "error": x.error} for x in boots},
+                                "past_bound": per_boot.get(x.label), "counted": x.counted, "error": x.error}
+                      for x in boots},
             "wall_s": round(time.monotonic() - t0, 1)}
 
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from devkit.gate.latency import ITL_TOLERANCE, judge, longest_window_ms
+from devkit.bench.chat_latency import longest_window_ms
+from devkit.gate.latency import ITL_TOLERANCE, judge
 
 # Stock boots as first recorded on this traffic (Mellum kit, bench_serving multi-turn chat, quiet machine):
 # mean / p99 TTFT and mean / p99 ITL in ms.
