@@ -59,6 +59,10 @@ THIN = {"DSV41_SWA_THIN": "1"}
 METRICS_ARGS = ("--enable-metrics",)
 SWITCH_COUNTERS = {"unbounded": "dsv41_decode_yield_prompts_unbounded_total",
                    "bursts": "dsv41_decode_yield_bursts_total", "steps_cut": "dsv41_decode_yield_steps_cut_total"}
+# SGLang's own histograms, as means: time to first token as the server's tokenizer manager sees it (no
+# client, no HTTP), and the scheduler's waiting-queue time; beside the client's TTFT they say where
+# a boot's time went
+SERVER_TIMES = {"server_ttft_ms": "sglang:time_to_first_token_seconds", "queue_ms": "sglang:queue_time_seconds"}
 
 
 def gate_profile(kit_name: str) -> dict[str, str]:
@@ -223,8 +227,12 @@ def run_boot(kit: Any, model: Path, label: str, profile: dict[str, str], round_:
         else:
             records = [json.loads(x) for x in out_file.read_text().splitlines() if x.strip()]
             result.figures = figures_of(records[-1])
-            counters = metrics_page.read_counters(server.base_url, SWITCH_COUNTERS.values())
+            counters = metrics_page.read_counters(server.base_url, [
+                *SWITCH_COUNTERS.values(), *(f"{name}_{part}" for name in SERVER_TIMES.values() for part in ("sum", "count"))])
             result.counted = {key: int(counters[name]) for key, name in SWITCH_COUNTERS.items()}
+            for key, name in SERVER_TIMES.items():
+                count = counters[f"{name}_count"]
+                result.figures[key] = round(1000 * counters[f"{name}_sum"] / count, 1) if count else None
     except Exception as exc:  # a failed boot is a row that says so, the other rows still run
         result.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     finally:
@@ -240,7 +248,7 @@ def run_boot(kit: Any, model: Path, label: str, profile: dict[str, str], round_:
     return result
 
 
-COLUMNS = ("mean_ttft_ms", "p99_ttft_ms", "mean_itl_ms", "p99_itl_ms", "median_e2e_ms")
+COLUMNS = ("mean_ttft_ms", "p99_ttft_ms", "mean_itl_ms", "p99_itl_ms", "median_e2e_ms", "server_ttft_ms", "queue_ms")
 
 
 def summarize(boots: list[BootResult]) -> list[dict[str, Any]]:
@@ -299,8 +307,8 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def print_table(table: list[dict[str, Any]], say: Callable[[str], None] = print) -> None:
-    header = ["row", "mean TTFT ms", "p99 TTFT", "mean ITL", "p99 ITL", "median e2e", "TTFT / stock", "bound",
-              "past bound", "counted", "windows"]
+    header = ["row", "mean TTFT ms", "p99 TTFT", "mean ITL", "p99 ITL", "median e2e", "server TTFT", "queue",
+              "TTFT / stock", "bound", "past bound", "counted", "windows"]
 
     def cell(row: dict[str, Any], col: str) -> str:
         per = "/".join(f"{v:.0f}" for v in row[col] if v is not None)
