@@ -345,8 +345,17 @@ class MellumChat:
         return launcher.Server(args, log, profile)
 
 
+# DSV4 kit: one page a chunk, so every chat prompt (500-970 tokens) is a multi-chunk prefill, as on the
+# Mellum kit. At the gate's 1024-token chunk each prompt is one pass, decode yield has no chunk
+# boundary to act on (one window a run), and stock's ITL rests on admission waves: with 3 running
+# rows and equal answer lengths, stock admits three prompts once all three rows finish, so no prompt
+# prefills while a row decodes; any window (a row a few tokens ahead) breaks the wave for good.
+DSV4_CHAT_CHUNK = 256
+
+
 class Dsv4Chat:
-    """The DeepSeek-V4 kit with the gate's launcher settings (its pool, chunk and running rows)."""
+    """The DeepSeek-V4 kit with the gate's launcher settings (its pool and running rows), chunk
+    :data:`DSV4_CHAT_CHUNK`."""
 
     name = "dsv4"
 
@@ -358,7 +367,7 @@ class Dsv4Chat:
     def server(self, model: Path, log: Path, profile: dict[str, str], extra: list[str]) -> Any:
         from devkit.gate import kits
 
-        return kits.kit("dsv4").server(model, log, profile, extra)
+        return kits.kit("dsv4").server(model, log, profile, extra, chunk=DSV4_CHAT_CHUNK)
 
 
 CHAT_KITS = {"mellum": MellumChat(), "dsv4": Dsv4Chat()}

@@ -69,3 +69,13 @@ def test_counter_sums_adds_a_counter_over_its_label_sets_and_reads_an_absent_one
     ])
     sums = counter_sums(page, ["dsv41_decode_yield_prompts_unbounded_total", "dsv41_decode_yield_bursts_total"])
     assert sums == {"dsv41_decode_yield_prompts_unbounded_total": 5.0, "dsv41_decode_yield_bursts_total": 0.0}
+
+
+def test_the_dsv4_chat_boot_prefills_a_page_a_chunk_so_chat_prompts_are_multi_chunk(tmp_path):
+    from devkit.bench.chat_latency import CHAT_KITS, DSV4_CHAT_CHUNK
+    from devkit.gate.kits import DSV4_CHUNK
+
+    server = CHAT_KITS["dsv4"].server(tmp_path / "model", tmp_path / "log", {}, ["--enable-metrics"])  # not started
+    args = server.args
+    assert args[args.index("--chunked-prefill-size") + 1] == str(DSV4_CHAT_CHUNK) == "256"
+    assert DSV4_CHAT_CHUNK < DSV4_CHUNK and "--enable-metrics" in args
