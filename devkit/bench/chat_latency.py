@@ -18,7 +18,7 @@ the switch's window lines (``DSV41_DEBUG_LOG=1``) are counted: windows, steps gi
 
 Per request (the same seed sends the same requests to every boot): ``past bound`` counts a boot's
 requests whose TTFT passed the row's bound x that request's stock TTFT (the stock boots' mean) plus
-the boot's longest window, the issue's contract for each prompt; ``counted`` is how many the switch
+the boot's longest window, the bound each prompt is owed; ``counted`` is how many the switch
 itself said it served past their bound (``dsv41_decode_yield_prompts_unbounded_total``, read from
 ``/metrics``: every boot runs with ``--enable-metrics``). On a stock row ``past bound`` is the noise
 floor: each stock boot's requests past the run's tightest bound x the other stock boots' TTFT.
