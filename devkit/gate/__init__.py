@@ -11,7 +11,12 @@ one at a time; all share the model, the seed, the server arguments and the workl
    before the profile boot, instead of on a boot of its own (one boot less on a 2-core machine);
 4. boot B, the profile: every switch whose registry record's ``gate_role`` acts on this engine
    (its ``profile`` keys); its receipts are checked with :func:`adapter.core.receipts.audit`;
-5. boot A2, stock again.
+5. boot A2, stock again;
+6. the latency leg (:mod:`devkit.gate.latency`): SGLang's ``bench_serving`` multi-turn chat against
+   three more boots, stock / the same profile / stock, TTFT and ITL against decode yield's bound;
+   the gate's verdict is the worse of the two legs' (FAIL over INVALID over PASS). Run with the
+   import hook and the gate's whole profile only (not under ``--hicache``, ``--via plugin``,
+   ``--without`` or ``--drop-key``, whose runs judge the switch rows); ``--no-latency`` skips it.
 
 ``--hicache``: every boot (A1, B, A2) runs with the datacenter profile's HiCache flags and churn that
 outruns its host tier (:mod:`devkit.gate.hicache_leg`), so each row judges a switch beside HiCache
@@ -73,8 +78,9 @@ DEFAULT_OUT = Path(__file__).resolve().parents[2] / "build" / "gate"
 
 def run(quick: bool = True, out: str | Path | None = None, say: Callable[[str], None] = print,
         without: tuple[str, ...] = (), model_kit: str = "mellum", via: str = "import-hook",
-        hicache: bool = False, drop: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Build, boot A1 / B / A2, judge; returns the figures (the CLI prints them as the last line)."""
+        hicache: bool = False, drop: tuple[str, ...] = (), latency: bool = True) -> dict[str, Any]:
+    """Build, boot A1 / B / A2, judge; then the latency leg (``latency``, where it applies: see
+    :func:`latency_skipped`); returns the figures (the CLI prints them as the last line)."""
     from adapter.core import receipts
     from devkit.gate import kits, ways
 
@@ -126,6 +132,16 @@ def run(quick: bool = True, out: str | Path | None = None, say: Callable[[str], 
     say(f"greedy outputs: {outputs['equal']}/{outputs['compared']} prompts equal to the controls"
         + (f"; differ: {', '.join(outputs['differ'])}" if outputs["differ"] else "")
         + (f"; controls differ (not compared): {', '.join(outputs['controls_differ'])}" if outputs["controls_differ"] else ""))
+    skipped = latency_skipped(latency, via, hicache, without, drop)
+    if skipped is None:
+        from devkit.gate import latency as latency_leg
+
+        latency_figures = latency_leg.run(quick=quick, model_kit=kit.name, say=say, profile=profile,
+                                          out=out.parent / f"{out.name}-latency")
+        verdict, verdict_why = with_latency(verdict, verdict_why, latency_figures["verdict"])
+    else:
+        latency_figures = {"verdict": "not run", "why": skipped}
+        say(f"latency leg: not run ({skipped})")
     say(f"gate: {verdict}{' (' + verdict_why + ')' if verdict_why else ''} in {time.monotonic() - t0:.0f} s")
     return {
         "verdict": verdict,
@@ -156,13 +172,40 @@ def run(quick: bool = True, out: str | Path | None = None, say: Callable[[str], 
         "without": list(without),
         "drop_keys": list(drop),
         "churn_requests": workload.churn_requests,
+        "latency": latency_figures,
         "wall_s": round(time.monotonic() - t0, 1),
     }
 
 
+def latency_skipped(latency: bool, via: str, hicache: bool, without: tuple[str, ...],
+                    drop: tuple[str, ...]) -> str | None:
+    """Why the latency leg does not run in this gate run (None: it runs)."""
+    if not latency:
+        return "--no-latency"
+    if via != "import-hook":
+        return f"--via {via}: the leg boots through the import hook"
+    if hicache:
+        return "--hicache: the leg judges the gate's profile without HiCache"
+    if without or drop:
+        return "--without / --drop-key: the leg judges the gate's whole profile"
+    return None
+
+
+def with_latency(verdict: str, why: str, latency_verdict: str) -> tuple[str, str]:
+    """The gate's verdict with the latency leg's: the worse of the two (FAIL over INVALID over PASS)."""
+    if latency_verdict == "PASS":
+        return verdict, why
+    rank = {"PASS": 0, "INVALID": 1, "FAIL": 2}
+    reason = f"latency leg {latency_verdict}"
+    if rank.get(latency_verdict, 2) > rank[verdict]:
+        return latency_verdict if latency_verdict in rank else "FAIL", reason
+    return verdict, "; ".join(x for x in (why, reason) if x)
+
+
 def add_arguments(parser: Any) -> None:
     parser.add_argument("--quick", action="store_true",
-                        help="the short workload (2-3 minutes on 2 cores; --model dsv4: 12-13 minutes under load)")
+                        help="the short workload (3-4 minutes on 2 cores with the latency leg; --model dsv4: "
+                        "about 5 on a quiet machine)")
     parser.add_argument("--out", help=f"folder for logs and the model (default {DEFAULT_OUT}/<model>)")
     parser.add_argument("--model", default="mellum", choices=("mellum", "dsv4"),
                         help="the model kit: the tiny hybrid SWA Mellum (default) or the tiny DeepSeek-V4.1")
@@ -177,6 +220,8 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--latency", action="store_true",
                         help="the latency leg alone (devkit/gate/latency.py): bench_serving multi-turn chat against "
                         "stock / profile / stock boots, TTFT and ITL against the bound")
+    parser.add_argument("--no-latency", action="store_true",
+                        help="the switch legs only: skip the latency leg that follows them (three more boots)")
     parser.add_argument("--hicache", action="store_true",
                         help=f"every boot with the HiCache flags of {hicache_leg.PROFILE.name} and churn that outruns "
                         "its host tier: the switches beside HiCache")
@@ -189,7 +234,8 @@ def main(args: Any) -> int:
         return latency.main(args)
     try:
         figures = run(quick=args.quick, out=args.out, without=tuple(args.without), model_kit=args.model,
-                      via=args.via, hicache=getattr(args, "hicache", False), drop=tuple(getattr(args, "drop_key", ())))
+                      via=args.via, hicache=getattr(args, "hicache", False), drop=tuple(getattr(args, "drop_key", ())),
+                      latency=not getattr(args, "no_latency", False))
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -65,13 +65,14 @@ def judge(a1: dict[str, float], a2: dict[str, float], b: dict[str, float], pct: 
 
 
 def run(quick: bool = True, model_kit: str = "mellum", out: str | Path | None = None,
-        say: Callable[[str], None] = print) -> dict[str, Any]:
-    """Boot A1 stock, B the gate's profile, A2 stock; chat traffic against each; judge."""
+        say: Callable[[str], None] = print, profile: dict[str, str] | None = None) -> dict[str, Any]:
+    """Boot A1 stock, B ``profile`` (default the gate's, uncalibrated), A2 stock; chat traffic
+    against each; judge."""
     from adapter.ops.table import render
     from devkit.bench import chat_latency as cl
 
     t0 = time.monotonic()
-    profile = cl.gate_profile(model_kit)
+    profile = dict(profile) if profile is not None else cl.gate_profile(model_kit)
     pct = int(profile["DSV41_DECODE_YIELD"]) if "DSV41_DECODE_YIELD" in profile else None
     traffic = cl.QUICK_TRAFFIC if quick else cl.TRAFFIC
     out = Path(out) if out else cl.OUT.parent / "gate" / f"{model_kit}-latency"

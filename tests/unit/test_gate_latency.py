@@ -57,3 +57,26 @@ def test_the_slack_is_the_longest_window_the_profile_boot_logged():
     ]
     assert longest_window_ms(lines) == 18.0
     assert longest_window_ms([]) == 0.0
+
+
+def test_the_gate_verdict_is_the_worse_of_the_switch_legs_and_the_latency_leg():
+    from devkit.gate import with_latency
+
+    assert with_latency("PASS", "", "PASS") == ("PASS", "")
+    assert with_latency("PASS", "", "FAIL") == ("FAIL", "latency leg FAIL")
+    assert with_latency("PASS", "", "INVALID") == ("INVALID", "latency leg INVALID")
+    # a failed switch row stays the verdict, and both reasons are kept
+    assert with_latency("FAIL", "rows failed: swa_thin", "INVALID") == ("FAIL", "rows failed: swa_thin; latency leg INVALID")
+    assert with_latency("INVALID", "the stock controls disagree", "FAIL") == ("FAIL", "latency leg FAIL")
+    assert with_latency("FAIL", "receipts", "PASS") == ("FAIL", "receipts")
+
+
+def test_the_latency_leg_runs_only_for_the_whole_profile_through_the_import_hook():
+    from devkit.gate import latency_skipped
+
+    assert latency_skipped(True, "import-hook", False, (), ()) is None
+    assert latency_skipped(False, "import-hook", False, (), ()) == "--no-latency"
+    assert latency_skipped(True, "plugin", False, (), ()).startswith("--via plugin")
+    assert latency_skipped(True, "import-hook", True, (), ()).startswith("--hicache")
+    assert latency_skipped(True, "import-hook", False, ("swa_thin",), ()).startswith("--without")
+    assert latency_skipped(True, "import-hook", False, (), ("DSV41_SWA_THIN",)).startswith("--without")
