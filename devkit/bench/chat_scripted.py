@@ -10,6 +10,9 @@ cache, result processing); only the forward is simulated, and its wall time is s
 few rows about 5 ms), so a ratio read here is the scheduler's policy alone, free of the machine's
 noise that a server boot on a shared CPU carries.
 
+The full run adds the DSV4 kit's shape (:data:`DSV4_SHAPE`, :data:`DSV4_COSTS`: 3 running rows, a
+256-token chunk), with every answer 16 tokens and with answers of 4-32 tokens (``Traffic.answers``).
+
 ``python -m adapter bench chat-latency-scripted [--quick]`` prints stock against yield at a few
 shares: mean / p99 TTFT, the worst prompt's TTFT over its stock TTFT against the bound
 ``1 / (1 - pct)``, mean / p99 ITL, and the switch's window counts.
@@ -20,6 +23,7 @@ from __future__ import annotations
 import heapq
 import random
 import statistics
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,10 +43,19 @@ class Traffic:
     # depend on the policy). A number: turn k arrives k times this many seconds after the first,
     # whatever the policy does, so two runs see the same arrivals and each prompt's TTFT compares.
     turn_gap_s: float | None = None
+    # None: every answer is ``output`` tokens (bench_serving's generated-shared-prefix default). A
+    # pair: each request's answer length drawn from [lo, hi], fixed by its id (the same in every run)
+    answers: tuple[int, int] | None = None
 
     @property
     def conversations(self) -> int:
         return self.groups * self.per_group
+
+    def answer_len(self, rid: str) -> int:
+        if self.answers is None:
+            return self.output
+        lo, hi = self.answers
+        return lo + zlib.crc32(rid.encode()) % (hi - lo + 1)
 
 
 @dataclass(frozen=True)
@@ -97,8 +110,8 @@ def run_traffic(traffic: Traffic = Traffic(), costs: Callable[[Any], int] = Cost
     from adapter.switches.decode_yield import bound, controller
     from devkit.testkit.scheduler import SIM_TOKEN, ScriptedClock, build_scheduler
 
-    h = harness or build_scheduler(page_size=1, pool_tokens=1 << 16, chunked_prefill_size=chunk, max_reqs=64,
-                                   **(pool or {}))
+    h = harness or build_scheduler(**{"page_size": 1, "pool_tokens": 1 << 16, "chunked_prefill_size": chunk,
+                                      "max_reqs": 64, **(pool or {})})
     clock = ScriptedClock(costs)
     h.on_forward = clock.forward
     saved_now, saved_unbounded = controller.now, bound.Bound.unbounded
@@ -142,7 +155,7 @@ def run_traffic(traffic: Traffic = Traffic(), costs: Callable[[Any], int] = Cost
             while arrivals and arrivals[0][0] <= clock.t:
                 at, c, turn, prompt = heapq.heappop(arrivals)
                 rid = f"c{c}t{turn}"
-                req = h.make_request(len(prompt), traffic.output, rid=rid, prompt_ids=prompt)
+                req = h.make_request(len(prompt), traffic.answer_len(rid), rid=rid, prompt_ids=prompt)
                 h.add_request(req)
                 active[rid] = (req, at, prompt, c)
                 seen_tokens[rid] = (0, at)
@@ -192,8 +205,17 @@ SWA_ROWS = (("stock", {}), ("yield 50", {"DSV41_DECODE_YIELD": "50"}),
             ("yield 50 + SWA thin", {"DSV41_DECODE_YIELD": "50", "DSV41_SWA_THIN": "1"}))
 
 
-def _with_switch(environ: dict[str, str], traffic: Traffic,
-                 pool: dict[str, Any] | None = None) -> tuple[Result, dict[str, int]]:
+# The DSV4 kit's shape on this CPU (its chat boots: a page a chunk, 3 running rows): a 256-token chunk
+# about 455 ms, a decode step 30 ms and 3 ms a row. With every answer the same length stock admits in
+# waves (three rows finish together, the next three prompts prefill with no row decoding); answers
+# of different lengths, as real chat has, break the waves without any switch.
+DSV4_SHAPE = {"chunked_prefill_size": 256, "max_reqs": 3}
+DSV4_COSTS = Costs(prefill_us=20000, token_us=1700, step_us=30000, row_us=3000)
+DSV4_ROWS = (("stock", {}), ("yield 33", {"DSV41_DECODE_YIELD": "33"}), ("yield 50", {"DSV41_DECODE_YIELD": "50"}))
+
+
+def _with_switch(environ: dict[str, str], traffic: Traffic, pool: dict[str, Any] | None = None,
+                 costs: Costs = Costs()) -> tuple[Result, dict[str, int]]:
     """One run with the switch installed from ``environ`` (none: stock), its window lines counted."""
     import importlib
     import logging
@@ -220,7 +242,7 @@ def _with_switch(environ: dict[str, str], traffic: Traffic,
         logger.setLevel(logging.DEBUG)  # before the install: the switch reads it there (window lines)
         if environ:
             boot.install(environ)
-        return run_traffic(traffic, pool=pool), counts
+        return run_traffic(traffic, costs, pool=pool), counts
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
@@ -228,11 +250,11 @@ def _with_switch(environ: dict[str, str], traffic: Traffic,
 
 
 def compare(traffic: Traffic, rows: tuple[tuple[str, dict[str, str]], ...] = ROWS,
-            pool: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+            pool: dict[str, Any] | None = None, costs: Costs = Costs()) -> list[dict[str, Any]]:
     """Each row on the same traffic; per prompt, its TTFT over stock's and its excess over the bound
     ``1 / (1 - pct)`` x stock; ``over``: prompts past it by more than the run's longest window, and
     ``unbounded``: those the switch counted (``dsv41_decode_yield_prompts_unbounded_total``)."""
-    results = [(label, env, *_with_switch(env, traffic, pool)) for label, env in rows]
+    results = [(label, env, *_with_switch(env, traffic, pool, costs)) for label, env in rows]
     stock = results[0][2].ttft_ms
     table = []
     for label, env, result, counts in results:
@@ -259,15 +281,22 @@ def run(quick: bool = False) -> dict[str, Any]:
     from adapter.ops.table import render
 
     open_loop = Traffic(rate=8.0, turn_gap_s=1.0)
-    legs = [("open_loop", "open loop, 8 conversations/s, turns 1 s apart", open_loop, ROWS, None),
-            ("swa_pool", "the same on a hybrid SWA pool of 1024 tokens (window 32)", open_loop, SWA_ROWS, SWA_POOL)]
+    mellum = Costs()
+    legs = [("open_loop", "open loop, 8 conversations/s, turns 1 s apart", open_loop, ROWS, None, mellum),
+            ("swa_pool", "the same on a hybrid SWA pool of 1024 tokens (window 32)", open_loop, SWA_ROWS, SWA_POOL,
+             mellum)]
     if not quick:
-        legs.append(("closed_loop", "closed loop (bench_serving's), 4 conversations/s", Traffic(rate=4.0), ROWS, None))
+        closed = Traffic(rate=4.0)
+        legs += [("closed_loop", "closed loop (bench_serving's), 4 conversations/s", closed, ROWS, None, mellum),
+                 ("dsv4_equal", "DSV4-shaped (a 256-token chunk 455 ms, a step 30 ms + 3 ms a row, 3 running rows), "
+                  "closed loop, every answer 16 tokens", closed, DSV4_ROWS, DSV4_SHAPE, DSV4_COSTS),
+                 ("dsv4_varied", "the same with answers of 4-32 tokens", Traffic(rate=4.0, answers=(4, 32)), DSV4_ROWS,
+                  DSV4_SHAPE, DSV4_COSTS)]
     cols = ["row", "mean_ttft_ms", "p99_ttft_ms", "p90_ratio", "worst_excess_ms", "window_ms", "over", "unbounded",
             "mean_itl_ms", "p99_itl_ms", "windows", "cut", "bursts"]
     figures: dict[str, Any] = {}
-    for key, title, traffic, rows, pool in legs:
-        table = compare(traffic, rows, pool)
+    for key, title, traffic, rows, pool, costs in legs:
+        table = compare(traffic, rows, pool, costs)
         print(title)
         print(render(cols, [[r[c] for c in cols] for r in table]))
         figures[key] = table
