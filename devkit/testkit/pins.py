@@ -20,9 +20,9 @@ class BuilderDrifted(RuntimeError):
 
 
 def check_builder_pins() -> None:
-    from adapter.core.pins import check
+    from adapter.core.pins import drifted
 
-    drifted = [c.describe() for c in (check(t, PINS) for t in PINS) if not c.ok]
-    if drifted:
-        raise BuilderDrifted("devkit test builder refused: " + "; ".join(drifted)
+    found = drifted(PINS)
+    if found:
+        raise BuilderDrifted("devkit test builder refused: " + "; ".join(found)
                              + " (re-read it, update devkit/testkit/scheduler.py, then re-pin here)")

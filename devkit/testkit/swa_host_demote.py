@@ -49,11 +49,11 @@ class ExperimentDrifted(RuntimeError):
 
 
 def _check_pins() -> None:
-    from adapter.core.pins import check
+    from adapter.core.pins import drifted
 
-    drifted = [c.describe() for c in (check(t, PINS) for t in PINS) if not c.ok]
-    if drifted:
-        raise ExperimentDrifted("swa_host_demote refused: " + "; ".join(drifted))
+    found = drifted(PINS)
+    if found:
+        raise ExperimentDrifted("swa_host_demote refused: " + "; ".join(found))
 
 
 def is_host_backed_device_window(component: Any, node: Any) -> bool:

@@ -74,12 +74,11 @@ class PoolRefused(RuntimeError):
 
 def check_pins(pins: dict[str, str] | None = None) -> None:
     """Raise :class:`PoolRefused` naming every drifted pin in ``pins`` (default :data:`PINS`)."""
-    from adapter.core.pins import check
+    from adapter.core.pins import drifted
 
-    pins = PINS if pins is None else pins
-    drifted = [c.describe() for c in (check(t, pins) for t in pins) if not c.ok]
-    if drifted:
-        raise PoolRefused(f"simulate's DeepSeek-V4 pool refused: {'; '.join(drifted)}")
+    found = drifted(PINS if pins is None else pins)
+    if found:
+        raise PoolRefused(f"simulate's DeepSeek-V4 pool refused: {'; '.join(found)}")
 
 
 def stand_in_ratios(ratios: tuple[int, ...]) -> tuple[int, ...]:

@@ -66,12 +66,11 @@ class ReplayRefused(RuntimeError):
 
 def check_pins(pins: dict[str, str] | None = None) -> None:
     """Raise :class:`ReplayRefused` naming every drifted pin in ``pins`` (default :data:`PINS`)."""
-    from adapter.core.pins import check
+    from adapter.core.pins import drifted
 
-    pins = PINS if pins is None else pins
-    drifted = [c.describe() for c in (check(t, pins) for t in pins) if not c.ok]
-    if drifted:
-        raise ReplayRefused(f"simulate's replay refused: {'; '.join(drifted)}")
+    found = drifted(PINS if pins is None else pins)
+    if found:
+        raise ReplayRefused(f"simulate's replay refused: {'; '.join(found)}")
 
 
 @dataclass

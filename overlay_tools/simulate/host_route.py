@@ -90,12 +90,11 @@ class RouteRefused(RuntimeError):
 def check_pins(module_name: str, pins: dict[str, str] | None = None) -> None:
     """Raise :class:`RouteRefused` naming every drifted pin of ``module_name``'s route in ``pins``
     (default :data:`PINS`)."""
-    from adapter.core.pins import check
+    from adapter.core.pins import drifted
 
-    pins = PINS if pins is None else pins
-    drifted = [c.describe() for c in (check(t, pins) for t in pins if t.startswith(module_name + ":")) if not c.ok]
-    if drifted:
-        raise RouteRefused(f"CPU route for {module_name} refused: {'; '.join(drifted)}")
+    found = drifted(PINS if pins is None else pins, module_name + ":")
+    if found:
+        raise RouteRefused(f"CPU route for {module_name} refused: {'; '.join(found)}")
 
 
 def route_host_memory(module) -> None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 # adds a module and switches this import: docs/operating.md, "Moving to a new SGLang release").
 from adapter.core.pins.sglang_0_5_23 import PINS, UPSTREAM
 
-__all__ = ["PINS", "UPSTREAM", "PinCheck", "check", "object_at", "source_hash"]
+__all__ = ["PINS", "UPSTREAM", "PinCheck", "check", "drifted", "object_at", "source_hash"]
 
 def object_at(target: str) -> object:
     """The object at ``module:qualname`` as the module holds it now (possibly wrapped)."""
@@ -56,3 +56,9 @@ def check(target: str, pins: dict[str, str] | None = None) -> PinCheck:
     except (AttributeError, ImportError, OSError, TypeError) as exc:
         found = f"<unreadable: {type(exc).__name__}: {exc}>"
     return PinCheck(target, expected, found)
+
+
+def drifted(pins: dict[str, str], prefix: str = "") -> list[str]:
+    """What :meth:`PinCheck.describe` says of each target in ``pins`` (those starting with ``prefix``)
+    whose installed source no longer matches its pin: empty when every one holds."""
+    return [c.describe() for c in (check(t, pins) for t in pins if t.startswith(prefix)) if not c.ok]
