@@ -182,6 +182,17 @@ SWITCHES: tuple[Switch, ...] = (
             "sglang.srt.managers.scheduler:Scheduler._reqs_finishing_inflight",
             # Sets tp_cpu_group, the gloo group rank 0's window is broadcast on (measured mode, TP > 1).
             "sglang.srt.managers.scheduler:Scheduler.init_model_worker",
+            # Run on a deferred pass as a stock prefill attempt runs it (the waiting queue's order and
+            # the recency of its cached prefixes).
+            "sglang.srt.managers.schedule_policy:SchedulePolicy.calc_priority",
+            # A waiting prompt's cache hit, read without touching the cache (cache_hit.py), on the key
+            # the scheduler matches, on either tree core.
+            "sglang.srt.mem_cache.common:_req_radix_key",
+            "sglang.srt.managers.schedule_batch:Req._compute_max_prefix_len",
+            "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore.match_full_device_prefix",
+            "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore.swa_tombstone_ranges",
+            "sglang.srt.mem_cache.rust_tree_core.adapter:RustUnifiedTreeCore.match_full_device_prefix",
+            "sglang.srt.mem_cache.rust_tree_core.adapter:RustUnifiedTreeCore.swa_tombstone_ranges",
         ),
         install="adapter.switches.decode_yield.switch:install",
         predict="adapter.switches.decode_yield.predict:predict",

@@ -21,5 +21,6 @@ BENCHMARKS = {
     "swa-host-demote": "devkit.bench.swa_host_demote:run",
     "chat-latency": "devkit.bench.chat_latency:run",
     "chat-latency-scripted": "devkit.bench.chat_scripted:run",
+    "chat-latency-varied": "devkit.bench.chat_latency:run_varied",
     # -- end of benchmarks --
 }

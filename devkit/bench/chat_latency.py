@@ -47,6 +47,11 @@ OUT = Path(__file__).resolve().parents[2] / "build" / "bench-chat-latency"
 # The traffic (SGLang's generated-shared-prefix dataset, bench_serving's flags), seeded.
 TRAFFIC = {"groups": 4, "per_group": 6, "system": 512, "question": 64, "output": 16, "turns": 3, "rate": 4.0}
 QUICK_TRAFFIC = {**TRAFFIC, "groups": 2, "per_group": 4}
+# ``bench chat-latency-varied``: lengths drawn per conversation (bench_serving's --gsp-range-ratio: each
+# system prompt, question and answer length from [ratio x its length, its length]). With every answer
+# the same length, a kit serving few rows at once admits in waves (DSV4_CHAT_CHUNK's comment), which
+# chat traffic of varied answers does not.
+VARIED = {"range_ratio": 0.5}
 # Mellum kit: chunk 64 (every system prompt is a multi-chunk prefill), a pool for every conversation.
 MELLUM_MAX_TOTAL_TOKENS = 32768
 MELLUM_SWA_RATIO = 0.05
@@ -76,13 +81,16 @@ def gate_profile(kit_name: str) -> dict[str, str]:
     return profile
 
 
-def rows(kit_name: str, quick: bool) -> list[tuple[str, dict[str, str]]]:
-    """(label, profile) per row; the first is stock."""
+def rows(kit_name: str, quick: bool, varied: bool = False) -> list[tuple[str, dict[str, str]]]:
+    """(label, profile) per row; the first is stock. ``varied``: stock, decode yield alone and the
+    profile."""
     y = {"DSV41_DECODE_YIELD": YIELD_PCT}
     cone = {**CONE, **({"DSV41_SWA_CONE_TOKENS": "768"} if kit_name == "dsv4" else {})}
     profile = gate_profile(kit_name)
     if quick:
         return [("stock", {}), ("profile", profile)]
+    if varied:
+        return [("stock", {}), (f"yield {YIELD_PCT}", y), ("profile", profile)]
     return [
         ("stock", {}),
         (f"yield {YIELD_PCT}", y),
@@ -112,6 +120,7 @@ def client_args(base_url: str, tokenizer: Path, out_file: Path, traffic: dict[st
         "--gsp-output-len", str(traffic["output"]), "--gsp-num-turns", str(traffic["turns"]),
         "--request-rate", str(traffic["rate"]), "--seed", str(seed), "--warmup-requests", "0",
         "--disable-tqdm", "--output-file", str(out_file), "--output-details",
+        *(("--gsp-range-ratio", str(traffic["range_ratio"])) if "range_ratio" in traffic else ()),
     ]
 
 
@@ -390,12 +399,12 @@ def measure(kit_name: str, labelled: list[tuple[str, dict[str, str]]], rounds: i
     return boots
 
 
-def run(quick: bool = False, model: str = "mellum", rounds: int | None = None) -> dict[str, Any]:
+def run(quick: bool = False, model: str = "mellum", rounds: int | None = None, varied: bool = False) -> dict[str, Any]:
     t0 = time.monotonic()
-    traffic = QUICK_TRAFFIC if quick else TRAFFIC
-    labelled = rows(model, quick)
+    traffic = {**(QUICK_TRAFFIC if quick else TRAFFIC), **(VARIED if varied else {})}
+    labelled = rows(model, quick, varied)
     rounds = rounds or (1 if quick else 2)
-    out = OUT / model
+    out = OUT / (f"{model}-varied" if varied else model)
     conversations = traffic["groups"] * traffic["per_group"]
     print(f"chat-latency: {model} kit, {len(labelled)} rows x {rounds} rounds; {conversations} conversations of "
           f"{traffic['turns']} turns ({conversations * traffic['turns']} requests) at {traffic['rate']}/s; "
@@ -410,3 +419,10 @@ def run(quick: bool = False, model: str = "mellum", rounds: int | None = None) -
             "boots": [{"row": b.label, "round": b.round, **{c: b.figures.get(c) for c in COLUMNS},
                        "windows": b.windows, "counted": b.counted, "error": b.error} for b in boots],
             "wall_s": wall}
+
+
+def run_varied(quick: bool = False, model: str = "mellum", rounds: int | None = None) -> dict[str, Any]:
+    """``python -m adapter bench chat-latency-varied [--quick] [--model mellum|dsv4]``: the same
+    traffic with lengths drawn per conversation (:data:`VARIED`); rows stock, decode yield alone
+    and the profile."""
+    return run(quick, model, rounds, varied=True)

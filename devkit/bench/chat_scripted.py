@@ -78,6 +78,7 @@ class Costs:
 @dataclass
 class Result:
     ttft_ms: dict[str, float] = field(default_factory=dict)  # per request (conversation/turn)
+    cached: dict[str, int] = field(default_factory=dict)  # per request: its prefix-cache hit (tokens)
     itl_ms: list[float] = field(default_factory=list)
     wall_ms: float = 0.0
     passes: int = 0
@@ -180,6 +181,7 @@ def run_traffic(traffic: Traffic = Traffic(), costs: Callable[[Any], int] = Cost
                 if n > seen:
                     if seen == 0:
                         result.ttft_ms[rid] = (clock.t - at) / 1e6
+                        result.cached[rid] = req.cached_tokens
                     else:
                         result.itl_ms.extend([(clock.t - last) / 1e6] + [0.0] * (n - seen - 1))
                     seen_tokens[rid] = (n, clock.t)
@@ -252,10 +254,12 @@ def _with_switch(environ: dict[str, str], traffic: Traffic, pool: dict[str, Any]
 def compare(traffic: Traffic, rows: tuple[tuple[str, dict[str, str]], ...] = ROWS,
             pool: dict[str, Any] | None = None, costs: Costs = Costs()) -> list[dict[str, Any]]:
     """Each row on the same traffic; per prompt, its TTFT over stock's and its excess over the bound
-    ``1 / (1 - pct)`` x stock; ``over``: prompts past it by more than the run's longest window, and
-    ``unbounded``: those the switch counted (``dsv41_decode_yield_prompts_unbounded_total``)."""
+    ``1 / (1 - pct)`` x stock; ``over``: prompts past it by more than the run's longest window,
+    ``unbounded``: those the switch counted (``dsv41_decode_yield_prompts_unbounded_total``), and
+    ``lost_hit``: those over and not counted whose prefix-cache hit was smaller than stock's (a prefill
+    that is not stock's, which the switch's ledger does not cover: bound.py)."""
     results = [(label, env, *_with_switch(env, traffic, pool, costs)) for label, env in rows]
-    stock = results[0][2].ttft_ms
+    stock, stock_cached = results[0][2].ttft_ms, results[0][2].cached
     table = []
     for label, env, result, counts in results:
         pct = int(env.get("DSV41_DECODE_YIELD", 0))
@@ -269,6 +273,8 @@ def compare(traffic: Traffic, rows: tuple[tuple[str, dict[str, str]], ...] = ROW
                       "p90_ratio": round(ratios[int(0.9 * (len(ratios) - 1))], 2),
                       "worst_excess_ms": round(excess[-1], 1), "window_ms": round(slack, 1),
                       "over": len(over) if compared else "-", "unbounded": len(result.unbounded),
+                      "lost_hit": len({k for k in over - result.unbounded if result.cached[k] < stock_cached[k]})
+                      if compared else "-",
                       "over_uncounted": sorted(over - result.unbounded) if compared else None,
                       "counted_within": sorted(result.unbounded - over) if compared else None,
                       **counts})
@@ -293,6 +299,7 @@ def run(quick: bool = False) -> dict[str, Any]:
                  ("dsv4_varied", "the same with answers of 4-32 tokens", Traffic(rate=4.0, answers=(4, 32)), DSV4_ROWS,
                   DSV4_SHAPE, DSV4_COSTS)]
     cols = ["row", "mean_ttft_ms", "p99_ttft_ms", "p90_ratio", "worst_excess_ms", "window_ms", "over", "unbounded",
+            "lost_hit",
             "mean_itl_ms", "p99_itl_ms", "windows", "cut", "bursts"]
     figures: dict[str, Any] = {}
     for key, title, traffic, rows, pool, costs in legs:

@@ -79,3 +79,13 @@ def test_the_dsv4_chat_boot_prefills_a_page_a_chunk_so_chat_prompts_are_multi_ch
     args = server.args
     assert args[args.index("--chunked-prefill-size") + 1] == str(DSV4_CHAT_CHUNK) == "256"
     assert DSV4_CHAT_CHUNK < DSV4_CHUNK and "--enable-metrics" in args
+
+
+def test_the_varied_traffic_asks_the_client_for_drawn_lengths_and_the_issue_traffic_does_not(tmp_path):
+    from devkit.bench.chat_latency import TRAFFIC, VARIED, client_args
+
+    plain = client_args("http://h:1", tmp_path, tmp_path / "o.json", TRAFFIC)
+    varied = client_args("http://h:1", tmp_path, tmp_path / "o.json", {**TRAFFIC, **VARIED})
+    assert "--gsp-range-ratio" not in plain  # bench_serving's default: every answer --gsp-output-len tokens
+    assert varied[varied.index("--gsp-range-ratio") + 1] == "0.5"
+    assert varied[:len(plain)] == plain

@@ -6,6 +6,7 @@ arrives into a backlog the windows have lengthened keeps its bound or is counted
 
 from __future__ import annotations
 
+import functools
 import importlib
 import itertools
 
@@ -129,6 +130,38 @@ def test_the_lag_is_forgotten_once_no_prompt_waits():
     h.run(2)
     bound = h.scheduler.__dict__[ATTR].bound
     assert bound.lag == 0 and not bound.bursting and not bound.stamps
+
+
+@pytest.mark.parametrize("pct", [None, 50])
+def test_every_pass_a_prompt_waits_runs_the_policy_over_the_waiting_queue_windows_included(pct, monkeypatch):
+    """A stock pass tries prefill while a prompt is chunked, and that runs the policy over the
+    waiting queue (its order; the recency of the waiting prompts' cached prefixes). A pass a window
+    defers runs it too: from the short prompt's arrival to its admission, every pass runs it once,
+    stock and yield alike (else its prefix ages in the LRU through the windows)."""
+    from sglang.srt.managers.schedule_policy import SchedulePolicy
+
+    passes = 0
+    arrived = None  # passes done when the short prompt arrived
+    runs: list[int] = []  # per run with a prompt waiting: passes done before the pass that ran it
+    calc_priority = SchedulePolicy.calc_priority
+
+    @functools.wraps(calc_priority)  # the switch pins the original through it
+    def counted(self, waiting_queue, *args, **kwargs):
+        if waiting_queue:
+            runs.append(passes)
+        return calc_priority(self, waiting_queue, *args, **kwargs)
+
+    def check(h):
+        nonlocal passes, arrived
+        passes += 1
+        if arrived is None and h.scheduler.waiting_queue:  # added after the previous pass
+            arrived = passes - 1
+
+    monkeypatch.setattr(SchedulePolicy, "calc_priority", counted)
+    steps, *_ = _run(pct, 4, check)
+    deferred = sum(1 for s in steps[len(steps) - (passes - arrived):] if s.kind == "decode")
+    assert (deferred > 0) == (pct is not None)  # yield: the windows' decode steps came while it waited
+    assert [r for r in runs if r >= arrived] == list(range(arrived, passes))
 
 
 def _run_at(pct: int | None, after_ms: int):

@@ -155,6 +155,21 @@ PINS: dict[str, str] = {
     "sglang.srt.managers.scheduler:Scheduler._reqs_finishing_inflight": (
         "0a23fa4468031e1d72d71106ef992f899155249b6d59d2afb1ae0cc27960729e"
     ),
+    "sglang.srt.managers.schedule_policy:SchedulePolicy.calc_priority": (
+        "7584774bd710d20ea1b05d1b8900f8e029f981844a5cd9e02f92d8ac23f9f1d3"
+    ),
+    "sglang.srt.mem_cache.common:_req_radix_key": (
+        "b5b809c3289c6a64ced1212e5c8d50a6739578ed91f09d7e6909eea9754fdf9d"
+    ),
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore.swa_tombstone_ranges": (
+        "c09e9a49fdd4b3dfb9dbc2b4d973d9a3cce14446e31612163d7081c95ed5cee1"
+    ),
+    "sglang.srt.mem_cache.rust_tree_core.adapter:RustUnifiedTreeCore.match_full_device_prefix": (
+        "213177b6400361294adbd58083cfce3352eb43cef8684df73741154246110fef"
+    ),
+    "sglang.srt.mem_cache.rust_tree_core.adapter:RustUnifiedTreeCore.swa_tombstone_ranges": (
+        "3c4eca0bfeacfc249dd271fe83062ab38b02f91cd8a6f1f121d610d7ca526c69"
+    ),
     # swa_native_decode
     "sglang.kernels.ops.attention.flash_mla_sm120:_flash_mla_flashinfer": (
         "dc287221ffafd0d4311863acfc34ba8183c8230f03508e191db96b3bc97a4acb"

@@ -49,11 +49,18 @@ one per :data:`BURST_LOG_S`) and ``dsv41_decode_yield_prompts_unbounded_total`` 
 
 **Which prompts the bound covers**: every prompt whose prefill is stock's (the same cache hits)
 and whose found lag is within its share; every other prompt served past it by a lag is counted.
-Not covered and not counted: a prompt whose own prefill differs from stock's, a cached prefix
-evicted in this run that stock would have hit (a hybrid SWA pool under pressure frees pages at
-other moments when windows interleave decode steps with chunks): the ledger measures what the
-windows add, not the cache. Under such pressure the count can also include a prompt stock would
-have held as long (admission waiting for the pool in both): stock's backlog is taken as ours less
+**A cache hit lost while it waits**: when a prompt is stamped, what it could resume from the cache
+then is read without touching the cache (:mod:`adapter.switches.decode_yield.cache_hit`); when it
+is served, the tokens of that read it did not get (its ``cached_tokens`` below it) are prefill
+stock need not have run, and their time (at the measured time per chunk token) is added to its
+lag, so a prompt past its bound by them is counted, its line carrying ``lost_hit_tokens``. A
+window does not age a waiting prompt's prefix in the LRU: a deferred pass runs the policy over the
+waiting queue as a stock pass does (switch.py). Not covered and not counted: a prefix lost
+*before* the prompt is first seen waiting (an idle conversation's resume point evicted at another
+moment than stock's, windows interleaving decode steps with chunks and rows finishing at other
+times): nothing in the run says what stock's cache would have held then. Under pool pressure the
+count can also include a prompt stock would have held as long (admission waiting for the pool in
+both, or a hit the pool would have evicted in stock too): stock's backlog is taken as ours less
 the lag.
 
 ``L`` only grows while a prompt waits, so a backlog that outlasts what the share allows (arrivals
@@ -71,6 +78,7 @@ the one broadcast with ``N`` (:mod:`adapter.switches.decode_yield.agreement`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from adapter.switches.decode_yield.controller import Recent
@@ -83,15 +91,17 @@ class Bound:
     """The lag ledger of one scheduler (one rank)."""
 
     __slots__ = ("_decode", "_last_t", "_logged", "_prefill_tokens", "_served", "_window_ns", "_window_step",
-                 "bursting", "given", "lag", "late", "longest", "pct", "per_token", "stamps", "step")
+                 "bursting", "given", "lag", "late", "longest", "pct", "per_token", "resumable", "stamps", "step")
 
-    def __init__(self, pct: int):
+    def __init__(self, pct: int, resumable: Callable[[Any], int] | None = None):
         self.pct = pct
+        # what a waiting prompt could resume from the prefix cache now (cache_hit.py; None: not readable)
+        self.resumable = resumable
         self.lag = 0  # ns of window steps since the backlog began (at most the backlog)
         self.given = 0  # ns of window steps since the backlog began, never capped (what a prompt pays after its stamp)
         self.longest = 0  # ns: the longest window of this backlog (the bound's "one window")
-        # id(req) -> (req, when first seen waiting, the lag it found then, ``given`` then)
-        self.stamps: dict[int, tuple[Any, int, int, int]] = {}
+        # id(req) -> (req, when first seen waiting, the lag it found then, ``given`` then, its cache hit then)
+        self.stamps: dict[int, tuple[Any, int, int, int, int | None]] = {}
         self.per_token = Recent(CHUNK_SAMPLES)  # ns per token of a prefill pass
         self.step = Recent(CHUNK_SAMPLES)  # ns of a decode pass (model mode has no step alone of its own)
         self.bursting = False  # a window of this backlog was cut (the burst line was logged)
@@ -102,13 +112,16 @@ class Bound:
         self._window_ns = 0  # the open window's steps so far
         self._prefill_tokens = 0  # the pass that just ran was a prefill of this many tokens
         self._decode = False  # the pass that just ran was a decode step
-        self._served: list[tuple[Any, int, int, int]] = []  # stamps of the prompts the pass that just ran prefilled
+        # the prompts the pass that just ran prefilled: (req, stamp time, found, given, cache hit lost since)
+        self._served: list[tuple[Any, int, int, int, int]] = []
 
-    def on_pass(self, t: int, chunked: Any, waiting: Any, step_alone: int | None = None) -> list[tuple[int, int]]:
+    def on_pass(self, t: int, chunked: Any, waiting: Any,
+                step_alone: int | None = None) -> list[tuple[int, int, int]]:
         """A pass entered at ``t`` with ``chunked`` (the chunked prompt or None) and ``waiting`` (the
         waiting queue); ``step_alone``: the streams' step alone where the closed loop measures it.
-        Returns ``(lag, ttft)`` (ns) of each prompt whose first token the pass before gave beyond
-        its bound (:meth:`unbounded`): a lag it inherited."""
+        Returns ``(lag, ttft, lost)`` (ns, ns, tokens) of each prompt whose first token the pass
+        before gave beyond its bound (:meth:`unbounded`): a lag it inherited, or a cache hit lost
+        while it waited."""
         if self._last_t is not None:
             took = t - self._last_t
             if self._window_step:
@@ -144,17 +157,18 @@ class Bound:
             self._stamp_arrivals(t, chunked, waiting)
         return late
 
-    def unbounded(self, t: int, served: tuple[Any, int, int, int]) -> tuple[int, int] | None:
-        """``(lag, ttft)`` when the prompt ``served`` (its stamp) got its first token at ``t``
-        beyond ``1 / (1 - pct)`` of its stock TTFT plus the backlog's longest window: its lag
-        (what it found on arrival and what was given since) exceeds ``pct`` of its TTFT by more
-        than ``1 - pct`` of that window. None: within its bound."""
-        _, stamp, found, given = served
-        lag = found + self.given - given
+    def unbounded(self, t: int, served: tuple[Any, int, int, int, int]) -> tuple[int, int, int] | None:
+        """``(lag, ttft, lost)`` when the prompt ``served`` got its first token at ``t`` beyond
+        ``1 / (1 - pct)`` of its stock TTFT plus the backlog's longest window: its lag (what it found
+        on arrival, what was given since, and the prefill of ``lost`` cache-hit tokens it lost while
+        waiting) exceeds ``pct`` of its TTFT by more than ``1 - pct`` of that window. None: within
+        its bound."""
+        _, stamp, found, given, lost = served
+        lag = found + self.given - given + lost * (self.per_token.value() or 0)
         ttft = t - stamp
         window = max(self.longest, self._window_ns)
         if 100 * lag > self.pct * ttft + (100 - self.pct) * window:
-            return lag, ttft
+            return lag, ttft, lost
         return None
 
     def _stamp_arrivals(self, t: int, chunked: Any, waiting: Any) -> None:
@@ -169,10 +183,13 @@ class Bound:
                 stamps[id(req)] = self._stamp(req, t, ahead * per_token)
             ahead += len(req.origin_input_ids) + len(req.output_ids) - req.prefix_len
 
-    def _stamp(self, req: Any, t: int, ahead_ns: int) -> tuple[Any, int, int, int]:
+    def _stamp(self, req: Any, t: int, ahead_ns: int, queued: bool = True) -> tuple[Any, int, int, int, int | None]:
         """A prompt first seen waiting at ``t`` with ``ahead_ns`` of prefill ahead of it: the lag it
-        finds is at most that (stock would have served what is ahead of it by then)."""
-        return req, t, min(self.lag, ahead_ns), self.given
+        finds is at most that (stock would have served what is ahead of it by then); and, still
+        ``queued`` (not the chunked prompt, whose own chunks are in the tree), what it could resume
+        from the cache then."""
+        hit = self.resumable(req) if queued and self.resumable is not None else None
+        return req, t, min(self.lag, ahead_ns), self.given, hit
 
     def log_line(self, what: str, t: int) -> bool:
         """Whether the ``what`` line (burst, unbounded) seen at ``t`` gets logged (none in the last
@@ -192,7 +209,10 @@ class Bound:
             for req in reqs:
                 seen = self.stamps.get(id(req))
                 if seen is not None and seen[0] is req and req is not chunked:
-                    self._served.append(self.stamps.pop(id(req)))
+                    _, since, found, given, hit = self.stamps.pop(id(req))
+                    # its cache hit, counted once at its first chunk's admission (before this pass)
+                    lost = max(0, hit - req.cached_tokens) if hit is not None else 0
+                    self._served.append((req, since, found, given, lost))
 
     def window_step(self) -> None:
         """The pass that just entered defers prefill: its decode step is one a window gives."""
@@ -217,9 +237,10 @@ class Bound:
                     continue
             key = id(req)
             seen = self.stamps.get(key)
-            stamp = seen if seen is not None and seen[0] is req else self._stamp(req, t, ahead * per_token)
+            stamp = seen if seen is not None and seen[0] is req else self._stamp(req, t, ahead * per_token,
+                                                                                   req is not chunked)
             stamps[key] = stamp
-            _, since, found, given = stamp
+            _, since, found, given, _ = stamp
             # its lag: what it found on arrival and every window step since; its time at least its
             # wait so far and the chunked prompt's rest, which every waiting prompt is behind
             mine = self.pct * (t - since + rest) - 100 * (found + self.given - given)

@@ -5,7 +5,13 @@ What it changes: after each *non-final* chunk of a chunked prompt, while decode 
 the next prefill is deferred for ``N`` decode steps through the engine's own
 ``Scheduler._should_defer_prefill`` counter (``_prefill_decode_interval_remaining``), never shorter
 than ``--prefill-decode-interval``, never longer than 128 steps. Only *when* the next chunk runs
-changes: chunk boundaries, batch contents and outputs stay the engine's own.
+changes: chunk boundaries, batch contents and outputs stay the engine's own. A pass a window defers
+still runs the scheduling policy over the waiting queue (``SchedulePolicy.calc_priority``, which a
+stock pass runs when it tries prefill while a prompt is chunked): its order, and the recency of the
+waiting prompts' cached prefixes (the policy's prefix matches, or under FCFS its refresh of them every
+32 such passes, ``SGLANG_ENABLE_WAITING_PREFIX_REFRESH``), stay as stock keeps them; without it a
+waiting prompt's prefix ages in the LRU through the windows and, under pool pressure, is evicted and
+prefilled again.
 
 ``N`` comes from one of two modes (``DSV41_DECODE_YIELD_MODE``):
 
@@ -68,8 +74,8 @@ it: arm the window when the batch about to run holds a non-final chunk) and
 ``Scheduler._should_defer_prefill`` (before the call: end the window early, or plan its rest again
 by setting the engine's counter; after it: close the measured cycle).
 ``_arm_prefill_decode_interval`` (whose counter is the floor), ``_reqs_finishing_inflight`` (rows
-the overlap loop's in-flight result finishes) and ``init_model_worker`` (which sets
-``tp_cpu_group``) are read or called, not wrapped; they are pinned beside the wrapped two
+the overlap loop's in-flight result finishes), ``init_model_worker`` (which sets ``tp_cpu_group``)
+and ``SchedulePolicy.calc_priority`` (run on a deferred pass) are read or called, not wrapped; they are pinned beside the wrapped two
 (registry ``relies_on``), so drift refuses the switch.
 
 Rollback: unset ``DSV41_DECODE_YIELD`` (the ``DSV41_DECODE_YIELD_*`` keys then do nothing); to
@@ -82,7 +88,7 @@ import logging
 from typing import Any
 
 from adapter.core import api
-from adapter.switches.decode_yield import agreement, bound, controller, cost_model
+from adapter.switches.decode_yield import agreement, bound, cache_hit, controller, cost_model
 
 SWITCH = api.handle(__name__)
 _ATTR = "_dsv41_decode_yield"  # per-Scheduler state, on the instance
@@ -109,13 +115,13 @@ class _Window:
 class _State:
     __slots__ = ("bound", "carry", "carry_req", "ctl", "pass_t", "window")
 
-    def __init__(self, ctl: controller.Controller | None, pct: int) -> None:
+    def __init__(self, ctl: controller.Controller | None, pct: int, tree_cache: Any) -> None:
         self.window: _Window | None = None
         self.carry = 0  # model mode: rounding surplus of the previous windows of carry_req (cost_model.yield_window)
         self.carry_req: Any = None
         self.ctl = ctl  # measured mode: the closed loop (None in model mode)
         self.pass_t = 0  # when the current pass entered get_next_batch_to_run (controller.now)
-        self.bound = bound.Bound(pct)  # the prompts' bound: the lag ledger (bound.py)
+        self.bound = bound.Bound(pct, cache_hit.reader(tree_cache))  # the prompts' bound: the lag ledger (bound.py)
 
 
 def unsupported_mode(server_args: Any) -> str | None:
@@ -168,7 +174,8 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
             if reason is not None:  # a scheduler built in an unsupported mode after install: back to stock
                 ctx.refuse_late(reason, revert=True)
                 return None
-            state = scheduler.__dict__[_ATTR] = _State(controller.Controller(pct, cap) if measured else None, pct)
+            state = scheduler.__dict__[_ATTR] = _State(controller.Controller(pct, cap) if measured else None, pct,
+                                                       scheduler.tree_cache)
         return state
 
     def get_next_batch_to_run(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
@@ -179,10 +186,11 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
         ctl = state.ctl
         state.pass_t = t = controller.now()
         step_alone = ctl.step_ns() if ctl is not None else None
-        for lag, ttft in state.bound.on_pass(t, instance.chunked_req, instance.waiting_queue, step_alone):
-            # a prompt served beyond its bound: it found a lag no window of its own added (bound.py)
+        for lag, ttft, lost in state.bound.on_pass(t, instance.chunked_req, instance.waiting_queue, step_alone):
+            # a prompt served beyond its bound: it found a lag no window of its own added, or lost a
+            # cache hit while it waited (bound.py)
             late = {"share": pct, "lag_ms": round(lag / 1e6, 1), "ttft_ms": round(ttft / 1e6, 1),
-                    "waiting": len(instance.waiting_queue)}
+                    "waiting": len(instance.waiting_queue), **({"lost_hit_tokens": lost} if lost else {})}
             if state.bound.log_line("unbounded", t):  # a line at most every BURST_LOG_S, each prompt counted
                 ctx.event("unbounded", **late)
             else:
@@ -292,6 +300,13 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
         defer = wrapped(*args, **kwargs)
         if defer:
             state.bound.window_step()
+            if instance.waiting_queue:
+                # a stock pass would try prefill first, and that orders the waiting queue and keeps
+                # its cached prefixes fresh (the policy's match or its waiting-prefix refresh, a
+                # count of such passes): a deferred pass does the same, or under pool pressure a
+                # waiting prompt's prefix ages out while the window runs and it prefills it again
+                instance.policy.calc_priority(instance.waiting_queue, running_batch,
+                                              processed_tokens=instance.processed_tokens_counter)
         if ended is None and not defer:
             ended = "served" if remaining == 0 else "min_bs"
         if ended is not None:

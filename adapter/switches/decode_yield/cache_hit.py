@@ -1,0 +1,69 @@
+"""What a waiting prompt could resume from the prefix cache now, read without changing the cache.
+
+The bound (:mod:`adapter.switches.decode_yield.bound`) compares it, taken when a prompt is first
+seen waiting, with the cache hit the prompt got at admission: a hit lost while it waited (a pool
+under pressure evicted its prefix) is prefill stock may not have run, charged to its lag.
+
+SGLang's own match (``UnifiedRadixCache.match_prefix``) cannot be used for this: it refreshes the
+path's LRU recency and splits the node it ends in, which would change what the pool evicts. The
+read here uses the two read-only walks both tree cores (Python and Rust) expose:
+``tree_core.match_full_device_prefix`` (Full KV, no SWA validator, no split, no LRU touch) and
+``tree_core.swa_tombstone_ranges``. It is a lower bound of what the match would give: the Full hit,
+page-aligned, on the same key the scheduler matches (``common._req_radix_key`` with the request's
+``_compute_max_prefix_len``), cut back where its SWA window is gone to the deepest point the match's
+SWA validator accepts among those a read can place (:func:`deepest_valid`); a lower bound only
+understates a loss.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def reader(cache: Any) -> Any:
+    """``resumable`` for this cache, or None where the cache is not SGLang's unified radix cache
+    (no read-only walk to use: the bound then charges no lost hit)."""
+    from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+
+    core = getattr(cache, "tree_core", None)
+    if core is None or getattr(cache, "disable", False) or not hasattr(core, "match_full_device_prefix"):
+        return None
+    swa = getattr(cache, "components", {}).get(ComponentType.SWA)
+    window = int(getattr(cache, "_sliding_window_size", 0) or 0) if swa is not None and swa.gates_prefix_match else 0
+
+    def resumable(req: Any) -> int:
+        return _resumable(cache, core, window, req)
+
+    return resumable
+
+
+def _resumable(cache: Any, core: Any, window: int, req: Any) -> int:
+    from sglang.srt.mem_cache.common import _req_radix_key
+
+    if req.positional_embed_overrides is not None:  # the scheduler matches nothing for it either
+        return 0
+    ids = req.origin_input_ids + req.output_ids
+    key = _req_radix_key(cache, req, ids, req._compute_max_prefix_len(len(ids)))
+    hit, _, _ = core.match_full_device_prefix(key)
+    if not window or not hit:
+        return hit
+    return deepest_valid(core.swa_tombstone_ranges(key, 0, hit), hit, window)
+
+
+def deepest_valid(tombstones: list[tuple[int, int]], hit: int, window: int) -> int:
+    """The deepest point of a Full hit of ``hit`` tokens the SWA validator accepts, given the hit's
+    SWA-tombstoned ranges (whole nodes, in order): a point is valid with no tombstone before it, or
+    with at least ``window`` SWA-bearing tokens since the last one. The candidates are the hit's end
+    and each tombstone's start (a node boundary); a valid node end inside a live run is not seen, so
+    this is at most what the match gives."""
+    if not tombstones:
+        return hit
+    if hit - tombstones[-1][1] >= window:
+        return hit
+    for i in range(len(tombstones) - 1, -1, -1):
+        start = tombstones[i][0]
+        if i == 0:
+            return start  # no tombstone before it: valid (0 when the path begins tombstoned)
+        if start - tombstones[i - 1][1] >= window:
+            return start
+    return 0
