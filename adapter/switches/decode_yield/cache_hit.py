@@ -17,10 +17,11 @@ understates a loss.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 
-def reader(cache: Any) -> Any:
+def reader(cache: Any) -> Callable[[Any], int] | None:
     """``resumable`` for this cache, or None where the cache is not SGLang's unified radix cache
     (no read-only walk to use: the bound then charges no lost hit)."""
     from sglang.srt.mem_cache.unified_cache.components.base import ComponentType

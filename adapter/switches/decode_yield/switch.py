@@ -74,9 +74,11 @@ it: arm the window when the batch about to run holds a non-final chunk) and
 ``Scheduler._should_defer_prefill`` (before the call: end the window early, or plan its rest again
 by setting the engine's counter; after it: close the measured cycle).
 ``_arm_prefill_decode_interval`` (whose counter is the floor), ``_reqs_finishing_inflight`` (rows
-the overlap loop's in-flight result finishes), ``init_model_worker`` (which sets ``tp_cpu_group``)
-and ``SchedulePolicy.calc_priority`` (run on a deferred pass) are read or called, not wrapped; they are pinned beside the wrapped two
-(registry ``relies_on``), so drift refuses the switch.
+the overlap loop's in-flight result finishes), ``init_model_worker`` (which sets ``tp_cpu_group``),
+``SchedulePolicy.calc_priority`` (run on a deferred pass) and the read-only prefix walks the bound
+reads a waiting prompt's cache hit with (:mod:`adapter.switches.decode_yield.cache_hit`) are read or
+called, not wrapped; they are pinned beside the wrapped two (registry ``relies_on``), so drift
+refuses the switch.
 
 Rollback: unset ``DSV41_DECODE_YIELD`` (the ``DSV41_DECODE_YIELD_*`` keys then do nothing); to
 the open-loop model only, ``DSV41_DECODE_YIELD_MODE=model``.
