@@ -96,8 +96,9 @@ def _key(cache, req):
 def _wait_behind_windows(evict: bool, debug_lines: list[str]):
     """Decode yield 50: two streams decode, a 16-chunk prompt prefills, and a chat turn whose
     earlier turns are cached arrives after its first chunk; with ``evict`` the cache is emptied of
-    every unlocked prefix while the turn waits (a pool under pressure). Returns (the turn's stamp
-    when first seen, the bound's count of prompts served past their bound, the unbounded lines)."""
+    every unlocked prefix while the turn waits (a pool under pressure). Returns the turn's stamp
+    when first seen, the turn, the bound's count of prompts served past their bound and the
+    unbounded lines."""
     from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
     importlib.import_module("sglang.srt.managers.scheduler")
