@@ -260,12 +260,18 @@ def run_boot(kit: Any, model: Path, label: str, profile: dict[str, str], round_:
 COLUMNS = ("mean_ttft_ms", "p99_ttft_ms", "mean_itl_ms", "p99_itl_ms", "median_e2e_ms", "server_ttft_ms", "queue_ms")
 
 
-def summarize(boots: list[BootResult]) -> list[dict[str, Any]]:
+def summarize(boots: list[BootResult], turns: int = 1) -> list[dict[str, Any]]:
     """Per row: each column per boot and their mean, the TTFT ratio to stock's mean and the bound;
     per boot, ``past_bound``: the requests served past ``bound`` x their own stock TTFT (the stock
     boots' mean for that request) plus the boot's longest window, and ``counted``: those the switch
     counted itself (``dsv41_decode_yield_prompts_unbounded_total``). A stock boot's ``past_bound`` is
-    the noise floor: its requests past the tightest bound of the run x the other stock boots' TTFT."""
+    the noise floor: its requests past the tightest bound of the run x the other stock boots' TTFT.
+
+    With ``turns`` > 1 (conversations of that many turns, listed turn by turn as ``bench_serving``
+    reports them), ``past_bound_turn1`` is the same over each conversation's first turn alone: it is
+    sent on the client's seeded schedule, the same moment in every boot, while a later turn is sent
+    when the previous answer completes, so it arrives into another backlog in each boot and its
+    comparison with stock's TTFT is not like for like."""
     labels = list(dict.fromkeys(b.label for b in boots))
     stock = [b for b in boots if not b.profile and not b.error]
     stock_ttft = _mean([b.figures["mean_ttft_ms"] for b in stock])
@@ -287,15 +293,18 @@ def summarize(boots: list[BootResult]) -> list[dict[str, Any]]:
         row["windows"] = [b.windows.get("windows", 0) for b in ok]
         row["burst_lines"] = [b.windows.get("burst_lines", 0) for b in ok]
         row["past_bound"] = [_past_bound(b, stock, per_request, row["bound"] or tightest) for b in ok]
+        if turns > 1:
+            row["past_bound_turn1"] = [_past_bound(b, stock, per_request, row["bound"] or tightest, turns) for b in ok]
         row["counted"] = [b.counted.get("unbounded") if row["bound"] else None for b in ok]
         table.append(row)
     return table
 
 
 def _past_bound(boot: BootResult, stock: list[BootResult], per_request: list[float | None],
-                limit: float | None) -> int | None:
+                limit: float | None, every: int = 1) -> int | None:
     """:func:`past_bound` of one boot: against the stock boots' per-request mean, or for a stock
-    boot against the other stock boots (None with one stock boot or no bound in the run)."""
+    boot against the other stock boots (None with one stock boot or no bound in the run); with
+    ``every`` > 1, over every ``every``-th request from the first (each conversation's first turn)."""
     if limit is None:
         return None
     if any(b is boot for b in stock):
@@ -303,7 +312,8 @@ def _past_bound(boot: BootResult, stock: list[BootResult], per_request: list[flo
         if not others:
             return None
         per_request = per_request_mean([b.figures.get("ttfts_ms") or [] for b in others])
-    return past_bound(boot.figures.get("ttfts_ms") or [], per_request, limit, boot.windows.get("longest_ms", 0.0))
+    ttfts = boot.figures.get("ttfts_ms") or []
+    return past_bound(ttfts[::every], per_request[::every], limit, boot.windows.get("longest_ms", 0.0))
 
 
 def _mean(values: Sequence[float | None]) -> float | None:
@@ -316,8 +326,9 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def print_table(table: list[dict[str, Any]], say: Callable[[str], None] = print) -> None:
+    turn1 = any("past_bound_turn1" in r for r in table)
     header = ["row", "mean TTFT ms", "p99 TTFT", "mean ITL", "p99 ITL", "median e2e", "server TTFT", "queue",
-              "TTFT / stock", "bound", "past bound", "counted", "windows"]
+              "TTFT / stock", "bound", "past bound", *(["past (turn 1)"] if turn1 else []), "counted", "windows"]
 
     def cell(row: dict[str, Any], col: str) -> str:
         per = "/".join(f"{v:.0f}" for v in row[col] if v is not None)
@@ -327,7 +338,8 @@ def print_table(table: list[dict[str, Any]], say: Callable[[str], None] = print)
         return "/".join("-" if v is None else str(v) for v in values) or "-"
 
     lines = [[r["row"], *(cell(r, c) for c in COLUMNS), f"{r['ttft_ratio'] or '-'}", f"{r['bound'] or '-'}",
-              per_boot(r["past_bound"]), per_boot(r["counted"]), per_boot(r["windows"])] for r in table]
+              per_boot(r["past_bound"]), *([per_boot(r.get("past_bound_turn1", []))] if turn1 else []),
+              per_boot(r["counted"]), per_boot(r["windows"])] for r in table]
     from adapter.ops.table import render
 
     say(render(header, lines, align="left"))
@@ -410,7 +422,7 @@ def run(quick: bool = False, model: str = "mellum", rounds: int | None = None, v
           f"{traffic['turns']} turns ({conversations * traffic['turns']} requests) at {traffic['rate']}/s; "
           f"logs in {out}")
     boots = measure(model, labelled, rounds, traffic, out)
-    table = summarize(boots)
+    table = summarize(boots, traffic["turns"])
     print_table(table)
     wall = round(time.monotonic() - t0, 1)
     print(f"chat-latency: {wall:.0f} s")

@@ -50,6 +50,18 @@ def test_summarize_judges_each_boot_per_request_and_gives_stock_boots_the_noise_
     assert rows["stock"]["counted"] == [None, None]
 
 
+def test_the_first_turn_check_reads_each_conversations_first_turn_alone():
+    # two conversations of three turns, listed turn by turn: 0, 1, 2 then 3, 4, 5
+    stock = [10.0, 20.0, 30.0, 10.0, 20.0, 30.0]
+    late = [10.0, 90.0, 30.0, 40.0, 90.0, 30.0]  # past: turn 2 of both, turn 1 of the second
+    rows = {r["row"]: r for r in summarize([boot("stock", {}, stock), boot("stock", {}, stock, round_=2),
+                                            boot("yield 33", YIELD, late)], turns=3)}
+    assert rows["yield 33"]["past_bound"] == [3]
+    assert rows["yield 33"]["past_bound_turn1"] == [1]
+    assert rows["stock"]["past_bound_turn1"] == [0, 0]
+    assert "past_bound_turn1" not in summarize([boot("stock", {}, stock), boot("yield 33", YIELD, late)])[1]
+
+
 def test_a_run_with_one_stock_boot_has_no_noise_floor():
     rows = summarize([boot("stock", {}, [10.0]), boot("yield 33", YIELD, [30.0], longest_ms=1.0)])
     assert rows[0]["past_bound"] == [None]
