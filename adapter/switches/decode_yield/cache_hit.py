@@ -24,6 +24,7 @@ from typing import Any
 def reader(cache: Any) -> Callable[[Any], int] | None:
     """``resumable`` for this cache, or None where the cache is not SGLang's unified radix cache
     (no read-only walk to use: the bound then charges no lost hit)."""
+    from sglang.srt.mem_cache.common import _req_radix_key
     from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 
     core = getattr(cache, "tree_core", None)
@@ -33,22 +34,16 @@ def reader(cache: Any) -> Callable[[Any], int] | None:
     window = int(getattr(cache, "_sliding_window_size", 0) or 0) if swa is not None and swa.gates_prefix_match else 0
 
     def resumable(req: Any) -> int:
-        return _resumable(cache, core, window, req)
+        if req.positional_embed_overrides is not None:  # the scheduler matches nothing for it either
+            return 0
+        ids = req.origin_input_ids + req.output_ids
+        key = _req_radix_key(cache, req, ids, req._compute_max_prefix_len(len(ids)))
+        hit, _, _ = core.match_full_device_prefix(key)
+        if not window or not hit:
+            return hit
+        return deepest_valid(core.swa_tombstone_ranges(key, 0, hit), hit, window)
 
     return resumable
-
-
-def _resumable(cache: Any, core: Any, window: int, req: Any) -> int:
-    from sglang.srt.mem_cache.common import _req_radix_key
-
-    if req.positional_embed_overrides is not None:  # the scheduler matches nothing for it either
-        return 0
-    ids = req.origin_input_ids + req.output_ids
-    key = _req_radix_key(cache, req, ids, req._compute_max_prefix_len(len(ids)))
-    hit, _, _ = core.match_full_device_prefix(key)
-    if not window or not hit:
-        return hit
-    return deepest_valid(core.swa_tombstone_ranges(key, 0, hit), hit, window)
 
 
 def deepest_valid(tombstones: list[tuple[int, int]], hit: int, window: int) -> int:
