@@ -18,6 +18,7 @@ import torch
 
 from adapter.core import boot, receipts
 from adapter.switches.native_decode import switch as snd
+from devkit.engine_kit.dsv4 import native_decode_stand_ins as stand_ins
 from devkit.reference import dsv4_decode as ref
 from devkit.testkit import native_decode as kit
 
@@ -53,10 +54,10 @@ def log():
 def seams(tmp_path, monkeypatch):
     """GPU stand-ins in place, the module folder written; nothing installed yet."""
     target = importlib.import_module(TARGET)
-    stock = kit.StockSeams()
+    stock = stand_ins.StockSeams()
     monkeypatch.setattr(target, "_split_kv_pages_to_64", stock.split)
     monkeypatch.setattr(importlib.import_module(FI_SPARSE), "_sparse_mla_sm120_paged_attention", stock.paged_attention)
-    stub = kit.StubModule()
+    stub = stand_ins.StubModule()
     monkeypatch.setattr(snd, "_device_arch", lambda: "sm_120a")
     monkeypatch.setattr(snd, "_load_module", lambda path: stub)
     kit.write_module_dir(tmp_path / "mod")
@@ -92,7 +93,7 @@ def test_a_decode_sized_dsv4_call_on_256_token_pages_reads_the_pool_in_place(ins
     assert call["num_splits"] == 128 // 64 + 512 // 64
     # split-K scratch is sized by the loaded module's own decode_scratch_heads (FlashInfer's C++ rule in
     # the real .so; the stand-in answers heads + 5, a value no rule of the switch's would give)
-    scratch = 16 + kit.SCRATCH_HEADS_MARK
+    scratch = 16 + stand_ins.SCRATCH_HEADS_MARK
     assert call["mid_out"].shape == (3, scratch, 10, 512) and call["mid_lse"].shape == (3, scratch, 10)
     assert installed.stub.scratch_queries[0] == 16
     assert call["cpb"] == -1, "no FlashInfer calibration on CPU: the C++ wave heuristic, as the stock planner"

@@ -14,6 +14,7 @@ import torch
 
 from adapter.core import boot
 from adapter.switches.native_decode import loader as ndm
+from devkit.engine_kit.dsv4 import native_decode_stand_ins as stand_ins
 from devkit.testkit import native_decode as kit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,7 +34,7 @@ class Recorder:
 
     def __call__(self, path: Path):
         self.paths.append(path)
-        return kit.StubModule()
+        return stand_ins.StubModule()
 
 
 @pytest.fixture
@@ -120,7 +121,7 @@ def test_an_unknown_device_arch_is_refused(capability):
 
 def test_a_module_reporting_another_page_size_is_refused_after_loading(module_dir):
     with pytest.raises(ndm.LoadRefused, match="serves page size 64, expected 256"):
-        ndm.load(module_dir, "sm_120a", loader=lambda path: kit.StubModule(page_size=64))
+        ndm.load(module_dir, "sm_120a", loader=lambda path: stand_ins.StubModule(page_size=64))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal")

@@ -10,11 +10,11 @@ imports it, before the backend is built). Both route the same three seams:
   ``__init__``) -> SGLang's real ``flash_mla_with_kvcache_sm120`` with the arguments the backend's
   SM120 branch passes: so ``_flash_mla_flashinfer`` (<= 64 rows) and ``_flash_mla_sm120_prefill``
   (> 64 rows), and the switch's wrappers around them, run on the real pool in the real forward;
-* the stock path's two GPU-only steps, by :class:`devkit.testkit.native_decode.StockSeams`: the
+* the stock path's two GPU-only steps, by :class:`devkit.engine_kit.dsv4.native_decode_stand_ins.StockSeams`: the
   Triton 256 -> 64 page split (torch, same bytes) and FlashInfer's CUDA paged attention (the
   project's pure-torch reference, :mod:`devkit.reference.dsv4_decode`, on the 64-token copy).
 
-:func:`served` returns the module stand-in (:class:`~devkit.testkit.native_decode.StubModule`:
+:func:`served` returns the module stand-in (:class:`~devkit.engine_kit.dsv4.native_decode_stand_ins.StubModule`:
 the same reference on the 256-token pool view it is handed); :func:`stock` returns None, and the
 switch stays off (the stock copy path).
 
@@ -99,7 +99,7 @@ def torch_equal(a: Any, b: Any) -> bool:
 def _route() -> None:
     if _state.get("routed"):
         return
-    from devkit.testkit.native_decode import StockSeams
+    from devkit.engine_kit.dsv4.native_decode_stand_ins import StockSeams
 
     seams = StockSeams()
     target = importlib.import_module(TARGET)
@@ -112,7 +112,7 @@ def _route() -> None:
 
 def served() -> Any:
     """Route the seams; the module stand-in: the reference decode on the pool view it is handed."""
-    from devkit.testkit.native_decode import StubModule
+    from devkit.engine_kit.dsv4.native_decode_stand_ins import StubModule
 
     _route()
     _state["module"] = StubModule()
