@@ -200,7 +200,7 @@ class Replay:
         clipped = kit.allocator.max_new_tokens_for_memory(r.prompt_len, wanted, token_capacity=full,
                                                           sliding_window_size=kit.geometry.window,
                                                           chunk_size=kit.geometry.chunk)
-        return r.output_length if not clipped else clipped  # SGLang aborts it (0 or None): never admitted
+        return clipped or r.output_length  # 0 or None: SGLang aborts it; at its length the adder never admits it
 
     def _arrival_fs(self, r: Request) -> int:
         return int(r.arrival_ms * self.time_scale * FS_PER_MS)
