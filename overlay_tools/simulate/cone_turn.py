@@ -63,20 +63,26 @@ def install(tokens: int, **keys: str) -> Any:
 def start_turn(kit: CacheKit, tokens: Any, out_len: int, chunk: int | None = None,
                forward: Callable[[Any, int, int, dict[str, Any] | None], None] | None = None,
                rid: str | None = None, budget: int | None = None, running_batch: Any = None,
-               new_token_ratio: float = 0.0, input_budget: int = 1 << 30) -> ConeTurn | None:
+               new_token_ratio: float = 0.0, input_budget: int = 1 << 30,
+               session_id: str | None = None) -> ConeTurn | None:
     """Match (the switch's plan), admission by a real ``PrefillAdder`` with ``budget`` chunk tokens
     left (default ``chunk``) and the first prefill pass (with the cone's copy). None when the adder
     does not admit the request (memory or budget): its row is freed, nothing is locked.
     ``running_batch`` (a ``ScheduleBatch``) and ``new_token_ratio``: the adder reserves the running
     requests' future decode tokens as the scheduler's does; ``input_budget``: the pass's
     ``--max-prefill-tokens`` left (the adder's ``rem_input_tokens``; what is left after this request
-    is ``rem_input_tokens`` of the turn)."""
+    is ``rem_input_tokens`` of the turn); ``session_id``: with ``--enable-session-radix-cache``, the
+    request's session, tagged as the scheduler tags it (``ensure_session_generation``; the finished
+    insert then registers the session's reference)."""
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.sampling.sampling_params import SamplingParams
 
     chunk = chunk or kit.geometry.chunk
     req = Req(rid=rid or f"c{next(kit._rid)}", origin_input_text="", origin_input_ids=array("q", tokens),
               sampling_params=SamplingParams(temperature=0, max_new_tokens=out_len + 1))
+    if session_id is not None and kit.cache.enable_session_radix_cache:
+        req.session_id = session_id
+        req.session_generation = kit.cache.ensure_session_generation(session_id)
     kit.pool.alloc([req])
     req.init_next_round_input(kit.cache)  # match_kv_cache -> the switch's plan
     plan = getattr(req, REQ_ATTR, None)

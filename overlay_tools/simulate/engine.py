@@ -166,6 +166,13 @@ class Replay:
         self.max_prefill_tokens = max_prefill_tokens  # a pass admits no request once its extends reach it
         self.out_len = {r.index: self._max_new_tokens(kit, r, context_len) for r in requests}
         self.clipped = sum(self.out_len[r.index] < r.output_length for r in requests)
+        # --enable-session-radix-cache: each session's id, and its turns not finished yet (the
+        # client closes a session once its last turn in the trace has finished)
+        self.sessions = kit.cache.enable_session_radix_cache
+        self.open_turns: dict[int, int] = {}
+        for r in requests:
+            self.open_turns[r.session] = self.open_turns.get(r.session, 0) + 1
+        self.closed_sessions = 0
         self.kit, self.requests, self.chunk, self.max_running = kit, requests, chunk, max_running
         self.coef, self.time_scale, self.progress = coef, time_scale, progress or (lambda n: None)
         self.by_index = {r.index: r for r in requests}
@@ -226,6 +233,10 @@ class Replay:
             nonlocal done
             done += 1
             self.progress(done)
+            self.open_turns[r.session] -= 1
+            if self.sessions and not self.open_turns[r.session]:  # close: the session is only dereferenced
+                kit.cache.release_radix_session(session_id(r))
+                self.closed_sessions += 1
             for child in r.children:
                 c = self.by_index.get(child)
                 if c is not None:
@@ -279,7 +290,8 @@ class Replay:
                 ct = cone.start_turn(kit, tokens, self.out_len[r.index] - decoded, self.chunk, budget=budget,
                                      rid=f"t{r.index}" + (f"r{self.retractions}" if again else ""),
                                      running_batch=ScheduleBatch(reqs=batch), new_token_ratio=self.ratio.current,
-                                     input_budget=input_left)
+                                     input_budget=input_left,
+                                     session_id=session_id(r) if self.sessions else None)
                 if ct is None:
                     if decoding or pending_done or rows:
                         break  # memory: wait for running requests to finish
@@ -455,6 +467,11 @@ class Replay:
                         skipped=skipped)
         return Turn(r.index, parent is not None, r.prompt_len, history, resume_at, ct.stock_prefix, ct.prefix_len,
                     ct.plan is not None, ready_fs=ready_fs)
+
+
+def session_id(r: Request) -> str:
+    """The id a client sends for ``r``'s session (one per session the trace or the linking rule made)."""
+    return f"s{r.session}"
 
 
 def ideal_prefixes(requests: list[Request], page: int) -> dict[int, int]:

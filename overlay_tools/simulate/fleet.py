@@ -20,6 +20,14 @@ Policies (the switches installed through the registry's boot, as a serving proce
 * ``stock``: SGLang's defaults (the Rust tree core, stock LRU order); nothing installed.
 * ``thin``: ``DSV41_SWA_THIN=1`` (which turns on the Python core and ``fast_tree_core``).
 * ``thin+cone``: ``DSV41_SWA_THIN=1 DSV41_SWA_CONE_REPLAY=1 DSV41_SWA_CONE_TOKENS=N``.
+* ``session``: stock with ``--enable-session-radix-cache`` (``CacheInitParams.enable_session_radix_cache``;
+  SGLang then builds the Python tree core): every request carries its session's id (from
+  ``--session-key`` or the linking rule), tagged as the scheduler tags it; a finished turn's insert
+  registers the session's reference (``UnifiedSessionRefTracker``: Full KV of its path, the SWA of its
+  last window + page, evicted after every unreferenced node); the client closes the session once its
+  last turn in the trace has finished (``release_radix_session``: dereferenced, not freed).
+* ``thin+session``: both. Thin leaves session-referenced nodes where they are and demotes the others
+  within the unreferenced partition (``swa_thin.demote_passed``).
 * ``stock+hicache``, ``thin+cone+hicache``: the same with HiCache's host tier attached
   (``init_hicache`` as ``--enable-hierarchical-cache`` does; :class:`.cache_kit.HiCache`; on the DSV4
   pool SGLang selects its DeepSeek-V4 host stack):
@@ -39,8 +47,9 @@ from typing import Any
 
 from adapter.core import env
 
-POLICIES = ("stock", "thin", "thin+cone", "stock+hicache", "thin+cone+hicache")
+POLICIES = ("stock", "thin", "thin+cone", "session", "thin+session", "stock+hicache", "thin+cone+hicache")
 HICACHE_SUFFIX = "+hicache"
+SESSION_SUFFIX = "session"  # --enable-session-radix-cache: "session" alone is stock with it
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_PROFILE = REPO / ".env.tp4.example"
 DEFAULT_FULL_TOKENS = 4 * 1024 * 1024  # cache_kit.DSV4's Full pool: an assumption
@@ -256,12 +265,14 @@ def build_kit(policy: str, fleet: Fleet, max_ctx: int) -> Any:
     if policy.endswith(HICACHE_SUFFIX):
         policy = policy.removesuffix(HICACHE_SUFFIX)
         hicache = rc.HiCache(ratio=fleet.hicache_ratio, write_policy=fleet.hicache_write_policy)
+    session = policy.endswith(SESSION_SUFFIX)  # the session radix cache (which picks the Python core itself)
+    policy = policy.removesuffix(SESSION_SUFFIX).removesuffix("+") or "stock"
     boot.uninstall()
     os.environ.pop(BACKEND_ENV, None)  # stock: SGLang's default core; thin sets the Python core itself
     geometry = rc.Geometry(fleet.page, fleet.window, fleet.chunk, full_tokens=fleet.full_tokens,
                            swa_tokens=fleet.swa_pool, max_reqs=fleet.max_running + 2, max_ctx=max_ctx)
     if policy == "stock":
-        return rc.build(geometry, backend=None, hicache=hicache, dsv4=fleet.dsv4)
+        return rc.build(geometry, backend=None, session=session, hicache=hicache, dsv4=fleet.dsv4)
     if policy == "thin":
         state = boot.install({"DSV41_SWA_THIN": "1"})
         importlib.import_module("sglang.srt.mem_cache.unified_radix_cache")
@@ -270,7 +281,7 @@ def build_kit(policy: str, fleet: Fleet, max_ctx: int) -> Any:
     for name in ("swa_thin", "fast_tree_core"):
         if state.outcomes[name].status != "installed":
             raise RuntimeError(f"simulate: {name} did not install: {state.outcomes[name].reason}")
-    kit = rc.build(geometry, backend=None, hicache=hicache, dsv4=fleet.dsv4)
+    kit = rc.build(geometry, backend=None, session=session, hicache=hicache, dsv4=fleet.dsv4)
     if policy == "thin+cone":
         cfg = cache_config(kit.cache)
         if cfg is None or not cfg.enabled:

@@ -99,6 +99,9 @@ def left_out(kv_park: bool = False, dsv4: Any = None) -> list[str]:
             "sized by SGLang's DSV4 configurator formula for --swa-prefix-tails",
             "+hicache: HiCache's generic host stack for FULL + SWA; the host->device load-back time is not "
             "modelled (a host hit costs no prefill); backups land by the next pass; no L3"]),
+        "session, thin+session (--enable-session-radix-cache): every request sends its session's id (a client "
+        "that sends none is stock's case), and the client closes a session as soon as its last turn in the trace "
+        "has finished (one that never closes keeps every session referenced); no streaming sessions",
         "one instance: no router, no data parallelism; --share stands for one instance's share of a cluster",
     ]
     return items
