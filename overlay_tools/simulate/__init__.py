@@ -2,8 +2,8 @@
 
 Replays a Mooncake-format trace (:mod:`.trace`) on SGLang's real ``UnifiedRadixCache``, allocators
 and pools at the fleet's geometry (:mod:`.fleet`), requests overlapping on a modelled clock
-(:mod:`.engine`), once per policy (stock, SWA thin, SWA thin + cone replay, and stock and thin + cone
-with HiCache's host tier), and prints per policy: prompt tokens recomputed (all turns, continuation
+(:mod:`.engine`), once per policy (stock, SWA thin, SWA thin + cone replay, SGLang's session radix
+cache alone and beside thin, and stock and thin + cone with HiCache's host tier), and prints per policy: prompt tokens recomputed (all turns, continuation
 turns), continuation turns that re-prefilled their history, the resume-point hit rate, cone plans
 and fallbacks, retractions and the tokens they cost, tokens loaded back from host, the
 infinite-cache ideal, and the modelled prefill time (:mod:`.report`). It says first how the trace
