@@ -129,7 +129,7 @@ def test_the_hicache_policies_run_by_default_only_when_the_launch_line_enables_h
     assert on.default_policies() == fleet.POLICIES
     off = fleet.resolve(str(fleet.REPO / ".env.tp4.example"), hicache_ratio=3)
     assert not off.hicache_on and off.hicache_ratio == 3.0
-    assert off.default_policies() == ("stock", "thin", "thin+cone")
+    assert off.default_policies() == ("stock", "thin", "thin+cone", "session", "thin+session")
     with pytest.raises(env.ConfigError, match="--hicache-ratio"):
         fleet.resolve(str(fleet.REPO / ".env.tp4.example"), hicache_ratio=0)
 
