@@ -371,12 +371,15 @@ def rows_as_written(pool: Any, max_ctx: int) -> Any:
     """``pool`` (a ``ReqToTokenPool`` built one token wide) with rows ``max_ctx`` wide whose memory is
     committed as they are written. The engine's pool is rows x context length of zeros; the replay's
     rows hold what its requests write, so one long request in a trace does not cost every row its
-    length (numpy's zeros are calloc'd: untouched pages stay unmapped, which torch.zeros' memset
-    would commit)."""
-    import numpy as np
+    length: the rows live in an anonymous mapping, whose untouched pages read as zeros and stay
+    unmapped (torch.zeros' memset would commit them all, numpy's calloc asks for transparent huge
+    pages: 2 MiB a touched row)."""
+    import mmap
+
     import torch
 
-    pool.req_to_token = torch.from_numpy(np.zeros((pool.req_to_token.shape[0], max_ctx), dtype=np.int32))
+    rows = pool.req_to_token.shape[0]
+    pool.req_to_token = torch.frombuffer(mmap.mmap(-1, rows * max_ctx * 4), dtype=torch.int32).view(rows, max_ctx)
     pool.max_context_len = max_ctx
     return pool
 
