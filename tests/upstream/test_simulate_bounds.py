@@ -114,7 +114,7 @@ def test_a_keyed_pair_with_disjoint_blocks_replays_as_no_hit_and_the_ideal_does_
         assert b.continuation and b.history == b.resume_at == 0 and b.prefix == 0 and b.recomputed == 2048, policy
         assert row["resume_points"] == 0 and row["resume_hits"] == 0 and row["resume_hit_rate"] is None, policy
         assert report.ideal_summary([a, b], ideal)["recomputed_tokens_continuation"] == 2048
-    assert cli.main(["simulate", path, "--session-key", "conv", "--policies", "stock", "--json"]) == 0
+    assert cli.main(["simulate", path, "--session-key", "conv", "--policies", "stock", "--kv-tokens", "65536", "--json"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["sessions"]["disagreeing"] == 1 and out["ideal"]["recomputed_tokens_continuation"] == 2048
     assert out["policies"]["stock"]["resume_hit_rate"] is None
