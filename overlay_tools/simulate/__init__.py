@@ -66,6 +66,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"the N values of --sweep (default {','.join(map(str, SWEEP_N))}; below the bound: skipped)")
     parser.add_argument("--quick", action="store_true", help=f"the first whole sessions of the share, up to "
                         f"{QUICK_REQUESTS} requests (under a minute)")
+    parser.add_argument("--pd", action="store_true", help="price each retraction as on a DeepSeek-V4 PD decode "
+                        "node: SGLang's rebootstrap (the prefill peer recomputes prompt + output and resends the KV) "
+                        "against DSV41_KV_PARK's park and restore, in tokens and modelled time")
+    parser.add_argument("--pd-link-gbps", type=float, default=None, help="with --pd: prefill -> decode KV transfer "
+                        "bandwidth, GB/s (default: an assumed 400 Gb/s NIC)")
+    parser.add_argument("--pd-host-gbps", type=float, default=None, help="with --pd: decode node device <-> host "
+                        "copy bandwidth, GB/s (default: an assumed value, printed)")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     parser.add_argument("--plot", help="write a PNG (needs matplotlib: pip install matplotlib)")
 
@@ -98,9 +105,11 @@ def _fraction(text: str) -> float:
 
 
 def run_policy(policy: str, fleet: Any, requests: list[Any], time_scale: float = 1.0,
-               progress: bool = True, coef: Any = None, share: float = 1.0) -> tuple[list[Any], dict[str, Any]]:
+               progress: bool = True, coef: Any = None, share: float = 1.0,
+               pd: tuple[float, float] | None = None) -> tuple[list[Any], dict[str, Any]]:
     """One policy's replay on a fresh cache: its turns and figures (leak check and load included;
-    ``share``: the fraction of the trace ``requests`` are, for the share that keeps up)."""
+    ``share``: the fraction of the trace ``requests`` are, for the share that keeps up; ``pd``: the link
+    and host bandwidths (GB/s) to price its retractions as a DeepSeek-V4 PD decode node's, :mod:`.pd`)."""
     from adapter.switches.cone_replay.plan import COUNTERS, FALLBACKS
     from adapter.switches.decode_yield import cost_model
     from overlay_tools.simulate import engine, report
@@ -125,6 +134,12 @@ def run_policy(policy: str, fleet: Any, requests: list[Any], time_scale: float =
             row.update(cone_loads=COUNTERS.loads, cone_loaded_tokens=COUNTERS.loaded_tokens)
         row["leak"] = leak["full"] + leak["swa"]
         row["clipped_outputs"] = replay.clipped  # outputs the scheduler's max_new_tokens clip shortens
+        if pd is not None:
+            from overlay_tools.simulate import pd as pd_price
+
+            kv = pd_price.kv_bytes(kit.allocator.get_kvcache(), fleet.dsv4)
+            row.update(pd_price.price(pd_price.retractions(replay.events, requests), kv, coef or cost_model.DEFAULTS,
+                                      fleet.chunk, *pd))
     finally:
         if bar is not None:
             bar.close()
@@ -139,6 +154,7 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
 
     from adapter.core import env
     from overlay_tools.simulate import engine, fleet, report, trace
+    from overlay_tools.simulate import pd as pd_price
 
     if args.policies is not None:
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
@@ -172,7 +188,8 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
     print(f"geometry: {geo.describe()}")
     for warning in geo.profile_warnings:
         print(f"profile: {warning}")
-    left_out = report.left_out(geo.kv_park, geo.dsv4)
+    pd = pd_bandwidths(args, geo)
+    left_out = report.left_out(geo.kv_park, geo.dsv4) + ([pd_price.LEFT_OUT] if pd else [])
     print(f"cost model: {_describe(coef)}")
     print("left out (the replay's simplifications):")
     for item in left_out:
@@ -180,7 +197,7 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
     rows: dict[str, dict[str, Any]] = {}
     all_turns: dict[str, list[Any]] = {}
     for policy in policies:
-        turns, row = run_policy(policy, geo, requests, args.time_scale, coef=coef, share=share)
+        turns, row = run_policy(policy, geo, requests, args.time_scale, coef=coef, share=share, pd=pd)
         rows[policy], all_turns[policy] = row, turns
     ideal_row = report.ideal_summary(next(iter(all_turns.values())), ideal) if all_turns else {}
     print()
@@ -188,6 +205,8 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
     print(f"p90: {report.PERCENTILE_METHOD}")
     for line in report.overload_lines(rows):
         print(line)
+    if pd:
+        print(pd_price.table(rows))
     out: dict[str, Any] = {"trace": str(args.trace), "requests": len(requests), "share": share, "seed": args.seed,
                            "quick": args.quick, "sessions": links.as_dict(), "geometry": geo.as_dict(),
                            "cost_model": dict(coef.items(), source=coef.source),
@@ -200,6 +219,29 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
                     f"{geo.describe()}")
         print(f"plot: {args.plot}")
     return out
+
+
+def pd_bandwidths(args: argparse.Namespace, geo: Any) -> tuple[float, float] | None:
+    """``--pd``'s (link, host) bandwidths in GB/s, or None without ``--pd``; a clear error when the fleet's
+    model is not DeepSeek-V4 (SGLang rebootstraps only a ``DeepSeekV4TokenToKVPool``) or a bandwidth is not
+    a finite positive number."""
+    from adapter.core import env
+    from overlay_tools.simulate import pd as pd_price
+
+    link, host = getattr(args, "pd_link_gbps", None), getattr(args, "pd_host_gbps", None)
+    if not getattr(args, "pd", False):
+        for flag, value in (("--pd-link-gbps", link), ("--pd-host-gbps", host)):
+            if value is not None:
+                raise env.ConfigError(flag, str(value), "used with --pd only")
+        return None
+    if geo.dsv4 is None:
+        raise env.ConfigError("--pd", "set", "a DeepSeek-V4 model (--model or the profile's --model-path): SGLang "
+                              "rebootstraps a retracted request only on a DeepSeekV4TokenToKVPool")
+    bandwidths = (pd_price.LINK_GBPS if link is None else link, pd_price.HOST_GBPS if host is None else host)
+    for flag, value in zip(("--pd-link-gbps", "--pd-host-gbps"), bandwidths, strict=True):
+        if not (math.isfinite(value) and value > 0):
+            raise env.ConfigError(flag, str(value), "a finite positive bandwidth in GB/s")
+    return bandwidths
 
 
 def check_time_scale(requests: list[Any], time_scale: float) -> None:
