@@ -108,24 +108,23 @@ def run_traffic(traffic: Traffic = Traffic(), costs: Callable[[Any], int] = Cost
     """Drive the real scheduler (a fresh :func:`devkit.testkit.scheduler.build_scheduler` unless
     ``harness`` is given; ``pool``: more of its keywords, a hybrid SWA pool) through the traffic;
     the switch acts if it is installed."""
-    from adapter.switches.decode_yield import bound, controller
+    from adapter.switches.decode_yield import clock as yield_clock
+    from adapter.switches.decode_yield.observe import Observer
     from devkit.testkit.scheduler import SIM_TOKEN, ScriptedClock, build_scheduler
 
     h = harness or build_scheduler(**{"page_size": 1, "pool_tokens": 1 << 16, "chunked_prefill_size": chunk,
                                       "max_reqs": 64, **(pool or {})})
     clock = ScriptedClock(costs)
     h.on_forward = clock.forward
-    saved_now, saved_unbounded = controller.now, bound.Bound.unbounded
-    controller.now = clock.now
+    saved_now, saved_late = yield_clock.now, Observer.late
+    yield_clock.now = clock.now
     result = Result()
 
-    def unbounded(ledger: Any, t: int, served: tuple[Any, ...]) -> Any:
-        found = saved_unbounded(ledger, t, served)
-        if found is not None:  # the prompt the ledger counts (its line and metric carry no more)
-            result.unbounded.add(served[0].rid)
-        return found
+    def late(observer: Any, t: int, found: list[Any], waiting: int) -> None:
+        result.unbounded.update(x.req.rid for x in found)  # the prompts the switch counts (its lines carry no rid)
+        saved_late(observer, t, found, waiting)
 
-    bound.Bound.unbounded = unbounded
+    Observer.late = late  # type: ignore[method-assign]
     rng = random.Random(traffic.seed)
     vocab = h.vocab_size - 10
     base = 100
@@ -193,7 +192,7 @@ def run_traffic(traffic: Traffic = Traffic(), costs: Callable[[Any], int] = Cost
                         heapq.heappush(arrivals, (clock.t, c, turn, nxt))
         result.wall_ms = clock.t / 1e6
     finally:
-        controller.now, bound.Bound.unbounded = saved_now, saved_unbounded
+        yield_clock.now, Observer.late = saved_now, saved_late  # type: ignore[method-assign]
     return result
 
 

@@ -147,12 +147,12 @@ def run_case(prompt: int, streams: int, pct: int) -> dict[str, Any]:
 
 def _modelled_clock(h: Any) -> None:
     """The harness's forwards take the cost model's time, and the closed loop reads that clock."""
-    from adapter.switches.decode_yield import controller
+    from adapter.switches.decode_yield import clock as yield_clock
     from devkit.testkit.scheduler import ScriptedClock
 
     clock = ScriptedClock(modelled_ns)
     h.on_forward = clock.forward
-    controller.now = clock.now
+    yield_clock.now = clock.now
 
 
 def _ab(a: Any, b: Any, reset: Any, reps: int) -> tuple[float, float]:
