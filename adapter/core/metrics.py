@@ -94,16 +94,15 @@ METRICS: tuple[Metric, ...] = (
            "Decode-yield windows that ended, by how they ended (served, min_bs, prompt_gone, streams_gone).",
            labels=("ended",)),
     Metric("dsv41_decode_yield_steps_planned_total", "decode_yield", "window",
-           "Decode steps the ended windows planned before the next prefill chunk (n; a re-planned window's "
-           "re-planned total).", amount=_num("n")),
+           "Decode steps the ended windows planned before the next prefill chunk (n).", amount=_num("n")),
     Metric("dsv41_decode_yield_steps_given_total", "decode_yield", "window",
            "Decode steps the ended windows gave before the next prefill chunk (given).", amount=_num("given")),
     Metric("dsv41_decode_yield_cycle_seconds_total", "decode_yield", "window",
            "Measured mode: wall time of the measured chunk-and-window cycles (cycle_us).",
            amount=_us_to_s("cycle_us")),
     Metric("dsv41_decode_yield_streams_seconds_total", "decode_yield", "window",
-           "Measured mode: the streams' part of those cycles, their tokens at their step alone (streams_us); "
-           "over the cycle seconds it is the share they got.", amount=_us_to_s("streams_us")),
+           "Measured mode: the windows' part of those cycles, whole: the streams' steps and the alternation "
+           "(streams_us); over the cycle seconds it is the share given.", amount=_us_to_s("streams_us")),
     Metric("dsv41_decode_yield_windows_cut_total", "decode_yield", "window",
            "Windows the prompts' bound cut below what the share asked for (cut): a waiting prompt would "
            "otherwise have been held beyond 1 / (1 - pct) of its stock TTFT.", amount=_present("cut")),

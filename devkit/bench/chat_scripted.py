@@ -227,6 +227,7 @@ def _with_switch(environ: dict[str, str], traffic: Traffic, pool: dict[str, Any]
     importlib.import_module("sglang.srt.managers.scheduler")
     boot.uninstall()
     counts = {"windows": 0, "cut": 0, "guarded": 0, "bursts": 0}
+    loads: list[float] = []  # the load guard's reading at each window
 
     class Count(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
@@ -235,6 +236,7 @@ def _with_switch(environ: dict[str, str], traffic: Traffic, pool: dict[str, Any]
                 counts["windows"] += 1
                 counts["cut"] += " cut=" in text
                 counts["guarded"] += " guard=" in text
+                loads.extend(float(w[5:]) for w in text.split() if w.startswith("load="))
             elif "decode_yield burst" in text:
                 counts["bursts"] += 1
 
@@ -245,7 +247,8 @@ def _with_switch(environ: dict[str, str], traffic: Traffic, pool: dict[str, Any]
         logger.setLevel(logging.DEBUG)  # before the install: the switch reads it there (window lines)
         if environ:
             boot.install(environ)
-        return run_traffic(traffic, costs, pool=pool), counts
+        result = run_traffic(traffic, costs, pool=pool)
+        return result, {**counts, "mean_load": round(statistics.fmean(loads), 3) if loads else "-"}
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)
@@ -283,7 +286,7 @@ def compare(traffic: Traffic, rows: tuple[tuple[str, dict[str, str]], ...] = ROW
 
 
 # The load guard: open-loop chat at rising offered load, 48 conversations of 3 turns, turns 1 s apart.
-LOAD_RATES = (4.0, 8.0, 16.0, 24.0)  # conversations per second
+LOAD_RATES = (8.0, 16.0, 32.0, 64.0)  # conversations per second
 LOAD_ROWS = (("stock", {}), ("yield 33", {"DSV41_DECODE_YIELD": "33"}),
              ("yield 33, guard off", {"DSV41_DECODE_YIELD": "33", "DSV41_DECODE_YIELD_LOAD_GUARD": "0"}))
 
@@ -330,7 +333,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         figures[key] = table
     sweep = load_sweep(LOAD_RATES[1::2] if quick else LOAD_RATES)
     load_cols = ["rate", "row", "mean_ttft_ms", "ttft_x", "p99_ttft_ms", "req_per_s", "throughput_x", "mean_itl_ms",
-                 "p99_itl_ms", "windows", "guarded", "cut", "unbounded"]
+                 "p99_itl_ms", "windows", "guarded", "mean_load", "cut", "unbounded"]
     print("the load guard: open loop, 48 conversations of 3 turns 1 s apart, at rising conversations/s")
     print(render(load_cols, [[r[c] for c in load_cols] for r in sweep]))
     figures["load_sweep"] = sweep

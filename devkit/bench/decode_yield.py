@@ -311,12 +311,13 @@ def run(quick: bool) -> dict[str, Any]:
 
     scripted = decode_yield_scripted.table_rows()
     print(f"\nthe controller against scripted costs ({decode_yield_scripted.PROMPT_CHUNKS} chunks, "
-          f"{decode_yield_scripted.STREAMS} streams; share over the prompt after its first 3 cycles, per quarter; "
+          f"{decode_yield_scripted.STREAMS} streams; the windows' share of the wall time (steps and alternation) "
+          "over the prompt after its first 3 cycles, per quarter, and the streams' steps' own; "
           "model: the open-loop cost model fitted to chunk 10 ms, step 2 ms; the step change's transition windows, "
           "one over and one repaying it, left out of the quarters)")
-    print(table.render(["scenario", "costs", "pct", "mode", "share", "per quarter", "±0.03"],
+    print(table.render(["scenario", "costs", "pct", "mode", "share", "per quarter", "streams", "±0.03"],
                        [[r["scenario"], r["what"], str(r["pct"]), r["mode"], f"{r['share']:.3f}",
-                         " / ".join(f"{q:.3f}" for q in r["quarters"]),
+                         " / ".join(f"{q:.3f}" for q in r["quarters"]), f"{r['streams_share']:.3f}",
                          "ok" if all(abs(q - r["pct"] / 100) <= 0.03 for q in r["quarters"]) else "MISS"]
                         for r in scripted]))
     for r in scripted:

@@ -50,6 +50,23 @@ def test_facts_in_window_out(why, cfg, facts, n, share, cut):
     assert (window.n, window.share, window.cut) == (n, share, cut), why
 
 
+@pytest.mark.parametrize(("raw", "guard"), [(None, True), ("1", True), ("0", False), ("off", False)])
+def test_the_load_guard_key_is_on_by_default_and_0_turns_it_off(raw, guard):
+    from adapter.core import registry
+
+    environ = {"DSV41_DECODE_YIELD": "33", **({"DSV41_DECODE_YIELD_LOAD_GUARD": raw} if raw else {})}
+    config = registry.resolve(environ)
+    assert not config.errors and config.values["DSV41_DECODE_YIELD_LOAD_GUARD"] is guard
+
+
+def test_a_bad_load_guard_value_is_refused_naming_the_key_the_value_and_what_is_allowed():
+    from adapter.core import registry
+
+    errors = registry.resolve({"DSV41_DECODE_YIELD": "33", "DSV41_DECODE_YIELD_LOAD_GUARD": "maybe"}).errors
+    assert len(errors) == 1 and "DSV41_DECODE_YIELD_LOAD_GUARD" in errors[0] and "'maybe'" in errors[0]
+    assert "1/0" in errors[0]
+
+
 def test_model_mode_is_the_cost_models_window_with_its_rounding_carried():
     cfg = Config(50, measured=False)
     facts = replace(BASE, model=(25, 10))  # a chunk of 2.5 steps
@@ -140,7 +157,7 @@ def _passes(pc: clock.PassClock, t: int, kinds: list[tuple[str, int]]) -> int:
 def test_only_a_decode_pass_after_a_decode_pass_is_a_step_alone():
     pc = clock.PassClock(overlap=False)
     _passes(pc, 0, [("prefill", 10 * MS), ("decode", 5 * MS)])  # the first step after a chunk: the alternation
-    assert pc.alone.value() is None and pc.step_ns() == 5 * MS and pc.per_token.value() == 10 * MS // 512
+    assert pc.alone.value() is None and pc.step_ns() == 5 * MS and pc.per_token_ns() == 10 * MS // 512
     pc = clock.PassClock(overlap=False)
     _passes(pc, 0, [("prefill", 10 * MS), ("decode", 5 * MS), ("decode", 2 * MS)])
     assert pc.step_ns() == 2 * MS

@@ -15,6 +15,7 @@ from adapter.switches.decode_yield import decision
 from devkit.testkit.decode_yield_scripted import MODEL_10_2, MS, PROMPT_CHUNKS, Script, quarters
 from devkit.testkit.decode_yield_scripted import run as _run
 from devkit.testkit.decode_yield_scripted import share as _share
+from devkit.testkit.decode_yield_scripted import window_share
 
 # the prompt's last windows, which also pay the final chunk's share (its own test)
 LAST = decision.final_span(PROMPT_CHUNKS - 1)
@@ -75,11 +76,6 @@ def test_rounding_is_carried_so_the_share_does_not_drift():
     assert abs(_share(measured) - 0.50) <= 0.01
 
 
-def _window_share(found, chunk_ns):
-    """The windows' whole wall time (the streams' steps and the alternation) over the cycles'."""
-    return sum(c[2] - chunk_ns for c in found) / sum(c[2] for c in found)
-
-
 def test_the_alternation_is_charged_to_the_window_so_the_prompt_pays_no_more_than_its_share():
     """The first step after a chunk costs 3 ms more than a step alone: a window's whole wall time is
     what the waiting prompts pay, so the loop holds that at pct (0.5 of the wall time) and the
@@ -89,10 +85,10 @@ def test_the_alternation_is_charged_to_the_window_so_the_prompt_pays_no_more_tha
         return Script(lambda k: 10 * MS, lambda k: 2 * MS, switch=3 * MS)
 
     found = _run(50, script())[3:]
-    assert abs(_window_share(found, 10 * MS) - 0.50) <= 0.01
+    assert abs(window_share(found) - 0.50) <= 0.01
     assert 0.33 <= _share(found) <= 0.40  # the streams' steps at their rate alone: less than pct
     model = _run(50, script(), mode="model", env=MODEL_10_2)
-    assert _window_share(model[2:12], 10 * MS) > 0.55  # 5 steps of 2 ms and 3 ms against 10 ms: 0.57
+    assert window_share(model[2:12]) > 0.55  # 5 steps of 2 ms and 3 ms against 10 ms: 0.57
 
 
 def test_a_chunk_that_grows_with_its_prefix_keeps_the_share_in_every_quarter():
@@ -118,7 +114,7 @@ def test_a_low_share_with_a_cheap_chunk_holds_its_share_over_windows_of_zero_or_
     holds over the prompt."""
     found = _run(pct, Script(lambda k: 3 * MS, lambda k: 2 * MS, switch=int(1.5 * MS)), final=True)[3:]
     assert {c[1] for c in found} <= {0, 1, 2} and 2 in {c[1] for c in found}
-    assert abs(_window_share(found[:-1], 3 * MS) - pct / 100) <= 0.02, _window_share(found[:-1], 3 * MS)
+    assert abs(window_share(found[:-1]) - pct / 100) <= 0.02, window_share(found[:-1])
 
 
 def test_the_windows_of_the_last_quarter_also_give_the_streams_their_share_of_the_final_chunk():

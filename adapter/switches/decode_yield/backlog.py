@@ -95,8 +95,7 @@ class Backlog:
         for req in waiting:
             seen = self.stamps.get(id(req))
             if (seen is None or seen.req is not req) and not req.output_ids:  # retracted streams: not prompts
-                # its cache hit, read into a backlog only (a prompt arriving to none is admitted at once)
-                hit = self.resumable(req) if self._open and self.resumable is not None else None
+                hit = self.resumable(req) if self.resumable is not None else None
                 self.stamps[id(req)] = Stamp(req, t, min(self.lag, ahead * per_token), self.given, hit)
                 self.work.add(len(req.origin_input_ids) - (hit or 0))
                 self.arrived += 1000 if self._chunked else 0

@@ -11,7 +11,7 @@ Every sample the switch uses comes from these intervals, each the median of the 
   taken in the last :data:`FRESH_CYCLES` windows: a machine's speed moves within seconds, and
   windows of 0-1 step give none (then any recent decode step stands in, and the decision plans
   a probe that refreshes it);
-* *prefill per token*: a prefill iteration's time over its tokens (the backlog's stock rate);
+* *prefill per token*: the last prefill iterations' time over their tokens (the backlog's stock rate);
 * *a cycle's overhead per chunk token* (a chunk and its window less the window's wall time) and
   *the alternation* (a window's wall time beyond its steps alone: the first step after a chunk
   pays it), both fed by :func:`decision.close` when a window is served.
@@ -59,7 +59,8 @@ class PassClock:
 
     def __init__(self, overlap: bool) -> None:
         self.need_run = 3 if overlap else 2  # decode iterations in a row before one is a step alone
-        self.alone, self.any_step, self.per_token = Median(), Median(), Median()
+        self.alone, self.any_step = Median(), Median()
+        self._prefills: deque[tuple[int, int]] = deque(maxlen=SAMPLES)  # (ns, tokens) of the last prefill passes
         self.cycle_per_token, self.alternation = Median(), Median()  # fed by decision.close
         self.windows = 0  # windows armed so far, and the count when the last step alone came
         self._alone_at = -FRESH_CYCLES - 1
@@ -72,7 +73,7 @@ class PassClock:
         took = t - self._last if self._last is not None else 0
         tick = Tick(took, self._run > 0, self.deferred, self._run >= self.need_run, self._prefill)
         if took and self._prefill:
-            self.per_token.add(took // self._prefill)
+            self._prefills.append((took, self._prefill))
         elif took and tick.decode:
             self.any_step.add(took)
             if tick.alone:
@@ -89,6 +90,12 @@ class PassClock:
         """What the pass that just entered chose."""
         self._run = self._run + 1 if decode else 0
         self._prefill = prefill_tokens
+
+    def per_token_ns(self) -> int | None:
+        """Prefill time per token over the last passes (a ratio of sums: a one-token pass's fixed cost
+        does not stand for a chunk's tokens)."""
+        tokens = sum(n for _, n in self._prefills)
+        return sum(t for t, _ in self._prefills) // tokens if tokens else None
 
     def fresh(self) -> bool:
         return bool(self.alone.samples) and self.windows - self._alone_at <= FRESH_CYCLES

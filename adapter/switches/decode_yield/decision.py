@@ -1,24 +1,15 @@
-"""Decode yield's decision, as pure functions: facts in, window and next state out.
+"""Decode yield's decision, pure: :func:`decide` (facts in, window and state out) once per non-final
+chunk, :func:`close` when the next chunk runs. The share's arithmetic lives here only. A window is
+three limits, in this order (docs/switches/decode_yield.md has the reasoning):
 
-:func:`decide` runs once per non-final chunk, on :class:`Facts` the hook gathers from the
-scheduler and the pass clock; :func:`close` ends the window's cycle when the next chunk runs. The
-arithmetic of the share lives here only. Each window is three limits, in this order:
+1. the load guard: the share given is ``pct * (1 - load)``, ``load`` the measured rate prefill arrives
+   behind a chunked prompt over the prefill rate (:mod:`.backlog`): none as load nears capacity;
+2. the share: measured mode, the smallest ``N`` whose window's whole wall time (steps and the
+   alternation) brings the prompt's balance back to zero; model mode, the cost model's ``N``;
+3. the bound: no waiting prompt held past ``1 / (1 - pct)`` of its stock TTFT, ``lag + D <= pct/100 *
+   (wait + D + R)`` for each (``R``: the chunked prompt's prefill still to run, ahead of all of them).
 
-1. **the load guard** (:func:`guarded_share`): the share given is ``pct * (1 - load)``, ``load`` the
-   measured rate at which prefill arrives into a backlog over the prefill rate. A window defers
-   every waiting prompt, so the prefill queue drains at ``(1 - share)`` of the prefill rate;
-   ``1 - share - load = (1 - pct)(1 - load) > 0`` whenever stock drains, and in the M/G/1 queue
-   (exponential service) the mean response is then ``(1 - load) / (1 - share - load) = 1 / (1 - pct)``
-   of stock's: the switch gives its share when there is room and none as load nears capacity;
-2. **the share** (measured mode): the smallest ``N`` that brings the prompt's balance (what the
-   streams got beyond their share over its served cycles) back to zero after this cycle, the
-   cycle's overhead estimated per chunk token (model mode: the integer cost model's ``N``);
-3. **the bound** (:func:`allowed`): no waiting prompt is held beyond ``1 / (1 - pct)`` of its stock
-   TTFT: ``lag + D <= pct/100 * (wait + D + R)`` for each, ``R`` the chunked prompt's prefill still to
-   run (every waiting prompt is behind it), so ``D <= min (pct*(wait+R) - 100*lag) / (100-pct)``.
-
-A window the guard or the bound reduced carries no debt: the balance is not allowed below zero
-after it, so no later window repays the steps it did not give.
+A window the guard or the bound reduced leaves no debt: no later window repays what it did not give.
 """
 
 from __future__ import annotations

@@ -1,21 +1,17 @@
-"""Decode yield (``DSV41_DECODE_YIELD=<pct>``): running streams keep ``pct`` % of the wall time of a
-chunked prefill, when prefill has room to give it.
+"""Decode yield (``DSV41_DECODE_YIELD=<pct>``): running streams keep ``pct`` % of a chunked prefill's
+wall time, when prefill has room to give it (docs/switches/decode_yield.md).
 
-Why: in SGLang 0.5.23 a chunked prompt is rescheduled on every pass, so running streams get no
-decode step between its chunks unless ``--prefill-decode-interval`` is set, and then a fixed number
-whatever a chunk costs (sglang#32549: a 5 min decode hole behind a long prompt).
+Why: SGLang 0.5.23 reschedules a chunked prompt on every pass, so streams get no decode step between
+its chunks unless ``--prefill-decode-interval`` is set, and then a fixed count (sglang#32549).
 
 What it changes: after each *non-final* chunk, while decode rows run, the next prefill is deferred
-for ``N`` decode steps through the engine's own ``_should_defer_prefill`` counter, never below
-``--prefill-decode-interval``, never above 128. Only *when* the next chunk runs changes: chunk
-boundaries, batch contents and outputs are the engine's own. ``N`` is :func:`decision.decide`'s.
-
-The hooks: ``get_next_batch_to_run`` stamps the pass (:mod:`.clock`, the one clock), updates the
-backlog ledger (:mod:`.backlog`), runs the pass, and on a non-final chunk with rows decoding
-gathers :class:`decision.Facts`, decides, agrees under TP (rank 0's ``N``, :mod:`.agreement`) and
-arms. ``_should_defer_prefill`` ends a window early (streams or prompt gone: never below the
-configured interval), runs the policy on a deferred pass as a stock prefill attempt would, and
-closes the cycle when the window is served. :mod:`.observe` logs and counts beside them.
+for ``N`` steps through the engine's own ``_should_defer_prefill`` counter (floor: the configured
+interval; cap 128). Chunk boundaries, batch contents and outputs stay the engine's own.
+``get_next_batch_to_run``: stamp the pass (:mod:`.clock`), update the backlog ledger
+(:mod:`.backlog`), run the pass; on a non-final chunk with rows decoding, gather
+:class:`decision.Facts`, decide, agree under TP (:mod:`.agreement`), arm. ``_should_defer_prefill``:
+end a window early (never below the configured interval), run the policy on a deferred pass as a
+stock prefill attempt would, close the cycle. :mod:`.observe` logs and counts beside them.
 
 Rollback: unset ``DSV41_DECODE_YIELD``; the open-loop model only: ``DSV41_DECODE_YIELD_MODE=model``.
 """
@@ -78,7 +74,7 @@ def unsupported_mode(server_args: Any) -> str | None:
 
 
 def _published_server_args() -> Any:
-    try:
+    try:  # the engine publishes them later, in the scheduler process
         from sglang.srt.runtime_context import get_server_args
 
         return get_server_args()
@@ -132,7 +128,7 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
         tick = y.clock.on_pass(t)
         if y.open is not None and tick.window:
             y.open.wall_ns += tick.took
-        per_token = y.clock.per_token.value()
+        per_token = y.clock.per_token_ns()
         late = y.backlog.on_pass(t, tick, s.chunked_req, s.waiting_queue, per_token)
         if late:
             y.observe.late(t, late, len(s.waiting_queue))
