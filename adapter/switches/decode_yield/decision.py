@@ -184,8 +184,10 @@ def close(state: State, t: int, given: int, window_ns: int, step_ns: int | None,
     elapsed = t - cycle.start if cycle is not None else 0
     if cycle is None or step_ns is None or elapsed <= 0:
         return None, None, state
+    alternation = max(0, window_ns - given * step_ns) if given else None
+    window_ns += cycle.rode_along * step_ns  # a mixed chunk's token: the streams' step inside the chunk
     overhead = max(0, elapsed - window_ns)  # the chunk: what the window's share is owed on
-    samples = (overhead * 1000 // max(cycle.tokens, 1), max(0, window_ns - given * step_ns) if given else None)
+    samples = (overhead * 1000 // max(cycle.tokens, 1), alternation)
     s = cycle.share
     balance = state.balance + (100 - s) * window_ns - s * (overhead + cycle.final_part)
     # one cycle's overhead plus a probe's steps either way: a floor, a cap or a spike runs up no debt
