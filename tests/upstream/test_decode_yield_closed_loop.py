@@ -12,10 +12,9 @@ import pytest
 
 from adapter.switches.decode_yield import clock as yield_clock
 from adapter.switches.decode_yield import decision
-from devkit.testkit.decode_yield_scripted import MODEL_10_2, MS, PROMPT_CHUNKS, Script, quarters
+from devkit.testkit.decode_yield_scripted import MODEL_10_2, MS, PROMPT_CHUNKS, Script, quarters, window_share
 from devkit.testkit.decode_yield_scripted import run as _run
 from devkit.testkit.decode_yield_scripted import share as _share
-from devkit.testkit.decode_yield_scripted import window_share
 
 # the prompt's last windows, which also pay the final chunk's share (its own test)
 LAST = decision.final_span(PROMPT_CHUNKS - 1)

@@ -61,7 +61,7 @@ class Backlog:
         self.stamps: dict[int, Stamp] = {}
         self.work = Median()  # a prompt's uncached tokens (the last few arrivals)
         self.arrived = self.busy = 0  # prompts arriving behind a chunked one (x1000); stock's time with one chunked
-        self._open = self._chunked = False  # a backlog, a chunked prompt, at the pass before
+        self._chunked = False  # a prompt was chunked at the pass before
         self._served: list[tuple[Stamp, int]] = []  # prompts the last pass gave a first token, with lost tokens
 
     def load(self, per_token: int | None) -> int:
@@ -87,19 +87,26 @@ class Backlog:
             self.stamps.clear()
         else:
             self._stamp_arrivals(t, chunked, waiting, per_token or 0)
-        self._open, self._chunked = chunked is not None or bool(waiting), chunked is not None
+        self._chunked = chunked is not None
         return late
 
     def _stamp_arrivals(self, t: int, chunked: Any, waiting: Any, per_token: int) -> None:
         ahead = len(chunked.origin_input_ids) - (chunked.extend_end or chunked.prefix_len) if chunked else 0
         for req in waiting:
-            seen = self.stamps.get(id(req))
-            if (seen is None or seen.req is not req) and not req.output_ids:  # retracted streams: not prompts
-                hit = self.resumable(req) if self.resumable is not None else None
-                self.stamps[id(req)] = Stamp(req, t, min(self.lag, ahead * per_token), self.given, hit)
-                self.work.add(len(req.origin_input_ids) - (hit or 0))
+            if not req.output_ids and self._stamp(req, t, ahead * per_token, queued=True):  # retracted: no prompt
+                self.work.add(len(req.origin_input_ids) - (self.stamps[id(req)].hit or 0))
                 self.arrived += 1000 if self._chunked else 0
             ahead += len(req.origin_input_ids) + len(req.output_ids) - req.prefix_len
+
+    def _stamp(self, req: Any, t: int, ahead_ns: int, queued: bool) -> bool:
+        """Stamp ``req`` unless it is; the lag it finds is at most the prefill ahead of it (stock would
+        have served that by then); a queued prompt's cache hit is read (the chunked one's is in the tree)."""
+        seen = self.stamps.get(id(req))
+        if seen is not None and seen.req is req:
+            return False
+        hit = self.resumable(req) if queued and self.resumable is not None else None
+        self.stamps[id(req)] = Stamp(req, t, min(self.lag, ahead_ns), self.given, hit)
+        return True
 
     def _late(self, t: int, stamp: Stamp, lost: int, per_token: int) -> Late | None:
         lag = stamp.found + self.given - stamp.given + lost * per_token
@@ -132,10 +139,8 @@ class Backlog:
                     continue
             else:
                 ahead = 0
-            stamp = self.stamps.get(id(req))
-            if stamp is None or stamp.req is not req:
-                hit = self.resumable(req) if req is not chunked and self.resumable is not None else None
-                stamp = self.stamps[id(req)] = Stamp(req, t, min(self.lag, ahead * per_token), self.given, hit)
+            self._stamp(req, t, ahead * per_token, req is not chunked)
+            stamp = self.stamps[id(req)]
             found.append(Waiting(t - stamp.since, stamp.found + self.given - stamp.given))
         if per_token:  # stock's backlog is ours less the lag: once ours is no larger, stock's is empty
             self.lag = min(self.lag, rest + queued * per_token)
