@@ -286,7 +286,7 @@ def compare(traffic: Traffic, rows: tuple[tuple[str, dict[str, str]], ...] = ROW
 
 
 # The load guard: open-loop chat at rising offered load, 48 conversations of 3 turns, turns 1 s apart.
-LOAD_RATES = (8.0, 16.0, 32.0, 64.0)  # conversations per second
+LOAD_RATES = (8.0, 16.0, 32.0, 64.0, 96.0, 128.0)  # conversations per second
 LOAD_ROWS = (("stock", {}), ("yield 33", {"DSV41_DECODE_YIELD": "33"}),
              ("yield 33, guard off", {"DSV41_DECODE_YIELD": "33", "DSV41_DECODE_YIELD_LOAD_GUARD": "0"}))
 
@@ -307,7 +307,8 @@ def load_sweep(rates: tuple[float, ...] = LOAD_RATES) -> list[dict[str, Any]]:
 
 def run(quick: bool = False) -> dict[str, Any]:
     """``python -m adapter bench chat-latency-scripted``: open-loop turns (each prompt's TTFT compares
-    with stock's), and with ``--quick`` nothing else; the full run adds bench_serving's closed loop."""
+    with stock's), and with ``--quick`` nothing else; the full run adds bench_serving's closed loop
+    and the load guard's sweep (:func:`load_sweep`)."""
     from adapter.ops.table import render
 
     open_loop = Traffic(rate=8.0, turn_gap_s=1.0)
@@ -331,7 +332,9 @@ def run(quick: bool = False) -> dict[str, Any]:
         print(title)
         print(render(cols, [[r[c] for c in cols] for r in table]))
         figures[key] = table
-    sweep = load_sweep(LOAD_RATES[1::2] if quick else LOAD_RATES)
+    if quick:  # the sweep is six runs of three rows: the full run only
+        return figures
+    sweep = load_sweep()
     load_cols = ["rate", "row", "mean_ttft_ms", "ttft_x", "p99_ttft_ms", "req_per_s", "throughput_x", "mean_itl_ms",
                  "p99_itl_ms", "windows", "guarded", "mean_load", "cut", "unbounded"]
     print("the load guard: open loop, 48 conversations of 3 turns 1 s apart, at rising conversations/s")
