@@ -261,7 +261,7 @@ def compare(traffic: Traffic, rows: tuple[tuple[str, dict[str, str]], ...] = ROW
     ``1 / (1 - pct)`` x stock; ``over``: prompts past it by more than the run's longest window,
     ``unbounded``: those the switch counted (``dsv41_decode_yield_prompts_unbounded_total``), and
     ``lost_hit``: those over and not counted whose prefix-cache hit was smaller than stock's (a prefill
-    that is not stock's, which the switch's ledger does not cover: bound.py)."""
+    that is not stock's, which the switch's ledger does not cover: backlog.py)."""
     results = [(label, env, *_with_switch(env, traffic, pool, costs)) for label, env in rows]
     stock, stock_cached = results[0][2].ttft_ms, results[0][2].cached
     table = []

@@ -11,7 +11,7 @@ from adapter.switches.decode_yield import clock, cost_model
 from adapter.switches.decode_yield.decision import Config, Facts, State, Waiting, abandoned, close, decide, final_span
 
 MS = 1_000_000
-PROMPT = 7
+PROMPT = "r7"
 # a 10 ms chunk of 512 tokens, 2 ms steps alone, measured: the plain case the rows below change
 BASE = Facts(t=0, prompt=PROMPT, tokens=512, floor=0, model=(10, 10), step_ns=2 * MS, per_token_ps=10 * MS * 1000 // 512)
 
@@ -124,7 +124,7 @@ def test_a_window_that_was_not_served_resets_the_prompts_balance():
 
 def test_a_new_prompt_starts_its_own_balance():
     _, _, _, state = _served(Config(50), State(), BASE, chunk_ms=30, window_ms=2)
-    assert decide(Config(50), replace(BASE, prompt=PROMPT + 1), state)[1].balance == 0
+    assert decide(Config(50), replace(BASE, prompt="r8"), state)[1].balance == 0
 
 
 def test_the_final_chunks_share_is_paid_in_equal_parts_by_the_windows_of_the_last_quarter():

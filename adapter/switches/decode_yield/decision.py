@@ -40,7 +40,7 @@ class Facts:
     """What one arming pass knows: a non-final chunk runs now, decode rows wait for the next."""
 
     t: int
-    prompt: int  # the chunked prompt's id: a new one starts its own balance
+    prompt: str  # the chunked prompt's rid: a new one starts its own balance
     tokens: int  # prefill tokens this pass runs (the chunk's and any prompt's admitted beside it)
     floor: int  # the configured interval (what the engine's own arm wrote)
     model: tuple[int, int]  # the cost model's (chunk + switch, step) fs at this window
@@ -73,7 +73,7 @@ class Cycle:
 class State:
     """One scheduler's decision state: the prompt's balance, across its windows."""
 
-    prompt: int = 0
+    prompt: str = ""
     balance: int = 0  # ns scaled by 100: sum((100-share)*streams - share*overhead) over served cycles
     windows: int | None = None  # the prompt's windows, counted at its first
     final_paid: int = 0  # thousandths of the final chunk's tokens its windows owed so far

@@ -158,7 +158,7 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
         y.clock.windows += 1
         load = y.backlog.load(per_token)
         facts = decision.Facts(
-            t, id(chunked), sum(batch.extend_lens), s._prefill_decode_interval_remaining,
+            t, chunked.rid, sum(batch.extend_lens), s._prefill_decode_interval_remaining,
             (cost_model.window_cost(zip(batch.extend_lens, batch.prefix_lens), coef),
              cost_model.decode_cost(rows, kv, kv_topk, coef)),
             rode_along=1 if batch.decoding_reqs else 0, final_tokens=max(0, left - (windows_left - 1) * size),
