@@ -94,25 +94,28 @@ METRICS: tuple[Metric, ...] = (
            "Decode-yield windows that ended, by how they ended (served, min_bs, prompt_gone, streams_gone).",
            labels=("ended",)),
     Metric("dsv41_decode_yield_steps_planned_total", "decode_yield", "window",
-           "Decode steps the ended windows planned before the next prefill chunk (n; a re-planned window's "
-           "re-planned total).", amount=_num("n")),
-    Metric("dsv41_decode_yield_windows_replanned_total", "decode_yield", "window",
-           "Measured mode: ended windows whose rest was planned again after their first half (planned).",
-           amount=_present("planned")),
+           "Decode steps the ended windows planned before the next prefill chunk (n).", amount=_num("n")),
     Metric("dsv41_decode_yield_steps_given_total", "decode_yield", "window",
            "Decode steps the ended windows gave before the next prefill chunk (given).", amount=_num("given")),
     Metric("dsv41_decode_yield_cycle_seconds_total", "decode_yield", "window",
            "Measured mode: wall time of the measured chunk-and-window cycles (cycle_us).",
            amount=_us_to_s("cycle_us")),
     Metric("dsv41_decode_yield_streams_seconds_total", "decode_yield", "window",
-           "Measured mode: the streams' part of those cycles, their tokens at their step alone (streams_us); "
-           "over the cycle seconds it is the share they got.", amount=_us_to_s("streams_us")),
+           "Measured mode: the windows' part of those cycles, whole: the streams' steps and the alternation "
+           "(streams_us); over the cycle seconds it is the share given.", amount=_us_to_s("streams_us")),
     Metric("dsv41_decode_yield_windows_cut_total", "decode_yield", "window",
            "Windows the prompts' bound cut below what the share asked for (cut): a waiting prompt would "
            "otherwise have been held beyond 1 / (1 - pct) of its stock TTFT.", amount=_present("cut")),
     Metric("dsv41_decode_yield_steps_cut_total", "decode_yield", "window",
            "Decode steps the share asked for that the prompts' bound cut (cut): the streams' shortfall.",
            amount=_num("cut")),
+    Metric("dsv41_decode_yield_load", "decode_yield", "window",
+           "The load guard's measurement at the last ended window (load): prefill arriving into a backlog "
+           "over the prefill rate; the share given is pct x (1 - load).", "gauge", _num("load")),
+    # decode yield: one `guard` line per window the load guard gave less than pct (a line at most every 10 s)
+    Metric("dsv41_decode_yield_windows_guarded_total", "decode_yield", "guard",
+           "Windows the load guard armed below pct: prefill arriving into the backlog neared the prefill rate, "
+           "so the share given shrank to pct x (1 - load) (each `guard` event, logged or not)."),
     # decode yield: one `burst` line per prefill backlog whose windows the bound cut
     Metric("dsv41_decode_yield_bursts_total", "decode_yield", "burst",
            "Prefill backlogs in which the share could not be given without holding a prompt beyond its "

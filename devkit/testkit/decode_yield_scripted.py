@@ -23,7 +23,7 @@ MODEL_10_2 = {"DSV41_DECODE_YIELD_CHUNK_US": "10000", "DSV41_DECODE_YIELD_TOKEN_
               "DSV41_DECODE_YIELD_PAIR_FS": "0", "DSV41_DECODE_YIELD_TOPK": "0", "DSV41_DECODE_YIELD_STEP_US": "2000",
               "DSV41_DECODE_YIELD_ROW_NS": "0", "DSV41_DECODE_YIELD_KV_PS": "0"}
 
-Cycle = tuple[int, int, int, int]  # (chunk index, decode steps, wall ns, streams' reference ns)
+Cycle = tuple[int, int, int, int, int]  # (chunk index, decode steps, wall ns, streams' reference ns, chunk ns)
 
 
 class Script:
@@ -73,7 +73,7 @@ def run(pct: int | None, script: Script, *, mode: str = "measured", interval: in
     ``interval``: ``--prefill-decode-interval``). ``on_built(h)`` runs on the harness before any
     request (a rank's process group, say); ``on_ready()`` once the streams decode, right before the
     long prompt arrives."""
-    from adapter.switches.decode_yield import controller
+    from adapter.switches.decode_yield import clock as yield_clock
     from devkit.testkit.scheduler import ScriptedClock, build_scheduler
 
     install(pct, {"DSV41_DECODE_YIELD_MODE": mode, **(env or {})} if pct is not None else None)
@@ -81,7 +81,7 @@ def run(pct: int | None, script: Script, *, mode: str = "measured", interval: in
                         prefill_decode_interval=interval)
     clock = ScriptedClock(script)
     h.on_forward = clock.forward
-    saved, controller.now = controller.now, clock.now
+    saved, yield_clock.now = yield_clock.now, clock.now
     if on_built is not None:
         on_built(h)
     try:
@@ -96,7 +96,7 @@ def run(pct: int | None, script: Script, *, mode: str = "measured", interval: in
         start = len(h.trace)
         h.run_until(long.finished, max_passes=50_000)
     finally:
-        controller.now = saved
+        yield_clock.now = saved
     return cycles(h.trace[start:], long.rid, script, final)
 
 
@@ -111,24 +111,31 @@ def cycles(steps: list[Any], rid: str, script: Script, final: bool = False) -> l
     for s in steps:
         cost = replay(s)
         if s.kind == "prefill" and rid in s.rids:
-            found.append([replay.chunks - 1, 0, cost, 0])
+            found.append([replay.chunks - 1, 0, cost, 0, cost])
             last_chunk = cost
         elif s.kind == "decode" and found:
             found[-1][1] += 1
             found[-1][2] += cost
             found[-1][3] += int(script.step_ns(replay.chunks - 1))
-    served = [(c[0], c[1], c[2], c[3]) for c in found[:-1]]
-    return [*served, (found[-1][0], 0, last_chunk, 0)] if final and found else served
+    served = [(c[0], c[1], c[2], c[3], c[4]) for c in found[:-1]]
+    return [*served, (found[-1][0], 0, last_chunk, 0, last_chunk)] if final and found else served
 
 
 def share(found: list[Cycle]) -> float:
+    """The streams' steps at their rate alone over the cycles' wall time."""
     return sum(c[3] for c in found) / sum(c[2] for c in found)
 
 
-def quarters(found: list[Cycle]) -> list[float]:
+def window_share(found: list[Cycle]) -> float:
+    """The windows' whole wall time (the streams' steps and the alternation) over the cycles': the
+    share decode yield gives (what the waiting prompts pay)."""
+    return sum(c[2] - c[4] for c in found) / sum(c[2] for c in found)
+
+
+def quarters(found: list[Cycle], of: Callable[[list[Cycle]], float] = share) -> list[float]:
     """The share in each quarter of the cycles (the last takes what does not divide: the final chunk)."""
     q = len(found) // 4
-    return [round(share(found[i * q:(i + 1) * q if i < 3 else None]), 4) for i in range(4)]
+    return [round(of(found[i * q:(i + 1) * q if i < 3 else None]), 4) for i in range(4)]
 
 
 # The bench's scenarios: (name, pct, script factory, what it shows, cycles left out of the quarters).
@@ -159,8 +166,9 @@ def table_rows() -> list[dict[str, Any]]:
         for mode in ("measured", "model"):
             found = run(pct, make(), mode=mode, env=MODEL_10_2 if mode == "model" else None, final=True)[3:]
             steady = [c for c in found if c[0] not in transition]
-            rows.append({"scenario": name, "what": what, "pct": pct, "mode": mode, "share": round(share(found), 4),
-                         "quarters": quarters(steady), "left_out": list(transition),
+            rows.append({"scenario": name, "what": what, "pct": pct, "mode": mode,
+                         "share": round(window_share(found), 4), "streams_share": round(share(found), 4),
+                         "quarters": quarters(steady, window_share), "left_out": list(transition),
                          "windows": [c[1] for c in found[:-1]]})
     install(None)
     return rows

@@ -156,7 +156,7 @@ def test_carrying_the_rounding_surplus_keeps_a_prompt_at_its_share_never_below(p
 
 def test_coefficient_keys_are_the_registry_options_and_are_validated():
     switch = registry.by_name("decode_yield")
-    assert [k.name for k in switch.options] == ["DSV41_DECODE_YIELD_MODE"] + [
+    assert [k.name for k in switch.options] == ["DSV41_DECODE_YIELD_MODE", "DSV41_DECODE_YIELD_LOAD_GUARD"] + [
         cost_model.key_name(n) for n, _ in cost_model.DEFAULTS.items()]
     config = registry.resolve({"DSV41_DECODE_YIELD": "33", "DSV41_DECODE_YIELD_STEP_US": "12000",
                                "DSV41_DECODE_YIELD_TOPK": "0"})

@@ -22,11 +22,12 @@ REPO = Path(__file__).resolve().parents[2]
 # (switch, event, fields) in the order a scheduler would log them; the autotune line comes before
 # the engine publishes its configuration (model load), like in a real boot.
 EVENTS = [
-    # the first window's rest was re-planned after 4 of its 8 steps: none more
+    # the first window armed by the load guard below pct; the load gauge follows the last window
     ("decode_yield", "window", {"chunk": 64, "prefix": 0, "rows": 3, "n": 4, "floor": 1, "given": 4, "ended": "served",
-                                "planned": 8}),
+                                "guard": 16, "load": 0.52}),
     ("decode_yield", "window", {"chunk": 64, "prefix": 64, "rows": 3, "n": 5, "floor": 1, "given": 2, "ended": "min_bs"}),
-    ("decode_yield", "window", {"chunk": 64, "prefix": 128, "rows": 2, "n": 3, "floor": 1, "given": 3, "ended": "served"}),
+    ("decode_yield", "window", {"chunk": 64, "prefix": 128, "rows": 2, "n": 3, "floor": 1, "given": 3, "ended": "served",
+                                "load": 0.25}),
     ("swa_thin", "demoted", {"hooked": 5, "demoting_inserts": 2, "demoted_nodes": 3}),
     ("swa_thin", "demoted", {"hooked": 9, "demoting_inserts": 4, "demoted_nodes": 7}),
     ("cone_replay", "DSV41_SWA_CONE plan", {"rid": "a", "F": 96, "s": 64, "N": 32, "P": 32}),
@@ -106,7 +107,7 @@ def test_counters_equal_what_the_switches_log_lines_report_under_sglang_labels(t
         assert _value(samples, "dsv41_decode_yield_windows_total", ended=ended) == sum(w["ended"] == ended for w in windows)
     assert _value(samples, "dsv41_decode_yield_steps_given_total") == sum(int(w["given"]) for w in windows) == 9
     assert _value(samples, "dsv41_decode_yield_steps_planned_total") == sum(int(w["n"]) for w in windows) == 12
-    assert _value(samples, "dsv41_decode_yield_windows_replanned_total") == sum("planned" in w for w in windows) == 1
+    assert _value(samples, "dsv41_decode_yield_load") == float(windows[-1]["load"]) == 0.25
     last = lines_of("swa_thin", "demoted")[-1]  # running totals: the counter is the last line's
     assert _value(samples, "dsv41_swa_thin_hooked_inserts_total") == int(last["hooked"]) == 9
     assert _value(samples, "dsv41_swa_thin_demoted_nodes_total") == int(last["demoted_nodes"]) == 7

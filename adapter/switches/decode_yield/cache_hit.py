@@ -1,6 +1,6 @@
 """What a waiting prompt could resume from the prefix cache now, read without changing the cache.
 
-The bound (:mod:`adapter.switches.decode_yield.bound`) compares it, taken when a prompt is first
+The backlog ledger (:mod:`adapter.switches.decode_yield.backlog`) compares it, taken when a prompt is first
 seen waiting, with the cache hit the prompt got at admission: a hit lost while it waited (a pool
 under pressure evicted its prefix) is prefill stock may not have run, charged to its lag.
 

@@ -1,51 +1,22 @@
-"""The decode-yield cost model: one integer formula, its coefficients in one place, no clock.
+"""Decode yield's integer cost model: one formula, its coefficients in one place, no clock.
 
-What it serves: ``DSV41_DECODE_YIELD_MODE=model`` (the open loop, the switch's previous behaviour and
-its rollback), the first windows of a boot in the default measured mode (before the closed loop of
-:mod:`adapter.switches.decode_yield.controller` has measured a step and a cycle), and the modelled
-durations of ``bench decode-yield``.
+It serves ``DSV41_DECODE_YIELD_MODE=model`` (the open loop, the rollback of the closed loop), the
+first windows of a boot in measured mode (before anything is measured), ``simulate`` and the
+benches' modelled time. Every input is replicated scheduler state and every term a Python ``int``,
+so every TP rank computes the same window. Costs in femtoseconds (one forward)::
 
-Every input is replicated scheduler state (chunk tokens, prefix lengths, decode rows and their
-context lengths), and every term is a Python ``int``, so every TP rank computes the same cost and
-the same yield window. This module reads no clock and no environment: coefficients come from the
-parsed ``DSV41_DECODE_YIELD_*`` keys (:func:`from_config`) or from :data:`DEFAULTS`.
-
-The formula (costs in femtoseconds, so every coefficient keeps three or more significant digits
-as an integer; one forward of the model)::
-
-    pairs(c, p)      = c*p + c*(c+1)//2                  # causal (query, key) pairs of a c-token extend on prefix p
-    topk_pairs(c, p) = sum_{j=p+1}^{p+c} min(j, K)       # the same with each query capped at K keys (sparse top-k)
+    pairs(c, p)      = c*p + c*(c+1)//2             # causal (query, key) pairs of a c-token extend on prefix p
+    topk_pairs(c, p) = sum_{j=p+1}^{p+c} min(j, K)  # each query capped at K keys (sparse top-k)
     chunk_fs = (CHUNK_US + CHUNK_SCHED_US)*10**9 + sum over extend rows (c, p) of
-               ( (TOKEN_NS + TOKEN_SCHED_NS)*10**6*c + PAIR_FS*pairs(c, p) + TOPK_PAIR_PS*1000*topk_pairs(c, p) )
-    step_fs  = (STEP_US + STEP_SCHED_US)*10**9 + (ROW_NS + ROW_SCHED_NS)*10**6*B
-               + KV_PS*1000*sum(L_i) + TOPK_KV_PS*1000*sum(min(L_i, K))
-    window   = chunk_fs + SWITCH_US*10**9        # what one chunk-and-window cycle costs besides its N steps
-    N        = max(floor, min(128, ceil((pct*window - carry) / ((100-pct)*step_fs))))
-    carry    = the rounding surplus the previous windows of the same prompt gave (0 for the first;
-               see :func:`yield_window`), so the prompt's total decode time tracks its share
+               ((TOKEN_NS + TOKEN_SCHED_NS)*10**6*c + PAIR_FS*pairs + TOPK_PAIR_PS*1000*topk_pairs)
+    step_fs  = (STEP_US + STEP_SCHED_US)*10**9 + (ROW_NS + ROW_SCHED_NS)*10**6*B + KV_PS*1000*sum(L_i)
+               + TOPK_KV_PS*1000*sum(min(L_i, K))
+    N        = max(floor, min(128, ceil((pct*(chunk_fs + SWITCH_US*10**9) - carry) / ((100-pct)*step_fs))))
 
-``TOKEN_NS`` covers the dense and MoE GEMMs (linear in tokens); ``PAIR_FS`` attention or the
-DSA-style indexer over the whole prefix; ``TOPK_PAIR_PS`` the sparse top-k attention (``K`` =
-``TOPK`` keys per query; 0 turns the sparse terms off). ``STEP_US`` is the weight stream and graph
-launch of a decode step, ``ROW_NS`` per-row work, ``KV_PS`` the per-KV-token read (indexer or dense
-attention), ``TOPK_KV_PS`` the sparse top-k read. ``N`` decode steps then give running streams
-``pct`` percent of the modelled time around one chunk.
-
-The ``*_SCHED_*`` terms and ``SWITCH_US`` charge what an iteration costs besides its forward: the
-scheduler pass, batch building and output processing (``_SCHED_``: per prefill / decode iteration,
-per token / row), and the extra time of alternating between a chunk and decode steps that
-back-to-back iterations of one kind do not pay (``SWITCH_US``: once per window). The forward terms
-alone model the forward only; on a CPU engine an interleaved decode step costs milliseconds more
-(measured on the CPU engine), which the prompt's TTFT and the streams' rate pay. ``fit-cost-model`` fits them from
-the iteration wall times of a forward-pass-metrics log (``recv_time`` of
-:mod:`devkit.engine_kit.fpm`); their defaults are 0 (the forward terms then stand for the whole
-iteration, as the fleet placeholders did).
-
-Defaults (:data:`DEFAULTS`) are placeholders shaped to the one fleet figure we have (
-with one decode step per chunk, streams kept 8 % of their decode rate while a cold 500K-token
-prompt prefilled in 8192-token chunks, i.e. a chunk costs about 11.5 decode steps of 16 streams,
-DSV4-style attention with top-k 2048). They are not a measurement: fit your own with
-``python -m adapter fit-cost-model LOG`` and put the printed line in the profile.
+``*_SCHED_*`` and ``SWITCH_US`` (the alternation, once per window) are what an iteration costs besides
+its forward; ``fit-cost-model`` fits all of them from forward-pass metrics. :data:`DEFAULTS` are
+placeholders shaped to one fleet figure (an 8192-token chunk about 11.5 decode steps of 16 streams,
+DSV4-style attention, top-k 2048), not a measurement.
 """
 
 from __future__ import annotations
@@ -82,35 +53,9 @@ class Coefficients:
         return [(f.name, getattr(self, f.name)) for f in fields(self) if f.name != "source"]
 
 
-# Placeholders (see the module docstring for their provenance); fit-cost-model replaces them.
-DEFAULTS = Coefficients(
-    chunk_us=40_000,
-    token_ns=48_000,
-    pair_fs=50_000,
-    topk_pair_ps=2_000,
-    step_us=40_000,
-    row_ns=500_000,
-    kv_ps=2_000,
-    topk_kv_ps=20_000,
-    topk=2048,
-)
+DEFAULTS = Coefficients(chunk_us=40_000, token_ns=48_000, pair_fs=50_000, topk_pair_ps=2_000, step_us=40_000,
+                        row_ns=500_000, kv_ps=2_000, topk_kv_ps=20_000, topk=2048)
 
-_UNITS = {
-    "chunk_us": "µs per prefill forward",
-    "token_ns": "ns per prefill token",
-    "pair_fs": "fs per causal attention pair",
-    "topk_pair_ps": "ps per top-k attention pair",
-    "step_us": "µs per decode step",
-    "row_ns": "ns per decode row",
-    "kv_ps": "ps per KV token read in decode",
-    "topk_kv_ps": "ps per top-k KV token read in decode",
-    "topk": "keys per query of the sparse attention; 0 = dense",
-    "chunk_sched_us": "µs per prefill iteration besides its forward",
-    "token_sched_ns": "ns per prefill token besides the forward",
-    "step_sched_us": "µs per decode iteration besides its forward",
-    "row_sched_ns": "ns per decode row besides the forward",
-    "switch_us": "µs per window of alternating chunk and decode steps",
-}
 FORWARD_TERMS = ("chunk_us", "token_ns", "pair_fs", "topk_pair_ps", "step_us", "row_ns", "kv_ps", "topk_kv_ps")
 WALL_TERMS = ("chunk_sched_us", "token_sched_ns", "step_sched_us", "row_sched_ns", "switch_us")
 
@@ -188,21 +133,11 @@ def yield_window(
     pct: int, chunk: int, step: int, floor: int = 0, carry: int = 0, cap: int = MAX_YIELD_STEPS,
     rode_along: int = 0,
 ) -> tuple[int, int]:
-    """``(N, carry)`` for one window, with the previous window's rounding surplus ``carry``.
-
-    ``N = max(floor, min(cap, ceil((pct*chunk - 100*rode_along*step - carry) / ((100-pct)*step))))``:
-    the ceil of the window formula less the decode time earlier windows of the same prompt gave
-    beyond their share (``carry``, in fs scaled by ``100-pct``). Rounding each window up on its own
-    overshoots by up to one decode step per chunk (with 64 streams a step is ~1/7 of a chunk:
-    +0.03..0.05 of share); carrying the surplus keeps the prompt's total at its share, never below
-    it. The returned carry is clamped to ``[0, one step)``: it carries rounding only, never a debt
-    from the floor or the cap. The first window of a prompt (``carry == 0``) is the plain formula.
-
-    ``rode_along`` is the decode tokens each row already got inside the chunk (1 under
-    ``--enable-mixed-chunk``). The share is the rows' token rate over their rate alone, so over a
-    chunk and its window ``(rode_along + N) * step = pct/100 * (chunk + N*step)``: without the
-    credit, pct 50 on a chunk worth two steps gives the rows 3 tokens in 4 steps' time, 0.75.
-    """
+    """``(N, carry)`` for one window: the ceil of the formula less ``carry``, the decode time the
+    prompt's earlier windows gave beyond their share (fs scaled by ``100-pct``), so rounding each
+    window up does not drift the share; the carry returned is clamped to ``[0, one step)``, rounding
+    only, never a floor's or a cap's debt. ``rode_along``: decode tokens each row already got inside
+    the chunk (1 under ``--enable-mixed-chunk``), credited at a step each."""
     den = (100 - pct) * max(step, 1)
     owed = pct * chunk - 100 * rode_along * max(step, 1)
     need = max(0, -(-(owed - carry) // den))
