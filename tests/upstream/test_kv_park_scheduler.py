@@ -9,10 +9,11 @@ its old bytes can only have got them from the parked copy.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
+import sys
 import threading
-import time
 
 import pytest
 import torch
@@ -201,43 +202,109 @@ def test_decode_retraction_in_update_running_batch_parks_and_the_row_finishes(ha
     assert h.scheduler.token_to_kv_pool_allocator.available_size() == 1024
 
 
-def test_retraction_returns_before_the_copy_and_the_next_pass_waits_for_it(harness, monkeypatch):
-    """A held-back worker: the retraction returns with the copy still queued; the pages keep their
-    bytes (nothing writes them) and the next pass waits for the copy before restoring."""
+class _CopyInFlight:
+    """The device event of a copy still running (``query()`` False until the test ends it); a host
+    wait on it (``synchronize``) is recorded."""
+
+    def __init__(self, waits: list[str]):
+        self.done = False
+        self.waits = waits
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.waits.append("Event.synchronize")
+        self.done = True
+
+
+@contextlib.contextmanager
+def _host_waits_recorded(monkeypatch):
+    """Every call on this thread that would make the host wait for the device on a CUDA pool, made
+    from kv_park's code: a read-back (``Tensor.cpu`` / ``tolist`` / ``item``), a store fence, a
+    stream / event / device synchronize. Yields the list they are recorded in."""
+    from adapter.switches.kv_park.store import ParkStore
+
+    me, waits = threading.get_ident(), []
+
+    def from_kv_park() -> bool:
+        caller = sys._getframe(2).f_globals.get("__name__", "")
+        return threading.get_ident() == me and caller.startswith("adapter.switches.kv_park")
+
+    def recorded(name: str, real):
+        def call(*args, **kwargs):
+            if from_kv_park():
+                waits.append(f"{name} from {sys._getframe(1).f_code.co_name}")
+            return real(*args, **kwargs)
+
+        return call
+
+    with monkeypatch.context() as m:
+        for name in ("cpu", "tolist", "item"):
+            m.setattr(torch.Tensor, name, recorded(f"Tensor.{name}", getattr(torch.Tensor, name)))
+        for name in ("fence", "fence_pages"):
+            m.setattr(ParkStore, name, recorded(f"ParkStore.{name}", getattr(ParkStore, name)))
+        m.setattr(torch.cuda, "synchronize", recorded("torch.cuda.synchronize", torch.cuda.synchronize))
+        m.setattr(torch.cuda.Stream, "synchronize", recorded("Stream.synchronize", torch.cuda.Stream.synchronize))
+        m.setattr(torch.cuda.Event, "synchronize", recorded("Event.synchronize", torch.cuda.Event.synchronize))
+        yield waits
+
+
+def test_a_park_and_the_next_pass_with_copies_in_flight_never_wait_on_the_scheduler_thread(harness, monkeypatch):
+    """The call-site seams of the CUDA path on the real scheduler: each park's copy is left in
+    flight (its device events report not done, as a CUDA copy queued on the copy stream would), and
+    the retraction (``release_req`` -> ``_park``) and the next wrapped ``get_next_batch_to_run``,
+    which restores both waiting requests, never read a tensor back, never fence the store and never
+    synchronize; the restore is served (ordered after the save on the device, here the bytes are
+    already there) and the store lets go of the copies only once their events say done. Putting
+    back any of the former waits (``pages.cpu()`` in the park, ``.unique().cpu()`` on
+    ``out_cache_loc`` while a copy is pending, the store fence at each pass beside HiCache or before
+    the restores) fails it."""
     _install()
-    go, started = threading.Event(), threading.Event()
+    made: list[_CopyInFlight] = []
+    waits_on_events: list[str] = []
     real_save = engine_mod.CopyEngine.save
 
-    def held_save(self, page_ids, out=None, *, after=None):
-        if threading.current_thread().name == "dsv41-kv-park":
-            started.set()
-            assert go.wait(30)
-        return real_save(self, page_ids, out=out, after=after)
+    def save_left_in_flight(self, page_ids, out=None, *, after=None, events=None):
+        entry = real_save(self, page_ids, out=out, after=after)
+        if events is not None:  # what a CUDA copy into pinned rows hands back
+            pair = (_CopyInFlight(waits_on_events), _CopyInFlight(waits_on_events))
+            made.extend(pair)
+            events.append(pair)
+        return entry
 
-    monkeypatch.setattr(engine_mod.CopyEngine, "save", held_save)
+    monkeypatch.setattr(engine_mod.CopyEngine, "save", save_left_in_flight)
     h = harness
-    a, _ = _run_two_rows(h, decode_steps=20)
-    n = int(a.kv.kv_committed_len) // PAGE * PAGE
-    before = _kv_bytes(h, a, n)
-    h.retract_all()
-    store = _switch().STATE.store
-    assert started.wait(10), "the worker never picked up the copy"
-    assert store.pending() == 2 and store.stats.saved == 0, "retraction waited for the copy"
-    opener = threading.Timer(0.4, go.set)
-    opener.start()
-    t0 = time.perf_counter()
-    step = h.step()
-    waited = time.perf_counter() - t0
-    opener.join()
-    assert waited >= 0.3, "the pass restored before the copy landed"
-    assert step.kind == "prefill" and step.prefix_lens[step.rids.index(a.rid)] == n
-    assert torch.equal(_kv_bytes(h, a, n), before)
+    a, b = _run_two_rows(h, decode_steps=20)
+    whole = {r.rid: int(r.kv.kv_committed_len) // PAGE * PAGE for r in (a, b)}
+    before = {r.rid: _kv_bytes(h, r, whole[r.rid]) for r in (a, b)}
+    state = _switch().STATE
+    store = state.store
+    with _host_waits_recorded(monkeypatch) as waits:
+        h.retract_all()
+        assert store.pending() == 2, "both copies are still in flight after the retraction"
+        state.beside_hicache = True  # the pass fenced every copy in flight there
+        step = h.step()
+    state.beside_hicache = False
+    assert waits == [] and waits_on_events == [], f"the scheduler thread waited: {waits + waits_on_events}"
+    assert step.kind == "prefill" and set(step.rids) == {a.rid, b.rid}
+    for rid, prefix in zip(step.rids, step.prefix_lens):
+        assert prefix == whole[rid], f"{rid} was not restored while its copy was in flight"
+    for r in (a, b):
+        assert torch.equal(_kv_bytes(h, r, whole[r.rid]), before[r.rid])
+    assert store.stats.restored == 2 and len(made) == 4
+    assert store.pending() == 2, "the store let go of copies whose events were not done"
+    for event in made:
+        event.done = True
+    store.poll()
+    assert store.pending() == 0
+    h.run_until(lambda: a.finished() and b.finished(), max_passes=500)
 
 
 def test_a_failed_copy_disables_parking_with_one_line_and_the_request_recomputes(harness, monkeypatch, records):
     _install()
 
-    def broken(self, page_ids, out=None, *, after=None):
+    def broken(self, page_ids, out=None, *, after=None, events=None):
         raise RuntimeError("simulated copy failure")
 
     monkeypatch.setattr(engine_mod.CopyEngine, "save", broken)
@@ -319,47 +386,6 @@ def test_every_region_of_a_real_swa_pool_round_trips_byte_for_byte():
             assert torch.equal(r.rows[dst], entry[:, sum(x.row_bytes for x in layout.regions[: layout.regions.index(r)]) :][:, : r.row_bytes])
     full, swa = regions.layouts_for(pool)
     assert swa is not None and full.num_pages == 512 // PAGE + 1 and swa.num_pages == 256 // PAGE + 1
-
-
-def test_a_forward_waits_only_for_copies_that_read_the_pages_it_writes_on_both_sides(monkeypatch):
-    """The write fence compares full page ids with full copies and SWA page ids (through the
-    real full-to-SWA mapping) with SWA copies."""
-    _install()
-    go = threading.Event()
-    real_save = engine_mod.CopyEngine.save
-
-    def held_save(self, page_ids, out=None, *, after=None):
-        if threading.current_thread().name == "dsv41-kv-park":
-            assert go.wait(30)
-        return real_save(self, page_ids, out=out, after=after)
-
-    monkeypatch.setattr(engine_mod.CopyEngine, "save", held_save)
-    h = _build("swa")
-    a = h.add_request(40, max_new_tokens=50)
-    b = h.add_request(40, max_new_tokens=50)
-    h.step()
-    s, switch = h.scheduler, _switch()
-    alloc = s.token_to_kv_pool_allocator
-    engines = switch.STATE.engines_for(alloc.get_kvcache())
-
-    def slots(req):
-        return s.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :32].long()
-
-    swa_pages_a = torch.div(alloc.full_to_swa_index_mapping[slots(a)].long(), PAGE, rounding_mode="floor").unique()
-    store = switch.STATE.store
-    assert store.offer(("x", "swa"), engines.swa, swa_pages_a) == "queued"
-
-    def fence_time(loc) -> float:
-        opener = threading.Timer(0.4, go.set)
-        opener.start()
-        t0 = time.perf_counter()
-        switch._fence_writes(switch.STATE, alloc, loc)
-        waited = time.perf_counter() - t0
-        opener.cancel()
-        return waited
-
-    assert fence_time(slots(b)) < 0.3 and store.pending() == 1, "b's pages are not read by the copy"
-    assert fence_time(slots(a)) >= 0.3 and store.pending() == 0, "a's SWA pages were written during the copy"
 
 
 def test_every_buffer_of_a_real_deepseek_v4_pool_round_trips_byte_for_byte():

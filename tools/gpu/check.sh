@@ -26,7 +26,9 @@
 #              through pinned pool rows; the pool page-locked once and unlocked at close; IndexError
 #              before device indexing; the copy-stream fence; pool rows not reused before a restore
 #              read them; a park and a restore that never synchronize the scheduler thread, ordered
-#              after / before the forward stream on the device; copies vs a concurrent global /
+#              after / before the forward stream on the device; the wrapped get_next_batch_to_run
+#              restoring a request while its park's copy is in flight, under
+#              torch.cuda.set_sync_debug_mode("error"); copies vs a concurrent global /
 #              thread-local CUDA graph capture)
 #   5 probe    tools/gpu/capture_probe.py: what an unlocked / locked / thread-local capture does to
 #              copies on another thread (observations; the locked and thread-local ones must be clean)

@@ -24,36 +24,26 @@ What it changes
     not restored logs one DEBUG line
     ``kv_park dropped reason=...``.
 
-Copies in flight (pages are write-fenced, not held in the allocator)
-    The save runs on a background worker: retraction returns before the copy. The issue asks
-    that the pages stay held until the copy has landed; they are freed at once instead and
-    *write-fenced*, which gives the same guarantee (no byte of a page changes while a copy reads
-    it) without starving ``retract_decode``. Why not hold them: ``retract_decode`` loops
-    ``while not check_decode_mem(...)`` and releases one more row per iteration, and
-    ``check_decode_mem`` asks the allocator (``check_decode_capacity``, tree eviction included)
-    for free capacity. Pages still held by a copy are neither free nor evictable, so the loop
-    would retract further rows until the copies landed (or retract every row), and waiting for
-    the copy inside the loop would make the retraction synchronous again. Why the fence is
-    enough: in the scheduler process only two things write KV bytes into a freed page: a
-    forward (into its batch's ``out_cache_loc``; DSV4 writes its compressed C4/C128/indexer
-    slots at ``loc // ratio``, i.e. in the same full page, and its compressor state rows at the
-    SWA page of ``loc``) and a restore. So the batch that ``get_next_batch_to_run`` returns
-    waits, before it is launched, for every copy in flight that reads a full page or (through
-    the full-to-SWA mapping) a SWA page that batch writes, and a restore waits for all copies.
-    (A HiCache load-back writes freshly allocated pages during the pass, before the batch is known:
-    beside HiCache every copy in flight is fenced at the start of each pass.) Allocation, freeing
-    and tree eviction write no bytes. The queue is unbounded (each queued copy holds its bytes of
-    the budget), so a retraction never copies on the scheduler thread.
-
-No wait on the scheduler thread for a copy (CUDA)
-    A save does not wait for the forward that wrote its pages: it records one CUDA event on each
-    stream that writes KV (the scheduler thread's current stream, and the scheduler's forward
-    stream, where the overlap loop runs the forward; SGLang's HiCache fences its own copies on
-    that stream the same way) and the copy stream waits for them on the device. A restore's copy
-    follows the same events (a forward still in flight may touch pages just handed out), and those
-    streams then wait for the copy's event, so the forward that reads the restored pages (and
-    HiCache's write-back, which follows the forward stream) sees them; the host waits only in the
-    write fence above, when a page a copy still reads is about to be written.
+Copies in flight: ordered on the device, never waited for on the scheduler thread
+    A retraction frees the row's pages at once (holding them until the copy lands would starve
+    ``retract_decode``: it loops ``while not check_decode_mem(...)``, retracting one more row per
+    iteration, and pages still held by a copy are neither free nor evictable). On CUDA the park
+    queues its copy on the copy engine's stream from the scheduler thread and returns: the copy
+    follows events recorded on the KV streams (the scheduler thread's current stream and the
+    scheduler's forward stream, where the overlap loop runs the forward), and those streams then
+    wait, on the device, for the event after which the copy has read the pages. In the scheduler
+    process only a forward, a restore and HiCache's load-back (which follows the forward stream)
+    write KV bytes into a freed page, and each is queued on those streams later, so none can
+    overwrite a page before the copy has read it. A restore is queued after the work on those
+    streams and after its own entry's save (the entry's ``written`` event: a request can come back
+    while its park's copy is still in flight), and the KV streams wait for the restore before the
+    forward that reads the pages. The store only *queries* events (``event.query()``) to know what
+    is done and which pool rows are free again. The host reads nothing back on these paths, with
+    one exception per park on a hybrid-SWA / DeepSeek-V4 pool: where the row's window starts is data
+    on the device (its SWA mapping), one read-back of one integer. A park pool too full for an
+    offer, with the rest of it still read or written by copies in flight, refuses the offer (the
+    request recomputes) rather than wait. On a CPU pool the copy is the work itself and runs in the
+    retraction (there is no device to overlap it with).
 
 Host memory: the park pool (allocated once, at the first scheduler pass)
     On a CUDA KV pool, ``DSV41_KV_PARK_GIB`` of host RAM is allocated in 1 GiB chunks, each starting
@@ -63,8 +53,8 @@ Host memory: the park pool (allocated once, at the first scheduler pass)
     the byte budget does. A pool that cannot be allocated or locked fails the boot (``BootError``
     naming ``DSV41_KV_PARK_GIB``, the size, how far pinning got and the host limit). Saves and
     restores move device pages straight into and out of the pinned rows on the copy engine's
-    streams (the link overlaps the gather / scatter of the next chunk): a save runs on the park
-    worker, a restore returns before its copy lands (the KV streams wait for its event); its pool
+    streams (the link overlaps the gather / scatter of the next chunk): a save and a restore each
+    return before their copy lands (the KV streams wait for its event); its pool
     rows go back to the pool only once that event is done. A CPU KV pool
     keeps pageable entries (nothing to pin).
 
@@ -193,7 +183,9 @@ def install(ctx: api.SwitchContext) -> dict[str, object]:
     budget_gib = int(ctx.option("DSV41_KV_PARK_GIB"))
     # An unbounded queue: a retraction never copies on the scheduler thread (each queued copy
     # already holds its bytes of the budget, so the budget bounds the queue).
-    state = _State(ParkStore(budget_gib * GIB, worker=True, queue_depth=None))
+    # No worker: on CUDA a park queues its copy on the device from the scheduler thread and returns
+    # (the device orders it); on a CPU pool the copy is the work itself, done in the retraction.
+    state = _State(ParkStore(budget_gib * GIB, worker=False))
     ctx.wrap("release_req", _release_req)
     ctx.wrap("Scheduler.get_next_batch_to_run", _get_next_batch_to_run)
     # Parking copies run on a worker thread; a global-mode CUDA graph capture on another thread must
@@ -206,7 +198,7 @@ def install(ctx: api.SwitchContext) -> dict[str, object]:
     ctx.wrap("sglang.srt.mem_cache.common:dsv4_needs_rebootstrap", dsv4_offload.wrapped_needs_rebootstrap)
     ctx.wrap("sglang.srt.disaggregation.decode:dsv4_needs_rebootstrap", dsv4_offload.wrapped_needs_rebootstrap)
     ctx.set_attr(sys.modules[__name__], "STATE", state)
-    return {"mode": ctx.value, "budget_gib": budget_gib, "worker": "background", "capture_lock": "global"}
+    return {"mode": ctx.value, "budget_gib": budget_gib, "copies": "device_queued", "capture_lock": "global"}
 
 
 # -- saving on retraction ----------------------------------------------------------------------
@@ -253,8 +245,13 @@ def _parkable(state: _State, req: Any, tree_cache: Any, allocator: Any) -> bool:
 
 
 def _whole_pages(slots: torch.Tensor, page_size: int) -> torch.Tensor | None:
-    """Page ids of ``slots`` when they are whole pages in order, else None."""
+    """Page ids of ``slots`` when they are whole pages in order, else None. Checked on host slots
+    only: on a device, reading the answer back would synchronize the scheduler's stream, and
+    SGLang's paged allocators hand a request whole pages in order by construction
+    (``PagedTokenToKVPoolAllocator``: "the indices handed to one request are always page-aligned")."""
     pages = torch.div(slots[::page_size], page_size, rounding_mode="floor")
+    if slots.device.type != "cpu":
+        return pages
     expected = pages.repeat_interleave(page_size) * page_size + torch.arange(slots.numel(), device=slots.device) % page_size
     return pages if torch.equal(slots, expected) else None
 
@@ -286,8 +283,10 @@ def _park(state: _State, req: Any, req_to_token_pool: Any, allocator: Any, tree_
         # Only the window still has SWA slots (0 = none): park the whole pages from the first
         # page after the last dead slot.
         swa_slots = allocator.full_to_swa_index_mapping[slots].to(torch.int64)
-        dead = (swa_slots == 0).nonzero()
-        swa_from = 0 if dead.numel() == 0 else (int(dead.max()) // page_size + 1) * page_size
+        # The one read-back of a park (SWA pools only): where the window starts is data on the device.
+        positions = torch.arange(swa_slots.numel(), device=swa_slots.device)
+        last_dead = int(torch.where(swa_slots == 0, positions, -1).max())
+        swa_from = 0 if last_dead < 0 else (last_dead // page_size + 1) * page_size
         if swa_from >= n:
             # No whole window page below the servable prefix: its extend would need SWA KV that
             # decode already freed (a pool-full retraction on pages wider than the window).
@@ -337,7 +336,7 @@ def _park(state: _State, req: Any, req_to_token_pool: Any, allocator: Any, tree_
         tree_from = 0
     meta = {"tokens": array("q", tokens[:n]), "page_size": page_size, "pool": id(pool), "swa_from": swa_from,
             "parked_from": parked_from, "swa_parked_from": swa_parked_from, "tree_from": tree_from}
-    outcome = save_pages(state, req.rid, engines, pages.cpu(), None if swa_pages is None else swa_pages.cpu(), meta)
+    outcome = save_pages(state, req.rid, engines, pages, swa_pages, meta)
     if SWITCH.debug or api.metrics_on():  # the line and the metrics: skip the sums when nothing reads them
         nbytes = 0 if outcome.startswith("refused") else pages.numel() * engines.full.page_bytes + (
             0 if swa_pages is None or engines.swa is None else swa_pages.numel() * engines.swa.page_bytes)
@@ -370,18 +369,28 @@ def save_pages(
 ) -> str:
     """Offer a retracted row's pages (and its SWA window pages) to the store; the store's outcome.
 
-    On CUDA the scheduler thread does not wait for the forward that wrote the pages, nor for the
-    copy: events recorded now on the KV streams (:func:`kv_streams`) travel with the offer, the
-    copy stream waits for them on the device, and the worker copies. The pages are freed at once
-    and write-fenced (:func:`_fence_writes`) until the copy has landed."""
-    after = _recorded_on(kv_streams(state, engines.full.device)) if engines.full.device.type == "cuda" else None
-    outcome = state.store.offer(rid, engines.full, pages, meta=meta, after=after)
+    On CUDA the scheduler thread waits neither for the forward that wrote the pages nor for the
+    copy: the copy is queued on the copy engine's stream after events recorded now on the KV
+    streams (:func:`kv_streams`), and the KV streams then wait, on the device, for the event after
+    which the copy has read the pages (``pages_read``). The pages are freed at once: whatever
+    writes them next (a forward, a restore, HiCache's load-back, which follows the forward
+    stream) is queued on those streams after that event. On a CPU pool the copy runs here."""
+    cuda = engines.full.device.type == "cuda"
+    streams = kv_streams(state, engines.full.device) if cuda else []
+    after = _recorded_on(streams) or None
+    read: list[Any] = []
+    outcome = state.store.offer(rid, engines.full, pages, meta=meta, after=after, read=read)
     if swa_pages is not None and not outcome.startswith("refused"):
         assert engines.swa is not None
-        swa_outcome = state.store.offer((rid, "swa"), engines.swa, swa_pages, meta={"swa_from": meta["swa_from"]}, after=after)
+        swa_outcome = state.store.offer(
+            (rid, "swa"), engines.swa, swa_pages, meta={"swa_from": meta["swa_from"]}, after=after, read=read
+        )
         if swa_outcome.startswith("refused"):
             state.store.discard(rid)  # the full pages alone cannot be restored
             outcome = swa_outcome
+    for stream in streams:
+        for event in read:
+            stream.wait_event(event)
     return outcome
 
 
@@ -391,14 +400,15 @@ def restore_pages(state: _State, copies: list[tuple[Any, CopyEngine, torch.Tenso
 
     On CUDA nothing here waits on the host: the copies follow the work already queued on the KV
     streams (a forward still in flight may touch pages just handed out: a row that finished last
-    step), and those streams then wait for the copies, so the forward that reads the pages, and
-    HiCache's write-back (its device-to-host stream follows the forward stream), see the restored
-    bytes. Each entry's pool rows go back to the pool once its copy has read them. A failed copy
-    waits out what was queued and raises (the caller frees the pages)."""
+    step) and the park's own copy into the rows (an entry whose save is still in flight:
+    its ``written`` event), and those streams then wait for the copies, so the forward that reads
+    the pages, and HiCache's write-back (its device-to-host stream follows the forward stream), see
+    the restored bytes. Each entry's pool rows go back to the pool once its copy has read them. A
+    failed copy waits out what was queued and raises (the caller frees the pages)."""
     store = state.store
     device = copies[0][1].device
     streams = kv_streams(state, device) if device.type == "cuda" else []
-    after = _recorded_on(streams) or None
+    after = _recorded_on(streams)
     fence: list[Any] = []  # CUDA events of the copies queued from pinned pool rows
     try:
         for key, engine, pages, first in copies:
@@ -406,8 +416,9 @@ def restore_pages(state: _State, copies: list[tuple[Any, CopyEngine, torch.Tenso
             if entry is None:
                 raise LookupError(f"the parked entry {key!r} is gone")
             done: list[Any] = []
+            follow = [*after, entry.written] if streams and entry.written is not None else after
             try:
-                engine.restore(entry.rows, pages, first=first, fence=done, after=after)
+                engine.restore(entry.rows, pages, first=first, fence=done, after=follow or None)
             finally:
                 store.release(entry, after=done[0] if done else None)
             fence += done
@@ -433,10 +444,8 @@ def _get_next_batch_to_run(wrapped: Any, instance: Any, args: tuple, kwargs: dic
         if isinstance(forward, torch.cuda.Stream):
             state.forward_stream = forward
         _boot_pool(state, instance)
-    if state.beside_hicache and state.store.pending():
-        # HiCache loads host pages back into freshly allocated device pages during this pass,
-        # before the batch is known: no copy may still read a freed page then.
-        state.store.fence()
+    # No fence: every copy still reading freed pages is ordered before any later write of them on
+    # the device (save_pages); the store only queries what is done.
     state.store.poll()
     if state.pins:
         _release_pins(state, instance)
@@ -444,11 +453,7 @@ def _get_next_batch_to_run(wrapped: Any, instance: Any, args: tuple, kwargs: dic
         _restore_waiting(state, instance)
     except Exception as exc:  # a failed restore disables parking; the request recomputes
         state.store.disable(f"restore failed: {type(exc).__name__}: {exc}")
-    plan = wrapped(*args, **kwargs)
-    batch = getattr(plan, "batch_to_run", None)
-    if batch is not None and state.store.pending():
-        _fence_writes(state, instance.token_to_kv_pool_allocator, getattr(batch, "out_cache_loc", None))
-    return plan
+    return wrapped(*args, **kwargs)
 
 
 def boot_pool(budget_gib: int, *, locker: PageLocker | None = None, chunk_bytes: int | None = None) -> HostPool:
@@ -552,20 +557,6 @@ def _held_by_tree(tree_cache: Any, req: Any, tokens: list[int], page_size: int) 
     return min(held, len(tokens)) // page_size * page_size, min(full, len(tokens)) // page_size * page_size
 
 
-def _fence_writes(state: _State, allocator: Any, loc: torch.Tensor | None) -> None:
-    """Before a forward writes slots ``loc``: wait for the copies in flight that read their pages."""
-    if loc is None or not loc.numel():
-        return
-    page_size = int(allocator.page_size)
-    loc = loc.to(torch.int64)
-    full_pages = torch.div(loc, page_size, rounding_mode="floor").unique().cpu()
-    state.store.fence_pages(set(full_pages.tolist()), select=lambda key: not isinstance(key, tuple))
-    mapping = getattr(allocator, "full_to_swa_index_mapping", None)
-    if mapping is not None and state.store.pending():  # SWA entries hold SWA page ids
-        swa_pages = torch.div(mapping[loc].to(torch.int64), page_size, rounding_mode="floor").unique().cpu()
-        state.store.fence_pages(set(swa_pages.tolist()), select=lambda key: isinstance(key, tuple))
-
-
 def _running_need(scheduler: Any) -> int:
     """Tokens the running rows' next decode step allocates (what ``check_decode_mem`` asks for)."""
     running = getattr(scheduler, "running_batch", None)
@@ -622,10 +613,18 @@ def _restore_waiting(state: _State, scheduler: Any) -> None:
                 _drop(store, key, "not_waiting")
     if not waiting:
         return
-    store.fence()  # a restore writes pages: no copy may still read them
+    # No fence: a restore's copy is queued after the work on the KV streams, which already wait
+    # for every park copy's reads (save_pages), and after its own entry's save (restore_pages).
     for i, req in enumerate(waiting):
         if not _restore_one(state, scheduler, req, may_evict=(i == 0)):
             break
+
+
+def _small_on(device: torch.device, value: int) -> torch.Tensor:
+    """``[value]`` as int64 on ``device``; on CUDA through pinned memory, so the host does not wait
+    for the stream (a copy from pageable memory would)."""
+    host = torch.tensor([value], dtype=torch.int64)
+    return host if device.type == "cpu" else host.pin_memory().to(device, non_blocking=True)
 
 
 def _drop(store: ParkStore, rid: Any, reason: str, **params: object) -> bool:
@@ -724,11 +723,11 @@ def _restore_one(state: _State, scheduler: Any, req: Any, *, may_evict: bool) ->
             tail_from = max(swa_from, have)
             dev = prefix.device
             slots = allocator.alloc_extend_swa_tail(
-                torch.tensor([have], device=dev),
+                _small_on(dev, have),
                 torch.tensor([have]),
-                torch.tensor([n], device=dev),
+                _small_on(dev, n),
                 torch.tensor([n]),
-                prefix[-1:] if have else torch.tensor([-1], device=dev),
+                prefix[-1:] if have else _small_on(dev, -1),
                 need,
                 n - tail_from,
             )
@@ -740,13 +739,13 @@ def _restore_one(state: _State, scheduler: Any, req: Any, *, may_evict: bool) ->
             params = InsertParams(key=key, value=torch.cat([prefix, slots]), prev_prefix_len=have)
             # Full pages below parked_from are the tree's (the insert frees these duplicates).
             skip = max(0, parked_from - have) // page_size
-            copies = [(req.rid, engines.full, pages[skip:].cpu(), max(0, have - parked_from) // page_size)]
+            copies = [(req.rid, engines.full, pages[skip:], max(0, have - parked_from) // page_size)]
             if swa_from is not None:
                 assert engines.swa is not None
                 swa_slots = allocator.full_to_swa_index_mapping[slots[tail_from - have :]].to(torch.int64)
                 swa_pages = torch.div(swa_slots[::page_size], page_size, rounding_mode="floor")
                 swa_parked_from = int(entry.meta.get("swa_parked_from", swa_from))  # below it, the tree's SWA pages
-                copies.append(((req.rid, "swa"), engines.swa, swa_pages.cpu(), (tail_from - swa_parked_from) // page_size))
+                copies.append(((req.rid, "swa"), engines.swa, swa_pages, (tail_from - swa_parked_from) // page_size))
                 params.set_evicted_seqlen(ComponentType.SWA, tail_from)  # no SWA KV below the window we had
             restore_pages(state, copies)
         except BaseException:
