@@ -353,10 +353,10 @@ def _small_pool(capacity: int, chunk_bytes: int):
     return HostPool.allocate(capacity, chunk_bytes=chunk_bytes, locker=CudaHostRegister())
 
 
-def test_the_park_pool_is_page_locked_once_in_chunks_and_unlocked_at_close():
+def test_the_park_pool_is_page_locked_once_in_chunks_and_unlocked_at_close(tmp_path):
     from adapter.switches.kv_park import switch
 
-    pool = switch.boot_pool(1, chunk_bytes=256 * MiB)
+    pool, _ = switch.boot_pool(1, chunk_bytes=256 * MiB, ledger=tmp_path / "ledger.json")
     try:
         assert len(pool.chunks) == 4 and all(c.is_pinned() for c in pool.chunks), "a chunk is not page-locked"
         assert pool.describe()["pinned"] == "cudaHostRegister" and pool.lock_ms > 0

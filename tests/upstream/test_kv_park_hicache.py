@@ -92,6 +92,24 @@ def test_beside_hicache_the_park_pool_is_carved_out_of_hicaches_host_pool_one_bu
     assert s.store.budget == pool.capacity
 
 
+def test_the_park_pool_is_carved_when_the_kv_cache_is_built_before_the_first_pass_with_one_timed_line(records):
+    """The wrapped ``build_kv_cache`` (what ``Scheduler.__init__`` calls) settles the park pool at boot:
+    carved out of HiCache's host pools before any pass, one ``kv_park pool at=boot boot_ms=..`` line;
+    the first pass does not boot it again."""
+    state = boot.install({"DSV41_KV_PARK": "ram", "DSV41_KV_PARK_GIB": "4"})
+    assert state.outcomes["kv_park"].status == "installed"
+    h = _build()
+    s = _park().STATE
+    built = _park()._built_kv_cache(lambda **kw: h.scheduler, None, (), {"server_args": h.scheduler.server_args})
+    assert built is h.scheduler
+    pool = s.store.host_pool
+    assert s.beside_hicache and pool is not None, "the pool was not carved at boot"
+    lines = [r.getMessage() for r in records if "kv_park pool" in r.getMessage()]
+    assert len(lines) == 1 and "at=boot" in lines[0] and "boot_ms=" in lines[0] and "carved_from=hicache" in lines[0]
+    h.step()
+    assert s.store.host_pool is pool and len([r for r in records if "kv_park pool" in r.getMessage()]) == 1
+
+
 def test_a_retraction_beside_hicache_parks_inside_hicaches_budget_and_restores_byte_for_byte():
     boot.install({"DSV41_KV_PARK": "ram", "DSV41_KV_PARK_GIB": "4"})
     h = _build()

@@ -45,7 +45,7 @@ Copies in flight: ordered on the device, never waited for on the scheduler threa
     request recomputes) rather than wait. On a CPU pool the copy is the work itself and runs in the
     retraction (there is no device to overlap it with).
 
-Host memory: the park pool (allocated once, at the first scheduler pass)
+Host memory: the park pool (allocated once, at boot, before the first scheduler pass)
     On a CUDA KV pool, ``DSV41_KV_PARK_GIB`` of host RAM is allocated in 1 GiB chunks, each starting
     on a host page and page-locked once (``cudaHostRegister``; the ``kv_park pool ... pin_ms=..``
     line gives the time), and every entry is carved out of it page by page
@@ -120,6 +120,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from array import array
 from dataclasses import dataclass, field
 from typing import Any
@@ -127,7 +128,7 @@ from typing import Any
 import torch
 
 from adapter.core import api
-from adapter.switches.kv_park import beside_hicache, capture, dsv4_offload, regions
+from adapter.switches.kv_park import beside_hicache, capture, dsv4_offload, host_ledger, regions
 from adapter.switches.kv_park.engine import CopyEngine
 from adapter.switches.kv_park.host_pool import CudaHostRegister, HostPool, PageLocker, PoolError
 from adapter.switches.kv_park.store import SWITCH, ParkStore
@@ -149,7 +150,8 @@ class _State:
     # rid -> (tree, TreeLock) on the pages a restore inserted, held until the request is admitted
     # (its admission then locks them as its prefix) so running rows do not evict them meanwhile.
     pins: dict[Any, tuple[Any, Any]] = field(default_factory=dict)
-    checked_hicache: bool = False  # the first scheduler pass asked whether HiCache is attached
+    checked_hicache: bool = False  # the first scheduler pass learned the forward stream
+    pool_booted: bool = False  # the park pool (or its absence) was settled: at boot, else the first pass
     # The scheduler's forward stream (learned at the first pass): under the overlap loop the forward
     # writes and reads KV pages there, not on the scheduler thread's current stream.
     forward_stream: Any = None
@@ -188,6 +190,9 @@ def install(ctx: api.SwitchContext) -> dict[str, object]:
     state = _State(ParkStore(budget_gib * GIB, worker=False))
     ctx.wrap("release_req", _release_req)
     ctx.wrap("Scheduler.get_next_batch_to_run", _get_next_batch_to_run)
+    # The park pool is pinned (or carved out of HiCache's) as soon as the scheduler has its KV cache,
+    # before the first pass: pinning takes seconds per rank (about 0.4 s/GiB), never on a live pass.
+    ctx.wrap("build_kv_cache", _built_kv_cache)
     # Parking copies run on a worker thread; a global-mode CUDA graph capture on another thread must
     # not see them (capture.py): the capture drains them and holds new ones back until it ends.
     ctx.wrap("CUDAGraph.capture_begin", capture.locked_capture_begin)
@@ -438,12 +443,13 @@ def _get_next_batch_to_run(wrapped: Any, instance: Any, args: tuple, kwargs: dic
     state = STATE
     if state is None:
         return wrapped(*args, **kwargs)
-    if not state.checked_hicache:  # the tree and the KV pool are built before the first pass
+    if not state.checked_hicache:
         state.checked_hicache = True
         forward = getattr(instance, "forward_stream", None)
         if isinstance(forward, torch.cuda.Stream):
             state.forward_stream = forward
-        _boot_pool(state, instance)
+        if not state.pool_booted:  # a scheduler built without build_kv_cache (the test harness)
+            _boot_pool(state, instance, at="first_pass")
     # No fence: every copy still reading freed pages is ordered before any later write of them on
     # the device (save_pages); the store only queries what is done.
     state.store.poll()
@@ -456,27 +462,59 @@ def _get_next_batch_to_run(wrapped: Any, instance: Any, args: tuple, kwargs: dic
     return wrapped(*args, **kwargs)
 
 
-def boot_pool(budget_gib: int, *, locker: PageLocker | None = None, chunk_bytes: int | None = None) -> HostPool:
-    """The park pool of a CUDA KV pool: ``budget_gib`` GiB page-locked once, in chunks.
+def boot_pool(
+    budget_gib: int,
+    *,
+    locker: PageLocker | None = None,
+    chunk_bytes: int | None = None,
+    ranks: int = 1,
+    ledger: Any = None,
+    group: str | None = None,
+) -> tuple[HostPool, dict[str, object]]:
+    """The park pool of a CUDA KV pool: ``budget_gib`` GiB page-locked once, in chunks, and the
+    facts of its boot line.
 
-    A pool that cannot be allocated or locked is a boot failure (:class:`api.BootError`) naming
-    ``DSV41_KV_PARK_GIB``, the size and the limit it hit. ``locker`` is the page-locking call
-    (``cudaHostRegister``; tests inject a failing one)."""
+    The ``ranks`` TP ranks of this server on this host agree first (:mod:`host_ledger`): they pass
+    or refuse together. A pool refused, or one that cannot be allocated or locked, is a boot failure
+    (:class:`api.BootError`) naming ``DSV41_KV_PARK_GIB``, the size and the limit it hit. ``locker``
+    is the page-locking call (``cudaHostRegister``; tests inject a failing one)."""
     what = f"DSV41_KV_PARK_GIB={budget_gib}"
     kwargs = {} if chunk_bytes is None else {"chunk_bytes": chunk_bytes}
     try:
-        return HostPool.allocate(budget_gib * GIB, locker=CudaHostRegister() if locker is None else locker, what=what, **kwargs)
+        facts = host_ledger.agree(budget_gib * GIB, ranks=ranks, what=what, group=group, ledger=ledger)
+        pool = HostPool.allocate(budget_gib * GIB, locker=CudaHostRegister() if locker is None else locker, what=what, **kwargs)
+        host_ledger.report_pinned(group=group, ledger=ledger)
     except PoolError as exc:
         raise api.BootError(f"kv_park: {exc}") from exc
+    return pool, facts
 
 
-def _boot_pool(state: _State, scheduler: Any) -> None:
-    """At the first scheduler pass: beside HiCache, the park pool is carved out of HiCache's host
-    pools (one host budget); otherwise a CUDA KV pool parks into a pinned pool allocated now, once,
-    and a CPU pool keeps pageable entries (nothing to pin)."""
+def ranks_on_this_host(server_args: Any) -> int:
+    """The scheduler ranks of one server on one host, each pinning its own pool: TP x PP over the nodes."""
+    if server_args is None:
+        return 1
+    ranks = int(getattr(server_args, "tp_size", 1) or 1) * int(getattr(server_args, "pp_size", 1) or 1)
+    return max(1, ranks // max(1, int(getattr(server_args, "nnodes", 1) or 1)))
+
+
+def _built_kv_cache(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """``build_kv_cache``: once the scheduler has its KV pool and tree, settle the park pool."""
+    result = wrapped(*args, **kwargs)
+    state = STATE
+    if state is not None and not state.pool_booted:
+        _boot_pool(state, result, at="boot", ranks=ranks_on_this_host(kwargs.get("server_args")))
+    return result
+
+
+def _boot_pool(state: _State, scheduler: Any, *, at: str, ranks: int = 1) -> None:
+    """Beside HiCache, the park pool is carved out of HiCache's host pools (one host budget);
+    otherwise a CUDA KV pool parks into a pinned pool allocated now, once, and a CPU pool keeps
+    pageable entries (nothing to pin). One ``kv_park pool at=boot|first_pass boot_ms=..`` line."""
     allocator = getattr(scheduler, "token_to_kv_pool_allocator", None)
     if allocator is None or state.store.host_pool is not None:
         return
+    state.pool_booted = True
+    start = time.perf_counter()
     tree = getattr(scheduler, "tree_cache", None)
     if beside_hicache.attached(tree):
         try:
@@ -485,14 +523,19 @@ def _boot_pool(state: _State, scheduler: Any) -> None:
             raise api.BootError(f"kv_park: {exc}") from exc
         state.store.use_pool(carved)
         state.beside_hicache = True
-        SWITCH.event("pool", **facts, **carved.describe())
+        SWITCH.event("pool", at=at, boot_ms=_ms_since(start), **facts, **carved.describe())
         return
     device = getattr(allocator, "device", None) or getattr(allocator.get_kvcache(), "device", "cpu")
     if not str(device).startswith("cuda"):
+        SWITCH.event("pool", at=at, pool="pageable", reason="cpu_kv_pool")
         return
-    pool = boot_pool(state.store.budget // GIB)
+    pool, facts = boot_pool(state.store.budget // GIB, ranks=ranks)
     state.store.use_pool(pool)
-    SWITCH.event("pool", **pool.describe())
+    SWITCH.event("pool", at=at, boot_ms=_ms_since(start), **facts, **pool.describe())
+
+
+def _ms_since(start: float) -> float:
+    return round((time.perf_counter() - start) * 1e3, 1)
 
 
 def _load_back(tree: Any, req: Any, match: Any, upto: int) -> str | None:
