@@ -596,7 +596,8 @@ def test_the_wrapped_pass_restores_while_the_parks_copy_is_in_flight_and_never_s
     state, schedule, forward = _scheduler_state(store)
     engines = switch._Engines(engine, None)
     monkeypatch.setattr(state, "engines_for", lambda kv_pool: engines)
-    monkeypatch.setattr(switch, "_parkable", lambda *args: True)  # SGLang's runtime context is not here
+    monkeypatch.setattr(switch, "_why_not_parkable", lambda *args: None)  # SGLang's runtime context is not here
+    monkeypatch.setattr(switch, "_held_by_tree", lambda *args: (0, 0))  # nor its tree: it holds nothing of the row
     page, n = 4, 24  # tokens per page, pages parked
     src = _ids(n, seed=26, pool_pages=64)
     dst = torch.tensor([p for p in range(64) if p not in set(src.tolist())][:n], device=DEV)

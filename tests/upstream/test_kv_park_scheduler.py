@@ -90,11 +90,16 @@ def _evict_tree_and_zero_free_pages(h) -> None:
     """Other traffic: the tree loses every unlocked node and every free page is overwritten."""
     from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
+    h.scheduler.tree_cache.evict(EvictParams(num_tokens=1 << 30))
+    _zero_free_pages(h)
+
+
+def _zero_free_pages(h) -> None:
+    """Other traffic overwrote every free page (the tree keeps what it holds)."""
     s = h.scheduler
     state = _switch().STATE
     if state is not None:
         state.store.fence()  # the test writes pages directly: no copy may still read them
-    s.tree_cache.evict(EvictParams(num_tokens=1 << 30))
     for buffers, alloc in _sides(h):
         free = alloc.get_all_free_pages().long()
         for buf in buffers:
@@ -128,8 +133,10 @@ def harness():
 )
 def test_a_retracted_request_resumes_from_ram_with_the_kv_bytes_it_had(pool, overlap, parked, page):
     """With the switch the re-admission is a prefix hit over every whole page the request had
-    computed, and those pages hold its old bytes (full side, and the SWA window of a SWAKVPool);
-    stock prefills the whole context again."""
+    computed, and those pages hold its old bytes (full side, and the SWA window of a SWAKVPool):
+    the tree's prompt pages stayed in the tree, the decode tail past them (freed by the retraction,
+    then overwritten) came back from RAM; stock finds the prompt in the tree and prefills the
+    decode tail again."""
     if parked:
         _install()
     h = _build(pool, overlap=overlap, page_size=page)
@@ -144,7 +151,7 @@ def test_a_retracted_request_resumes_from_ram_with_the_kv_bytes_it_had(pool, ove
     assert {r.rid for r in retracted} == {"r1", "r2"}
     committed = {r.rid: len(r.origin_input_ids) + len(r.output_ids) - 1 for r in (a, b)}
     whole = {rid: n // page * page for rid, n in committed.items()}
-    _evict_tree_and_zero_free_pages(h)
+    _zero_free_pages(h)
     step = h.step()
     assert step.kind == "prefill" and set(step.rids) == {"r1", "r2"}
     prefix = dict(zip(step.rids, step.prefix_lens))
@@ -152,7 +159,8 @@ def test_a_retracted_request_resumes_from_ram_with_the_kv_bytes_it_had(pool, ove
     for r in (a, b):
         w = whole[r.rid]
         if not parked:
-            assert prefix[r.rid] == 0 and extend[r.rid] == committed[r.rid] + 1
+            assert prefix[r.rid] <= len(r.origin_input_ids) < w, "stock recomputes the decode tail"
+            assert prefix[r.rid] + extend[r.rid] == committed[r.rid] + 1
             continue
         assert prefix[r.rid] == w, "the parked pages were not found as a cached prefix"
         assert extend[r.rid] == committed[r.rid] + 1 - w <= page
@@ -190,7 +198,7 @@ def test_decode_retraction_in_update_running_batch_parks_and_the_row_finishes(ha
     req = retracted[0]
     store = _switch().STATE.store
     assert req.rid in store
-    _evict_tree_and_zero_free_pages(h)
+    _zero_free_pages(h)
     step = h.step()
     assert step.kind == "prefill" and step.rids == (req.rid,)
     assert step.prefix_lens == (whole[req.rid],)
@@ -346,7 +354,7 @@ def test_under_speculative_decoding_a_retracted_request_is_not_parked_and_recomp
 def test_an_entry_over_the_budget_is_refused_and_the_request_recomputes(harness):
     _install({"DSV41_KV_PARK": "ram", "DSV41_KV_PARK_GIB": "1"})
     store = _switch().STATE.store
-    store.budget = 1024  # two 512-byte pages; a 1 GiB floor is too large for a CPU test pool; the rule is the same
+    store.budget = 512  # one 512-byte page (each tail is two); a 1 GiB floor is too large for a CPU test pool; the rule is the same
     h = harness
     a, _ = _run_two_rows(h)
     context = int(a.kv.kv_committed_len) + 1
@@ -425,9 +433,12 @@ def test_a_failed_restore_gives_its_pages_back_disables_parking_and_the_request_
     h = _build(pool)
     a, b = _run_two_rows(h)
     h.retract_all()
-    _evict_tree_and_zero_free_pages(h)
+    _zero_free_pages(h)  # the tree keeps the prompts: the restores of the tails are attempted and fail
     step = h.step()
-    assert step.kind == "prefill" and step.prefix_lens == (0, 0), "nothing may be served from a failed restore"
+    assert step.kind == "prefill"
+    for rid, prefix in zip(step.rids, step.prefix_lens):
+        prompt = len((a if rid == a.rid else b).origin_input_ids)
+        assert prefix <= prompt, "nothing past the tree's prompt may be served from a failed restore"
     assert _switch().STATE.store.disabled
     lines = [r.getMessage() for r in records if r.levelno >= logging.WARNING and "kv_park" in r.getMessage()]
     assert len(lines) == 1 and "restore_failed:_RuntimeError" in lines[0]
@@ -435,3 +446,49 @@ def test_a_failed_restore_gives_its_pages_back_disables_parking_and_the_request_
     _evict_tree_and_zero_free_pages(h)
     for _, alloc in _sides(h):
         assert alloc.available_size() == alloc.size, "the slots of the failed restore leaked"
+
+
+def test_a_retraction_whose_servable_prefix_the_tree_holds_parks_nothing_and_resumes_from_the_tree(harness, records):
+    """Retracted two tokens after its prefill, a row's servable prefix (whole pages before its last
+    token) is all in the tree (its prompt, cached at the prefill): the retraction frees none of it,
+    so nothing is copied (one ``not_parked reason=tree_holds_it`` line); at the re-admission pass
+    the tree's pages are pinned (``resumed_from_tree``) and the admission hits them."""
+    _install({"DSV41_KV_PARK": "ram", "DSV41_DEBUG_LOG": "1"})
+    from adapter.switches.kv_park import outcomes
+
+    h = harness
+    a = h.add_request(100, max_new_tokens=50)
+    h.run(3)
+    n = (len(a.origin_input_ids) + len(a.output_ids) - 1) // PAGE * PAGE
+    assert n == 96 and int(a.kv.cache_protected_len) >= n, "the tree holds the servable prefix"
+    h.retract_all()
+    store = _switch().STATE.store
+    assert store.stats.queued + store.stats.sync_saves == 0, "the tree's pages were copied"
+    step = h.step()
+    assert step.kind == "prefill" and step.prefix_lens == (n,)
+    split = outcomes.retraction_split(r.getMessage() for r in records)
+    assert split == {"retractions": 1, "parked": 0, "not_parked": {"tree_holds_it": 1}, "restored": 0,
+                     "resumed_from_tree": 1, "dropped": {}}, split
+    h.run_until(a.finished, max_passes=500)
+
+
+def test_a_parked_tail_whose_prefix_the_tree_lost_is_dropped_and_the_request_recomputes(harness, records):
+    """Only the tail past the tree's prompt is parked; when other traffic evicts the prompt before the
+    re-admission, the tail cannot be served without it: ``dropped reason=prefix_gone_from_the_tree``,
+    the request prefills from 0 (as stock), finishes, and nothing leaks."""
+    _install({"DSV41_KV_PARK": "ram", "DSV41_DEBUG_LOG": "1"})
+    from adapter.switches.kv_park import outcomes
+
+    h = harness
+    a, b = _run_two_rows(h)
+    contexts = {r.rid: int(r.kv.kv_committed_len) + 1 for r in (a, b)}
+    h.retract_all()
+    _evict_tree_and_zero_free_pages(h)
+    step = h.step()
+    assert step.prefix_lens == (0, 0) and dict(zip(step.rids, step.extend_lens)) == contexts
+    split = outcomes.retraction_split(r.getMessage() for r in records)
+    assert split["parked"] == 2 and split["restored"] == 0, split
+    assert split["dropped"] == {"prefix_gone_from_the_tree": 2}, split
+    h.run_until(lambda: a.finished() and b.finished(), max_passes=1000)
+    _evict_tree_and_zero_free_pages(h)
+    assert h.scheduler.token_to_kv_pool_allocator.available_size() == 1024

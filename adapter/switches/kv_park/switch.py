@@ -5,24 +5,31 @@ What it changes
     the request is re-admitted (for DeepSeek-V4 there is no copy at all; for other models only
     the PD-decode ``cpu_tensor`` backend copies, per layer and per view into fresh pinned
     tensors). With this switch, ``release_req`` (the retraction path of ``retract_decode`` and
-    ``pause_generation(mode="retract")``) first parks the row's whole pages with the page-major
-    copy engine (:mod:`adapter.switches.kv_park.engine`) into the host store
+    ``pause_generation(mode="retract")``) first parks the pages the retraction frees with the
+    page-major copy engine (:mod:`adapter.switches.kv_park.engine`) into the host store
     (:mod:`adapter.switches.kv_park.store`), then frees them as before. Priority preemption in
     ``PrefillAdder`` goes through the same function and parks too. At the start of each scheduler
     pass (``get_next_batch_to_run``), a parked request that waits for admission gets fresh pages,
     its bytes are restored into them, and they are inserted into the radix tree under the
     request's own tokens, so the stock admission finds them as a cached prefix and prefills only
-    the tokens past it (usually the one token whose KV was never computed). Only that servable
-    prefix is parked (whole pages before the row's last token: under the overlap loop a retracted
-    row's fill ends at its KV, so a page-boundary retraction's last page is never servable). The
-    restored pages (or, when the tree already covers the prefix, the tree's) stay pinned by a tree
-    lock until the request is admitted: after a pool-full retraction it waits for running rows to
-    finish, and their decode would evict unlocked pages first. Pins are released when the request
-    leaves the waiting queue, or as soon as the running rows' next decode step would not fit beside
-    them (running rows come first, as in stock), and whenever no row runs (then nothing evicts them
-    before the admission, and no pin can keep another request out of an idle engine). Every entry
-    not restored logs one DEBUG line
-    ``kv_park dropped reason=...``.
+    the tokens past it (usually the one token whose KV was never computed). Only what a
+    re-admission can be served is parked (whole pages before the row's last token: under the
+    overlap loop a retracted row's fill ends at its KV, so a page-boundary retraction's last page
+    is never servable), and only past what the tree holds of the row: its prompt (cached at the
+    prefill) stays in the tree, unlocked, and a re-admission finds it there; parking it too was a
+    copy the re-admission never used (on the DeepSeek-V4 kit's soak every parked row found the tree
+    holding it all). When the tree holds the whole servable prefix nothing is parked
+    (``not_parked reason=tree_holds_it``); when it lost its part by the re-admission, the parked
+    tail cannot be served and the request recomputes, as stock (``dropped
+    reason=prefix_gone_from_the_tree``). The restored pages (or, when the tree covers the prefix,
+    the tree's: ``resumed_from_tree``) stay pinned by a tree lock until the request is admitted:
+    after a pool-full retraction it waits for running rows to finish, and their decode would evict
+    unlocked pages first. Pins are released when the request leaves the waiting queue, or as soon
+    as the running rows' next decode step would not fit beside them (running rows come first, as
+    in stock), and whenever no row runs (then nothing evicts them before the admission, and no pin
+    can keep another request out of an idle engine). Every retraction logs one DEBUG line,
+    ``kv_park parked`` or ``kv_park not_parked reason=...``, and every parked row not restored one
+    ``kv_park dropped reason=...`` (:mod:`adapter.switches.kv_park.outcomes` counts them).
 
 Copies in flight: ordered on the device, never waited for on the scheduler thread
     A retraction frees the row's pages at once (holding them until the copy lands would starve
@@ -156,6 +163,9 @@ class _State:
     # writes and reads KV pages there, not on the scheduler thread's current stream.
     forward_stream: Any = None
     beside_hicache: bool = False  # the park pool is carved out of HiCache's host pools
+    # rid -> the servable tokens of a retraction the tree held in full (nothing parked): its pages
+    # are pinned at the re-admission pass, as a restore's are.
+    tree_held: dict[Any, array] = field(default_factory=dict)
 
     def once(self, what: str, **params: object) -> None:
         line = what + repr(sorted(params.items()))
@@ -221,32 +231,41 @@ def _release_req(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     return wrapped(*args, **kwargs)
 
 
-def _parkable(state: _State, req: Any, tree_cache: Any, allocator: Any) -> bool:
+def _why_not_parkable(state: _State, req: Any, tree_cache: Any, allocator: Any) -> str | None:
+    """Why this release is not parked (None: it may be). An abort (``req.finished()``) is not a
+    retraction: "" (nothing to log)."""
     from sglang.srt.runtime_context import get_disagg, get_spec
 
-    if state.store.disabled or req.finished() or not req.kv.holds_kv:
-        return False
+    if req.finished() or not req.kv.holds_kv:
+        return ""
+    if state.store.disabled:
+        return "parking_disabled"
     if get_disagg().disaggregation_mode == "decode":
-        return False  # PD decode keeps its own retraction backup
+        return "pd_decode_keeps_its_own_backup"
     if req.multimodal_inputs is not None:
-        return False  # the tree key would need the multimodal hashes
+        return "multimodal"  # the tree key would need the multimodal hashes
     if get_spec().speculative_algorithm is not None:
         # A draft model keeps its own KV (and DSV4 MTP its own pool): parking only the target's
         # would resume the draft on stale pages. Recompute, as stock does.
         state.once("unsupported", reason="speculative_decoding_draft_kv_not_parked")
-        return False
+        return "speculative_decoding"
     if getattr(tree_cache, "disable", True) or not tree_cache.supports_prefix_sharing():
         state.once("unsupported", tree=type(tree_cache).__name__, reason="no_prefix_sharing")
-        return False
+        return "no_prefix_sharing"
     if tree_cache.supports_mamba() or tree_cache.tree_core.is_eagle:
         state.once("unsupported", tree=type(tree_cache).__name__, reason="mamba_or_bigram_tree")
-        return False
+        return "mamba_or_bigram_tree"
     if tree_cache.supports_swa() and (
         getattr(allocator, "full_to_swa_index_mapping", None) is None or getattr(allocator, "swa_req_ring", False)
     ):
         state.once("unsupported", allocator=type(allocator).__name__, reason="swa_without_a_paged_swa_mapping")
-        return False
-    return True
+        return "swa_without_a_paged_swa_mapping"
+    return None
+
+
+def _not_parked(req: Any, reason: str, **params: object) -> None:
+    """One DEBUG line per retraction kv_park does not park, with why (the soak's split reads them)."""
+    SWITCH.event("not_parked", level=logging.DEBUG, rid=req.rid, reason=reason, **params)
 
 
 def _whole_pages(slots: torch.Tensor, page_size: int) -> torch.Tensor | None:
@@ -262,11 +281,19 @@ def _whole_pages(slots: torch.Tensor, page_size: int) -> torch.Tensor | None:
 
 
 def _park(state: _State, req: Any, req_to_token_pool: Any, allocator: Any, tree_cache: Any) -> None:
-    if not _parkable(state, req, tree_cache, allocator):
+    """Park what this retraction frees and a re-admission can be served: the row's whole pages
+    before its last token, past what the tree holds (the tree keeps those pages, unlocked: parking
+    them too would copy what the re-admission finds in the tree anyway). Every retraction logs one
+    DEBUG line: ``parked`` or ``not_parked reason=..``."""
+    why = _why_not_parkable(state, req, tree_cache, allocator)
+    if why is not None:
+        if why:
+            _not_parked(req, why)
         return
     pool = allocator.get_kvcache()
     engines = state.engines_for(pool)
     if engines is None or (engines.swa is None) != (not tree_cache.supports_swa()):
+        _not_parked(req, "pool_without_a_page_layout")
         return
     page_size = int(allocator.page_size)
     fill = req.origin_input_ids + req.output_ids
@@ -277,11 +304,26 @@ def _park(state: _State, req: Any, req_to_token_pool: Any, allocator: Any, tree_
     # token is dropped), so at a page boundary the row's last page is never servable.
     n = min(len(tokens), req._compute_max_prefix_len(len(fill))) // page_size * page_size
     if n == 0:
+        _not_parked(req, "no_whole_page_before_the_last_token", committed=len(tokens))
+        return
+    # What the tree holds of the row (device, or host through HiCache): ``tree_from``, the prefix it
+    # can serve (a SWA run of at least the window ends there); ``parked_from``, where its Full KV
+    # ends, which may be further (another request's identical continuation whose window was
+    # evicted). The retraction leaves the tree's pages in the tree; only the tail past them is
+    # parked, and a re-admission finds the rest in the tree (nothing is held twice; beside HiCache
+    # the restore brings a host-only part back through HiCache).
+    tree_from, parked_from = _held_by_tree(tree_cache, req, tokens[:n], page_size)
+    if tree_from >= n:
+        # Nothing this retraction frees is servable: the re-admission's match finds it all in the
+        # tree. Its pages are pinned at the re-admission pass (``resumed_from_tree``), as a restore's.
+        state.tree_held[req.rid] = array("q", tokens[:n])
+        _not_parked(req, "tree_holds_it", servable=n)
         return
     slots = req_to_token_pool.req_to_token[req.kv.req_pool_idx, :n].to(torch.int64)
     pages = _whole_pages(slots, page_size)
     if pages is None:
         state.once("unsupported", reason="request_slots_are_not_whole_pages")
+        _not_parked(req, "request_slots_are_not_whole_pages")
         return
     swa_from, swa_pages = None, None
     if engines.swa is not None:
@@ -294,51 +336,36 @@ def _park(state: _State, req: Any, req_to_token_pool: Any, allocator: Any, tree_
         swa_from = 0 if last_dead < 0 else (last_dead // page_size + 1) * page_size
         if swa_from >= n:
             # No whole window page below the servable prefix: its extend would need SWA KV that
-            # decode already freed (a pool-full retraction on pages wider than the window).
-            SWITCH.event("dropped", level=logging.DEBUG, rid=req.rid, reason="window_below_the_servable_prefix",
-                         servable=n, swa_from=swa_from, committed=len(tokens), at="park")
+            # decode already freed (pages wider than the window: on DeepSeek-V4's 256-token pages
+            # and 128-token window, any retraction more than about 128 tokens past a page boundary).
+            _not_parked(req, "window_below_the_servable_prefix", servable=n, swa_from=swa_from, committed=len(tokens))
             return
         swa_pages = _whole_pages(swa_slots[swa_from:], page_size)
         if swa_pages is None:
             state.once("unsupported", reason="swa_slots_are_not_whole_pages")
+            _not_parked(req, "swa_slots_are_not_whole_pages")
             return
-    parked_from = 0  # the first token of the parked Full pages
     swa_parked_from = swa_from  # the first token of the parked SWA pages
-    if state.beside_hicache:
-        # Beside HiCache only the tail the tree does not hold (device, or host through HiCache) is
-        # parked: nothing is held twice, and the restore brings the rest back through HiCache.
-        # ``tree_from``: the prefix the tree can serve (a SWA run of at least the window ends there);
-        # ``parked_from``: where its Full KV ends, which may be further (another request's identical
-        # continuation whose window was evicted: HiCache can hold that Full KV on host too).
-        tree_from, parked_from = _held_by_tree(tree_cache, req, tokens[:n], page_size)
-        if tree_from >= n:
-            SWITCH.event("dropped", level=logging.DEBUG, rid=req.rid, reason="tree_holds_it", servable=n, at="park")
-            return
-        if parked_from > tree_from and _full_on_device(tree_cache, req, tokens[:parked_from]) is None:
-            # Part of that Full KV is on host only, and HiCache's load-back cannot bring back a node
-            # whose window is gone on both tiers (SGLang 0.5.23's SWA load-back asserts): parking
-            # it would hold it twice, parking past it is useless. The request recomputes from what
-            # the tree serves, as stock.
-            SWITCH.event("dropped", level=logging.DEBUG, rid=req.rid, reason="window_lost_full_kv_on_host",
-                         servable=n, served=tree_from, full=parked_from, at="park")
-            return
-        if (parked_from > tree_from and swa_from is not None
-                and _tree_holds_swa(tree_cache, req, tokens, max(swa_from, tree_from), parked_from, page_size)):
-            # Past what it serves the tree still holds some of the window's SWA pages (a run shorter
-            # than the window, on the device or in HiCache's host pool): parking them would hold
-            # them twice, and a host-only one cannot come back without a window. Recompute.
-            SWITCH.event("dropped", level=logging.DEBUG, rid=req.rid, reason="window_partly_in_the_tree",
-                         servable=n, served=tree_from, full=parked_from, at="park")
-            return
-        pages = pages[parked_from // page_size :]
-        if swa_pages is not None and swa_from is not None and tree_from > swa_from:
-            # The window's pages below tree_from are the tree's own SWA pages (the row shares the
-            # tree's slots there): the match that counted them validated a SWA run of at least the
-            # window ending at tree_from, and HiCache's load-back brings it back with the Full KV.
-            swa_pages = swa_pages[(tree_from - swa_from) // page_size :]
-            swa_parked_from = tree_from
-    else:
-        tree_from = 0
+    if parked_from > tree_from and _full_on_device(tree_cache, req, tokens[:parked_from]) is None:
+        # Part of that Full KV is on host only (HiCache), and HiCache's load-back cannot bring back
+        # a node whose window is gone on both tiers (SGLang 0.5.23's SWA load-back asserts):
+        # parking it would hold it twice, parking past it is useless. Recompute, as stock.
+        _not_parked(req, "window_lost_full_kv_on_host", servable=n, served=tree_from, full=parked_from)
+        return
+    if (parked_from > tree_from and swa_from is not None
+            and _tree_holds_swa(tree_cache, req, tokens, max(swa_from, tree_from), parked_from, page_size)):
+        # Past what it serves the tree still holds some of the window's SWA pages (a run shorter
+        # than the window, on the device or in HiCache's host pool): parking them would hold
+        # them twice, and a host-only one cannot come back without a window. Recompute.
+        _not_parked(req, "window_partly_in_the_tree", servable=n, served=tree_from, full=parked_from)
+        return
+    pages = pages[parked_from // page_size :]
+    if swa_pages is not None and swa_from is not None and tree_from > swa_from:
+        # The window's pages below tree_from are the tree's own SWA pages (the row shares the
+        # tree's slots there): the match that counted them validated a SWA run of at least the
+        # window ending at tree_from (beside HiCache its load-back brings it back with the Full KV).
+        swa_pages = swa_pages[(tree_from - swa_from) // page_size :]
+        swa_parked_from = tree_from
     meta = {"tokens": array("q", tokens[:n]), "page_size": page_size, "pool": id(pool), "swa_from": swa_from,
             "parked_from": parked_from, "swa_parked_from": swa_parked_from, "tree_from": tree_from}
     outcome = save_pages(state, req.rid, engines, pages, swa_pages, meta)
@@ -346,7 +373,7 @@ def _park(state: _State, req: Any, req_to_token_pool: Any, allocator: Any, tree_
         nbytes = 0 if outcome.startswith("refused") else pages.numel() * engines.full.page_bytes + (
             0 if swa_pages is None or engines.swa is None else swa_pages.numel() * engines.swa.page_bytes)
         SWITCH.event("parked", level=logging.DEBUG, rid=req.rid, pages=pages.numel(), outcome=outcome.split(":")[0],
-                     bytes=nbytes, held=state.store.used_bytes + state.store.reserved_bytes)
+                     bytes=nbytes, held=state.store.used_bytes + state.store.reserved_bytes, tree=tree_from)
 
 
 def kv_streams(state: _State, device: torch.device) -> list[Any]:
@@ -523,15 +550,15 @@ def _boot_pool(state: _State, scheduler: Any, *, at: str, ranks: int = 1) -> Non
             raise api.BootError(f"kv_park: {exc}") from exc
         state.store.use_pool(carved)
         state.beside_hicache = True
-        SWITCH.event("pool", at=at, boot_ms=_ms_since(start), **facts, **carved.describe())
+        SWITCH.event("pool", **facts, **carved.describe(), at=at, boot_ms=_ms_since(start))
         return
     device = getattr(allocator, "device", None) or getattr(allocator.get_kvcache(), "device", "cpu")
     if not str(device).startswith("cuda"):
-        SWITCH.event("pool", at=at, pool="pageable", reason="cpu_kv_pool")
+        SWITCH.event("pool", pool="pageable", reason="cpu_kv_pool", at=at)
         return
     pool, facts = boot_pool(state.store.budget // GIB, ranks=ranks)
     state.store.use_pool(pool)
-    SWITCH.event("pool", at=at, boot_ms=_ms_since(start), **facts, **pool.describe())
+    SWITCH.event("pool", **pool.describe(), **facts, at=at, boot_ms=_ms_since(start))
 
 
 def _ms_since(start: float) -> float:
@@ -642,8 +669,34 @@ def _pin(state: _State, rid: Any, tree: Any, node: Any) -> None:
     state.pins[rid] = (tree, tree.lock(node))
 
 
+def _resume_from_tree(state: _State, scheduler: Any) -> None:
+    """Retractions the tree held in full: at the re-admission pass, pin the tree's pages until the
+    admission takes them (``resumed_from_tree``), or say they are gone (``dropped reason=
+    prefix_gone_from_the_tree``: the request recomputes, as stock)."""
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    waiting = {r.rid: r for r in scheduler.waiting_queue if r.rid in state.tree_held}
+    for rid in [rid for rid in state.tree_held if rid not in waiting]:
+        del state.tree_held[rid]  # admitted another way, aborted or finished
+    tree = scheduler.tree_cache
+    for rid, req in waiting.items():
+        tokens = state.tree_held.pop(rid)
+        key = RadixKey(token_ids=tokens, extra_key=req.extra_key, cache_salt=req.cache_salt)
+        match = tree.match_prefix(MatchPrefixParams(key=key))
+        have = int(match.device_prefix_len)
+        if have >= len(tokens):
+            _pin(state, rid, tree, match.last_device_node)
+            SWITCH.event("resumed_from_tree", level=logging.DEBUG, rid=rid, tokens=have)
+        else:
+            SWITCH.event("dropped", level=logging.DEBUG, rid=rid, reason="prefix_gone_from_the_tree",
+                         servable=len(tokens), cached=have)
+
+
 def _restore_waiting(state: _State, scheduler: Any) -> None:
     store = state.store
+    if state.tree_held:
+        _resume_from_tree(state, scheduler)
     if store.disabled or (not store.ready_keys() and not store.pending()):
         return
     waiting = [r for r in scheduler.waiting_queue if r.rid in store]
@@ -718,6 +771,9 @@ def _restore_one(state: _State, scheduler: Any, req: Any, *, may_evict: bool) ->
     have = int(match.device_prefix_len)
     parked_from = min(int(entry.meta.get("parked_from", 0)), n)  # below it, the tree's Full KV (beside HiCache)
     tree_from = min(int(entry.meta.get("tree_from", parked_from)), parked_from)  # below it, all the tree's
+    if have < tree_from and not state.beside_hicache:
+        # The tree's part of the prefix (not parked: the tree held it at retraction) was evicted.
+        return _drop(store, req.rid, "prefix_gone_from_the_tree", servable=n, parked_from=parked_from, cached=have)
     if have < tree_from:
         # The tree's part is on host only: HiCache's own load-back brings it to the device first.
         why = _load_back(tree, req, match, tree_from)
