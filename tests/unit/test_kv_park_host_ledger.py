@@ -49,6 +49,7 @@ def _rank(tmp_path, available: int) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.spawns
 def test_two_rank_processes_refuse_together_when_the_host_cannot_hold_both_pools(tmp_path):
     """12 GiB available, two ranks of 8 GiB: each alone would pass its own check (the first before the
     second pinned), and together they would over-commit; through one ledger both refuse."""
@@ -60,6 +61,7 @@ def test_two_rank_processes_refuse_together_when_the_host_cannot_hold_both_pools
         assert "every rank of this server refuses" in rank.stdout
 
 
+@pytest.mark.spawns
 def test_two_rank_processes_pass_together_when_the_host_holds_both_pools(tmp_path):
     first, second = _rank(tmp_path, 20 * GIB), _rank(tmp_path, 20 * GIB)
     assert (first.returncode, second.returncode) == (0, 0), (first.stdout + first.stderr, second.stdout + second.stderr)
@@ -68,6 +70,18 @@ def test_two_rank_processes_pass_together_when_the_host_holds_both_pools(tmp_pat
 
 def _room(gib: float):
     return lambda: HostRoom(int(gib * GIB), "MemAvailable (test)")
+
+
+def test_two_simulated_ranks_on_one_ledger_refuse_together_where_each_alone_would_pass(tmp_path):
+    """The fast lane's twin of the two-process test: rank 0 books, pins nothing yet; rank 1, seeing
+    the same 12 GiB, takes rank 0's verdict on the group's 16 GiB. Both raise the same error."""
+    ledger, me = tmp_path / "ledger.json", os.getpid()
+    errors = []
+    for _ in range(2):
+        with pytest.raises(PoolError) as info:
+            host_ledger.agree(8 * GIB, ranks=2, what="DSV41_KV_PARK_GIB=8", group="g", owner=me, ledger=ledger, room=_room(12))
+        errors.append(str(info.value))
+    assert errors[0] == errors[1] and "need 16.00 GiB of page-locked host RAM together (8.00 GiB each)" in errors[0]
 
 
 def test_another_servers_booking_counts_until_its_ranks_have_pinned(tmp_path):
@@ -81,6 +95,7 @@ def test_another_servers_booking_counts_until_its_ranks_have_pinned(tmp_path):
     assert facts == {"host_group": "c", "group_ranks": 2, "group_need_gib": 16.0}
 
 
+@pytest.mark.spawns
 def test_a_booking_whose_launcher_is_gone_is_dropped(tmp_path):
     ledger = tmp_path / "ledger.json"
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
