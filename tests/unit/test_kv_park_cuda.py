@@ -587,7 +587,7 @@ def test_the_wrapped_pass_restores_while_the_parks_copy_is_in_flight_and_never_s
     landed, the reading forward ran after the restore); the store lets go of the pool rows only after."""
     from types import SimpleNamespace
 
-    from adapter.switches.kv_park import switch
+    from adapter.switches.kv_park import park, restore, switch
 
     layout = _wide_layout(25, pool_pages=64, row=1 << 20, layers=2)
     engine = CopyEngine(layout, chunk_bytes=8 << 20)
@@ -596,8 +596,8 @@ def test_the_wrapped_pass_restores_while_the_parks_copy_is_in_flight_and_never_s
     state, schedule, forward = _scheduler_state(store)
     engines = switch._Engines(engine, None)
     monkeypatch.setattr(state, "engines_for", lambda kv_pool: engines)
-    monkeypatch.setattr(switch, "_why_not_parkable", lambda *args: None)  # SGLang's runtime context is not here
-    monkeypatch.setattr(switch, "_held_by_tree", lambda *args: (0, 0))  # nor its tree: it holds nothing of the row
+    monkeypatch.setattr(park, "_why_not_parkable", lambda *args: None)  # SGLang's runtime context is not here
+    monkeypatch.setattr(park, "_held_by_tree", lambda *args: (0, 0))  # nor its tree: it holds nothing of the row
     page, n = 4, 24  # tokens per page, pages parked
     src = _ids(n, seed=26, pool_pages=64)
     dst = torch.tensor([p for p in range(64) if p not in set(src.tolist())][:n], device=DEV)
@@ -623,7 +623,7 @@ def test_the_wrapped_pass_restores_while_the_parks_copy_is_in_flight_and_never_s
         with torch.cuda.stream(forward):
             return SimpleNamespace(batch_to_run=[r.rows.index_select(0, dst) for r in layout.regions])
 
-    monkeypatch.setattr(switch, "_restore_one", restore_one)
+    monkeypatch.setattr(restore, "_restore_one", restore_one)
     monkeypatch.setattr(switch, "STATE", state)  # what install() sets
     scheduler = SimpleNamespace(forward_stream=forward, waiting_queue=[req], running_batch=None,
                                 token_to_kv_pool_allocator=None, tree_cache=None)
