@@ -1,7 +1,7 @@
 """KV parking beside HiCache: one host budget, HiCache's.
 
-With ``--enable-hierarchical-cache`` the park pool is not a second host-RAM budget: at the first
-scheduler pass it is *carved out of HiCache's host pools*. The switch allocates host slots from
+With ``--enable-hierarchical-cache`` the park pool is not a second host-RAM budget: at boot (once
+the scheduler has built its KV cache) it is *carved out of HiCache's host pools*. The switch allocates host slots from
 each pool's own allocator (``HostKVCache.alloc``: HiCache then sees them as used, forever) and
 parks into the bytes behind those slots (each run of consecutive slots is, per leading index of the
 host buffer, one contiguous byte range; every range is trimmed to host pages and becomes one chunk

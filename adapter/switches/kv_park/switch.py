@@ -54,8 +54,9 @@ Copies in flight: ordered on the device, never waited for on the scheduler threa
 
 Host memory: the park pool (allocated once, at boot, before the first scheduler pass)
     On a CUDA KV pool, ``DSV41_KV_PARK_GIB`` of host RAM is allocated in 1 GiB chunks, each starting
-    on a host page and page-locked once (``cudaHostRegister``; the ``kv_park pool ... pin_ms=..``
-    line gives the time), and every entry is carved out of it page by page
+    on a host page and page-locked once (``cudaHostRegister``; the ``kv_park pool ... at=boot
+    boot_ms=..`` line gives the time), after the TP ranks on the host agreed there is room for all
+    of them (:mod:`adapter.switches.kv_park.host_ledger`: they pass or refuse together), and every entry is carved out of it page by page
     (:mod:`adapter.switches.kv_park.host_pool`); a full pool evicts least recently used entries as
     the byte budget does. A pool that cannot be allocated or locked fails the boot (``BootError``
     naming ``DSV41_KV_PARK_GIB``, the size, how far pinning got and the host limit). Saves and
@@ -66,8 +67,8 @@ Host memory: the park pool (allocated once, at boot, before the first scheduler 
     keeps pageable entries (nothing to pin).
 
 Beside HiCache: one host budget, HiCache's, and nothing held twice
-    With ``--enable-hierarchical-cache`` the park pool is carved out of HiCache's host pools at the
-    first scheduler pass (:mod:`adapter.switches.kv_park.beside_hicache`: their own allocator hands
+    With ``--enable-hierarchical-cache`` the park pool is carved out of HiCache's host pools at
+    boot (:mod:`adapter.switches.kv_park.beside_hicache`: their own allocator hands
     the slots over; ``min(DSV41_KV_PARK_GIB, half of HiCache's host pools)``), so the profile's
     host-RAM total is HiCache's host pool alone and parked bytes plus HiCache's own never exceed
     it. Nothing is held twice (no page, Full or SWA, both parked and in HiCache's host pools):
@@ -155,8 +156,8 @@ def install(ctx: api.SwitchContext) -> dict[str, object]:
     # The park pool is pinned (or carved out of HiCache's) as soon as the scheduler has its KV cache,
     # before the first pass: pinning takes seconds per rank (about 0.4 s/GiB), never on a live pass.
     ctx.wrap("build_kv_cache", _built_kv_cache)
-    # Parking copies run on a worker thread; a global-mode CUDA graph capture on another thread must
-    # not see them (capture.py): the capture drains them and holds new ones back until it ends.
+    # A global-mode CUDA graph capture on another thread must not see a parking copy being queued
+    # (capture.py): the capture waits for the copies being queued and holds new ones back until it ends.
     ctx.wrap("CUDAGraph.capture_begin", capture.locked_capture_begin)
     ctx.wrap("CUDAGraph.capture_end", capture.locked_capture_end)
     # SGLang's own DSV4 retraction offload (PD decode, cpu_tensor backup) through the copy engine.
