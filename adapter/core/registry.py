@@ -432,11 +432,12 @@ SWITCHES: tuple[Switch, ...] = (
     Switch(
         name="kv_park",
         on_key=Key("DSV41_KV_PARK", env.choice("ram"), "park a retracted request's KV pages in host RAM and restore them on re-admission"),
-        summary="retraction saves the row's pages with a page-major copy engine (background worker) into a "
+        summary="retraction saves the row's pages with a page-major copy engine (queued on the device) into a "
         "budgeted LRU host store; re-admission restores them as a cached prefix instead of a re-prefill",
         modules=(
             "sglang.srt.managers.schedule_batch",
             "sglang.srt.managers.scheduler",
+            "sglang.srt.mem_cache.kv_cache_builder",
             "sglang.srt.mem_cache.deepseek_v4_memory_pool",
             "sglang.srt.mem_cache.deepseek_v4_compress_state",
             "sglang.srt.disaggregation.decode",
@@ -450,6 +451,9 @@ SWITCHES: tuple[Switch, ...] = (
             "sglang.srt.mem_cache.common:dsv4_needs_rebootstrap",
             "sglang.srt.disaggregation.decode:dsv4_needs_rebootstrap",
             "sglang.srt.managers.scheduler:Scheduler.get_next_batch_to_run",
+            # The scheduler's KV cache is built: the park pool is pinned (or carved out of
+            # HiCache's host pools) now, at boot, not on the first pass.
+            "sglang.srt.mem_cache.kv_cache_builder:build_kv_cache",
             # torch 2.14.1's graph capture seam: a global-mode capture drains the parking copies in
             # flight and holds new ones back until it ends (SGLang captures while serving, e.g. on a
             # weight update with recapture); thread-local captures pass through.

@@ -8,7 +8,8 @@ Each test states the device-side invariant it checks:
   untouched); the park pool is page-locked once, in chunks, carving pins nothing, and close unlocks it;
 * saves into and restores from pinned pool rows (several segments, pipelined over the engine's two
   streams) are byte-identical to the per-view copies; a pinned restore hands back its event;
-* the fence before reuse: pool rows a restore still reads are not carved again until its event is done;
+* the fence before reuse: pool rows a restore still reads are not carved again until its event is done
+  (an offer that needs them meanwhile is refused, never waited for);
 * a bad page id raises ``IndexError`` on the host before any device indexing (no device assert,
   the context stays usable);
 * the copy stream is fenced before a freed page is written (``fence_pages`` returns only after
@@ -17,6 +18,9 @@ Each test states the device-side invariant it checks:
   it during the call, and the call returns while the streams it follows are still busy): the park's
   copy follows the forward stream on the device (it holds the bytes the forward wrote after a sleep),
   and the forward stream reads the restored bytes (it waits for the restore's copy on the device);
+* the wrapped ``get_next_batch_to_run`` after a ``_park`` whose copy is still in flight restores that
+  request under ``torch.cuda.set_sync_debug_mode("error")``: neither call synchronizes the scheduler
+  thread, and the forward that reads the restored pages sees the bytes the parked forward wrote;
 * a copy and a global-mode CUDA graph capture on another thread never overlap (the capture lock),
   the capture replays correctly and every parked byte is right (pageable and pinned pool rows); a
   thread-local capture needs no lock.
@@ -349,10 +353,10 @@ def _small_pool(capacity: int, chunk_bytes: int):
     return HostPool.allocate(capacity, chunk_bytes=chunk_bytes, locker=CudaHostRegister())
 
 
-def test_the_park_pool_is_page_locked_once_in_chunks_and_unlocked_at_close():
+def test_the_park_pool_is_page_locked_once_in_chunks_and_unlocked_at_close(tmp_path):
     from adapter.switches.kv_park import switch
 
-    pool = switch.boot_pool(1, chunk_bytes=256 * MiB)
+    pool, _ = switch.boot_pool(1, chunk_bytes=256 * MiB, ledger=tmp_path / "ledger.json")
     try:
         assert len(pool.chunks) == 4 and all(c.is_pinned() for c in pool.chunks), "a chunk is not page-locked"
         assert pool.describe()["pinned"] == "cudaHostRegister" and pool.lock_ms > 0
@@ -397,7 +401,8 @@ def test_saves_into_and_restores_from_pinned_pool_rows_are_byte_identical_across
 
 def test_a_restores_pool_rows_are_not_reused_before_its_copy_has_read_them():
     """The fence before reuse: a restore still in flight (its stream held back by a sleep) keeps its
-    rows out of the pool; the next carve waits for it, and the restored pages hold the old bytes."""
+    rows out of the pool; an offer that needs them meanwhile is refused (the store never waits), the
+    next one after the restore's event is done carves them, and the restored pages hold the old bytes."""
     layout = _wide_layout(14, row=1 << 20, layers=2)
     engine = CopyEngine(layout, chunk_bytes=4 << 20)
     pool = _small_pool(8 * layout.page_bytes, 8 * layout.page_bytes)  # exactly 8 rows
@@ -414,8 +419,10 @@ def test_a_restores_pool_rows_are_not_reused_before_its_copy_has_read_them():
         assert not fence[0].query(), "the restore finished before the test could see it in flight"
         store.release(entry, after=fence[0])
         assert pool.used_bytes == pool.capacity, "rows a restore still reads went back to the pool"
-        assert store.offer("b", engine, other) == "saved"  # needs those rows: waits for the restore first
-        assert fence[0].query()
+        outcome = store.offer("b", engine, other)  # needs those rows: refused while the restore reads them
+        assert outcome.startswith("refused") and not fence[0].query(), outcome
+        fence[0].synchronize()
+        assert store.offer("b", engine, other) == "saved"
         for i, page in enumerate(dst.tolist()):
             got = torch.cat([r.rows[page].cpu() for r in layout.regions])
             assert torch.equal(got, want[i]), "the next save overwrote rows before the restore read them"
@@ -508,7 +515,7 @@ def test_a_park_never_synchronizes_the_scheduler_thread_and_its_copy_follows_the
     store = ParkStore(1, worker=True, host_pool=pool, queue_depth=None)
     state, schedule, forward = _scheduler_state(store)
     ids = _ids(24, seed=22, pool_pages=64)
-    dev_ids = ids.to(DEV)
+    dev_ids = ids.to(DEV)  # the switch parks the allocator's own device ids: nothing is read back
     pattern = torch.arange(24, device=DEV, dtype=torch.uint8).add_(31).view(-1, 1)
     torch.cuda.synchronize()
     try:
@@ -517,7 +524,7 @@ def test_a_park_never_synchronizes_the_scheduler_thread_and_its_copy_follows_the
             for r in layout.regions:
                 r.rows.index_copy_(0, dev_ids, pattern.expand(-1, r.row_bytes).contiguous())
         with torch.cuda.stream(schedule), _no_host_sync_on_this_thread(monkeypatch):
-            outcome = switch.save_pages(state, "r", switch._Engines(engine, None), ids, None, {"swa_from": None})
+            outcome = switch.save_pages(state, "r", switch._Engines(engine, None), dev_ids, None, {"swa_from": None})
             assert not forward.query(), "the park returned only after the forward had finished"
         assert outcome == "queued"
         assert store.fence("r", timeout=60)
@@ -561,6 +568,88 @@ def test_a_restore_never_synchronizes_the_scheduler_thread_and_the_forward_strea
         torch.cuda.synchronize()
         store.poll()
         assert pool.used_bytes == 0, "the restore's pool rows did not go back once its copy was done"
+    finally:
+        store.close()
+        pool.close()
+
+
+def test_the_wrapped_pass_restores_while_the_parks_copy_is_in_flight_and_never_synchronizes(monkeypatch):
+    """The device side of tests/upstream/test_kv_park_scheduler.py::
+    test_a_park_and_the_next_pass_with_copies_in_flight_never_wait_on_the_scheduler_thread (the GPU
+    machine has no SGLang: the request, its ``req_to_token`` row and the scheduler are plain objects,
+    and ``_restore_one``'s tree work is replaced by its device part: pages the allocator would hand
+    out, written by ``restore_pages``). ``_park`` parks a row whose forward is still running, then the
+    wrapped ``get_next_batch_to_run`` restores that request while the park's copy is still in flight
+    and its stock pass queues a forward that reads the restored pages. Under
+    ``torch.cuda.set_sync_debug_mode("error")``, with every Python-level synchronize raising on this
+    thread, both return while the forward stream is still busy; the forward reads the bytes the
+    first forward wrote (the park read them after it, the restore wrote them after the park's copy
+    landed, the reading forward ran after the restore); the store lets go of the pool rows only after."""
+    from types import SimpleNamespace
+
+    from adapter.switches.kv_park import park, restore, switch
+
+    layout = _wide_layout(25, pool_pages=64, row=1 << 20, layers=2)
+    engine = CopyEngine(layout, chunk_bytes=8 << 20)
+    pool = _small_pool(32 * layout.page_bytes, 32 * layout.page_bytes)
+    store = ParkStore(1, worker=False, host_pool=pool)
+    state, schedule, forward = _scheduler_state(store)
+    engines = switch._Engines(engine, None)
+    monkeypatch.setattr(state, "engines_for", lambda kv_pool: engines)
+    monkeypatch.setattr(park, "_why_not_parkable", lambda *args: None)  # SGLang's runtime context is not here
+    monkeypatch.setattr(park, "_held_by_tree", lambda *args: (0, 0))  # nor its tree: it holds nothing of the row
+    page, n = 4, 24  # tokens per page, pages parked
+    src = _ids(n, seed=26, pool_pages=64)
+    dst = torch.tensor([p for p in range(64) if p not in set(src.tolist())][:n], device=DEV)
+    req_to_token = torch.zeros((2, 128), dtype=torch.int32, device=DEV)
+    req_to_token[1, : n * page] = (src.view(-1, 1) * page + torch.arange(page)).view(-1).to(DEV, torch.int32)
+    req = SimpleNamespace(
+        rid="r", origin_input_ids=list(range(n * page + 1)), output_ids=[], extra_key=None, cache_salt=None,
+        kv=SimpleNamespace(kv_committed_len=n * page + 1, req_pool_idx=1), _compute_max_prefix_len=lambda fill: fill - 1,
+    )
+    allocator = SimpleNamespace(page_size=page, get_kvcache=lambda: None)
+    tree = SimpleNamespace(supports_swa=lambda: False)
+    pattern = torch.arange(n, device=DEV, dtype=torch.uint8).add_(77).view(-1, 1)
+    for r in layout.regions:
+        r.rows.index_fill_(0, dst, 0)
+    restored: list = []
+
+    def restore_one(state_, scheduler, waiting, *, may_evict):
+        switch.restore_pages(state_, [(waiting.rid, engine, dst, 0)])
+        restored.append(waiting.rid)
+        return True
+
+    def stock_pass():  # the batch's forward reads the restored pages on the forward stream
+        with torch.cuda.stream(forward):
+            return SimpleNamespace(batch_to_run=[r.rows.index_select(0, dst) for r in layout.regions])
+
+    monkeypatch.setattr(restore, "_restore_one", restore_one)
+    monkeypatch.setattr(switch, "STATE", state)  # what install() sets
+    scheduler = SimpleNamespace(forward_stream=forward, waiting_queue=[req], running_batch=None,
+                                token_to_kv_pool_allocator=None, tree_cache=None)
+    torch.cuda.synchronize()
+    try:
+        with torch.cuda.stream(forward):  # the forward that wrote the row, still running
+            torch.cuda._sleep(SLEEP)
+            for r in layout.regions:
+                r.rows.index_copy_(0, src.to(DEV), pattern.expand(-1, r.row_bytes).contiguous())
+        with torch.cuda.stream(schedule), _no_host_sync_on_this_thread(monkeypatch):
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                switch._park(state, req, SimpleNamespace(req_to_token=req_to_token), allocator, tree)
+                assert store.pending() == 1, "the park's copy should still be in flight"
+                plan = switch._get_next_batch_to_run(stock_pass, scheduler, (), {})
+                assert not forward.query(), "the park or the pass returned only after the forward had finished"
+                assert restored == ["r"] and store.pending() == 1, "the restore did not run beside the copy in flight"
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+        forward.synchronize()
+        got = torch.cat([seen.cpu() for seen in plan.batch_to_run], dim=1)
+        want = torch.cat([pattern.cpu().expand(-1, r.row_bytes) for r in layout.regions], dim=1)
+        assert torch.equal(got, want), "the forward read the restored pages before the park and the restore were done"
+        torch.cuda.synchronize()
+        store.poll()
+        assert store.pending() == 0 and pool.used_bytes == 0, "the rows did not go back once the copies were done"
     finally:
         store.close()
         pool.close()

@@ -207,10 +207,10 @@ class FailsAtChunk(PageLocker):
         self.unlocked += 1
 
 
-def test_a_boot_that_cannot_pin_its_pool_fails_naming_the_key_the_size_and_how_far_it_got():
+def test_a_boot_that_cannot_pin_its_pool_fails_naming_the_key_the_size_and_how_far_it_got(tmp_path):
     locker = FailsAtChunk(3)
     with pytest.raises(BootError) as info:
-        switch.boot_pool(1, locker=locker, chunk_bytes=256 * MiB)
+        switch.boot_pool(1, locker=locker, chunk_bytes=256 * MiB, ledger=tmp_path / "ledger.json")
     msg = str(info.value)
     assert "DSV41_KV_PARK_GIB=1" in msg and "could not page-lock 1.00 GiB" in msg
     assert "0.50 GiB in 2 chunk(s)" in msg and "chunk 3 of 4 failed" in msg and "cudaErrorMemoryAllocation" in msg
@@ -218,18 +218,19 @@ def test_a_boot_that_cannot_pin_its_pool_fails_naming_the_key_the_size_and_how_f
     assert locker.unlocked == 2, "the chunks locked before the failure stay locked"
 
 
-def test_a_pool_larger_than_the_host_can_give_fails_at_boot_before_touching_memory():
+def test_a_pool_larger_than_the_host_can_give_fails_at_boot_before_touching_memory(tmp_path):
     locker = FailsAtChunk(10**9)
     with pytest.raises(BootError) as info:
-        switch.boot_pool(4096, locker=locker)
+        switch.boot_pool(4096, locker=locker, ledger=tmp_path / "ledger.json")
     msg = str(info.value)
     assert "DSV41_KV_PARK_GIB=4096" in msg and "4096.00 GiB" in msg and "more than the host can give" in msg
     assert locker.locked == 0, "nothing was locked before the limit check"
 
 
-def test_a_pool_that_pins_records_how_long_pinning_took():
+def test_a_pool_that_pins_records_how_long_pinning_took(tmp_path):
     locker = FailsAtChunk(10**9)
-    pool = switch.boot_pool(1, locker=locker, chunk_bytes=512 * MiB)
+    pool, facts = switch.boot_pool(1, locker=locker, chunk_bytes=512 * MiB, ledger=tmp_path / "ledger.json")
     assert locker.locked == 2 and pool.describe()["pinned"] == "injected" and pool.lock_ms >= 0
+    assert facts["group_ranks"] == 1 and facts["group_need_gib"] == 1.0
     pool.close()
     assert locker.unlocked == 2

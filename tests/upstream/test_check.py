@@ -179,15 +179,17 @@ def test_receipts_json_is_one_object_with_each_switch_decision_per_rank(tmp_path
 HICACHE_ARGS = "--enable-hierarchical-cache --hicache-ratio 4 --hicache-write-policy write_back"
 
 
-@pytest.mark.parametrize("flags,host_pool", [
-    (HICACHE_ARGS, "--hicache-ratio 4.0: that many times the device KV pool"),
+@pytest.mark.parametrize("flags,host_pool,take", [
+    (HICACHE_ARGS + " --max-total-tokens 100000", "--hicache-ratio 4.0: that many times the device KV pool",
+     "up to 2 x the device KV pool's tokens of HiCache's 4 x (200000 of its 400000 host tokens at --max-total-tokens 100000)"),
     ("--enable-hierarchical-cache --hicache-size 64 --hicache-write-policy write_through "
-     "--hicache-storage-backend file", "--hicache-size 64: 64 GB per rank"),
+     "--hicache-storage-backend file", "--hicache-size 64: 64 GB per rank",
+     "it takes 13.4% of HiCache's host prefix capacity (8.00 GiB of 64 GB per rank), so 13.4% of its host tokens"),
 ])
 def test_check_reads_the_hicache_flags_and_predicts_kv_park_inside_hicaches_budget_and_the_others_installed(
-        tmp_path, mellum, flags, host_pool):
+        tmp_path, mellum, flags, host_pool, take):
     """Beside HiCache: kv_park installs and ``check`` says its pool is carved out of HiCache's host
-    pool (one host-RAM total, HiCache's); cone replay is
+    pool (one host-RAM total, HiCache's) and what it takes of HiCache's prefix capacity in tokens; cone replay is
     predicted from its bound as without HiCache (it acts beside it); SWA thin and the fast tree core
     install (their receipt is the install outcome)."""
     profile = tmp_path / "p.env"
@@ -198,10 +200,10 @@ def test_check_reads_the_hicache_flags_and_predicts_kv_park_inside_hicaches_budg
     hicache = report["launch"]["hicache"]
     assert hicache["write_policy"] in ("write_back", "write_through") and (hicache["ratio"] or hicache["size_gb"])
     receipts = report["receipts"]
-    from adapter.switches.kv_park import beside_hicache
-
     assert receipts["kv_park"] == "installed"
-    assert beside_hicache.prediction_note(host_pool, 8) in report["notes"]
+    note = next(n for n in report["notes"] if "the park pool is carved out of HiCache's host pool" in n)
+    assert note.startswith(f"beside HiCache ({host_pool})") and "host-RAM total is HiCache's host pool alone" in note
+    assert take in note, "check states what the carve-out takes from HiCache's prefix capacity, in tokens"
     assert receipts["cone_replay"] == "installed"
     assert receipts["swa_thin"] == receipts["fast_tree_core"] == "installed"
 

@@ -1,8 +1,9 @@
 """Injected faults on the real SGLang scheduler (devkit.testkit.scheduler): a fault in a switch's
 work must cost at most a recompute, never a request, a page or a hung scheduler.
 
-Covered elsewhere and not repeated here: a kv_park copy that raises (the worker catches it:
-tests/upstream/test_kv_park_scheduler.py::test_a_failed_copy_disables_parking_with_one_line_and_the_request_recomputes),
+Covered elsewhere and not repeated here: a kv_park copy that raises (the park catches it:
+tests/upstream/test_kv_park_scheduler.py::test_a_failed_copy_disables_parking_with_one_line_and_the_request_recomputes;
+the switch has no park worker that could die: copies are queued on the device by the scheduler thread),
 a restore that fails after its pages are allocated
 (::test_a_failed_restore_gives_its_pages_back_disables_parking_and_the_request_recomputes) and a
 decode-yield prompt aborted through the harness's chunked-abort hook
@@ -13,14 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import logging
 import threading
 import types
 
 import pytest
-
-from adapter.core import boot
-from adapter.switches.kv_park import engine as engine_mod
 
 importlib.import_module("sglang.srt.managers.scheduler")
 from devkit.testkit.scheduler import build_scheduler  # noqa: E402
@@ -60,72 +57,6 @@ def _bounded_step(h, timeout_s: float = 30.0):
     if "error" in done:
         raise done["error"]  # type: ignore[misc]
     return done["step"]
-
-
-class WorkerDeath(BaseException):
-    """What kills a thread outright (not an ``Exception``: nothing on the way catches it)."""
-
-
-def test_a_park_worker_that_dies_mid_copy_disables_parking_and_every_request_recomputes(monkeypatch, records):
-    """The worker thread dies inside the first copy, with a second copy still queued behind it:
-    the next pass must not wait for the dead thread, must not serve the unfinished copy as a
-    cached prefix, and parking turns itself off with one WARNING; both requests recompute from 0,
-    finish, and every page comes back."""
-    state = boot.install({"DSV41_KV_PARK": "ram"})
-    assert state.outcomes["kv_park"].status == "installed"
-    go = threading.Event()
-    real_save = engine_mod.CopyEngine.save
-
-    def dying_save(self, page_ids, out=None, *, after=None):
-        if threading.current_thread().name == "dsv41-kv-park":
-            assert go.wait(30)  # both copies are offered before the first one dies
-            raise WorkerDeath("simulated worker death")
-        return real_save(self, page_ids, out=out, after=after)
-
-    monkeypatch.setattr(engine_mod.CopyEngine, "save", dying_save)
-    h = _harness()
-    a = h.add_request(100, max_new_tokens=200)
-    b = h.add_request(70, max_new_tokens=200)
-    h.run(21)
-    contexts = {r.rid: int(r.kv.kv_committed_len) + 1 for r in (a, b)}
-    h.retract_all()
-    store = _kv_park().STATE.store
-    assert store.pending() == 2, "both copies are queued behind the worker"
-    go.set()
-    _free_everything(h)
-    step = _bounded_step(h)
-    assert step.kind == "prefill" and set(step.rids) == {a.rid, b.rid}
-    for rid, prefix, extend in zip(step.rids, step.prefix_lens, step.extend_lens):
-        assert prefix == 0 and extend == contexts[rid], f"{rid} was served from a copy that never landed"
-    assert store.disabled and store.pending() == 0
-    warnings = [r.getMessage() for r in records if r.levelno >= logging.WARNING and "kv_park" in r.getMessage()]
-    assert len(warnings) == 1 and "kv_park disabled" in warnings[0], warnings
-    h.run_until(lambda: a.finished() and b.finished(), max_passes=1000)
-    assert len(a.output_ids) == 200 and len(b.output_ids) == 200
-    _free_everything(h)
-    allocator = h.scheduler.token_to_kv_pool_allocator
-    assert allocator.available_size() == allocator.size, "pages leaked"
-
-
-def test_a_park_worker_gone_before_its_queue_is_empty_never_hangs_the_next_pass(monkeypatch, records):
-    """A copy was queued but the worker is gone (it died between two jobs): the fence does not
-    wait forever; the queued copy fails, parking disables itself, the request recomputes."""
-    boot.install({"DSV41_KV_PARK": "ram"})
-    h = _harness()
-    a = h.add_request(100, max_new_tokens=40)
-    h.run(11)
-    context = int(a.kv.kv_committed_len) + 1
-    store = _kv_park().STATE.store
-    # No worker thread will ever take the queue: the store believes one runs, none does.
-    monkeypatch.setattr(store, "_ensure_worker", lambda: None)
-    h.retract_all()
-    assert store.pending() == 1
-    _free_everything(h)
-    step = _bounded_step(h)
-    assert step.kind == "prefill" and step.prefix_lens == (0,) and step.extend_lens == (context,)
-    assert store.disabled and store.pending() == 0
-    h.run_until(a.finished, max_passes=500)
-    assert len(a.output_ids) == 40
 
 
 # -- cone replay: the anchor between the replay's admission and the rest of the prompt ---------

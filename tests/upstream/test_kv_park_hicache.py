@@ -92,6 +92,24 @@ def test_beside_hicache_the_park_pool_is_carved_out_of_hicaches_host_pool_one_bu
     assert s.store.budget == pool.capacity
 
 
+def test_the_park_pool_is_carved_when_the_kv_cache_is_built_before_the_first_pass_with_one_timed_line(records):
+    """The wrapped ``build_kv_cache`` (what ``Scheduler.__init__`` calls) settles the park pool at boot:
+    carved out of HiCache's host pools before any pass, one ``kv_park pool at=boot boot_ms=..`` line;
+    the first pass does not boot it again."""
+    state = boot.install({"DSV41_KV_PARK": "ram", "DSV41_KV_PARK_GIB": "4"})
+    assert state.outcomes["kv_park"].status == "installed"
+    h = _build()
+    s = _park().STATE
+    built = _park()._built_kv_cache(lambda **kw: h.scheduler, None, (), {"server_args": h.scheduler.server_args})
+    assert built is h.scheduler
+    pool = s.store.host_pool
+    assert s.beside_hicache and pool is not None, "the pool was not carved at boot"
+    lines = [r.getMessage() for r in records if "kv_park pool" in r.getMessage()]
+    assert len(lines) == 1 and "at=boot" in lines[0] and "boot_ms=" in lines[0] and "carved_from=hicache" in lines[0]
+    h.step()
+    assert s.store.host_pool is pool and len([r for r in records if "kv_park pool" in r.getMessage()]) == 1
+
+
 def test_a_retraction_beside_hicache_parks_inside_hicaches_budget_and_restores_byte_for_byte():
     boot.install({"DSV41_KV_PARK": "ram", "DSV41_KV_PARK_GIB": "4"})
     h = _build()
@@ -440,7 +458,8 @@ def test_beside_hicache_full_kv_past_a_lost_window_that_is_on_host_only_is_never
     assert int(_tree_match(h, y, whole).full_kv_hit_length) == whole, "HiCache lost the stretch: not this case"
     step = h.step()
     reason = {"at_park": "window_lost_full_kv_on_host", "before_restore": "window_gap_left_the_device"}[when]
-    dropped = [rec.getMessage() for rec in records if "kv_park dropped" in rec.getMessage()]
+    # At the park a row not parked says why (``not_parked``); at the restore an entry dropped does.
+    dropped = [rec.getMessage() for rec in records if "kv_park dropped" in rec.getMessage() or "kv_park not_parked" in rec.getMessage()]
     assert sum(f"reason={reason}" in line for line in dropped) == 1, dropped
     assert step.kind == "prefill" and step.rids == (y.rid,) and step.prefix_lens[0] <= served
     assert not store.ready_keys() and store.host_pool.used_bytes == 0
@@ -467,7 +486,7 @@ def test_beside_hicache_a_window_run_the_tree_holds_past_what_it_serves_is_never
     """Past what it serves the tree holds the SWA KV of the last page of that stretch (a run shorter
     than the window, attached the way SGLang's buffer-mode load-back attaches a window to a Full-only
     span): parking the stretch's window would hold that page twice, so the row parks nothing and
-    recomputes from what the tree serves (one ``dropped reason=window_partly_in_the_tree`` line)."""
+    recomputes from what the tree serves (one ``not_parked reason=window_partly_in_the_tree`` line)."""
     from sglang.srt.mem_cache.radix_cache import RadixKey
     from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
 
@@ -487,7 +506,7 @@ def test_beside_hicache_a_window_run_the_tree_holds_past_what_it_serves_is_never
     h.retract_all()
     store = _park().STATE.store
     store.fence()
-    dropped = [rec.getMessage() for rec in records if "kv_park dropped" in rec.getMessage()]
+    dropped = [rec.getMessage() for rec in records if "kv_park not_parked" in rec.getMessage()]
     assert sum("reason=window_partly_in_the_tree" in line for line in dropped) == 1, dropped
     assert not store.ready_keys() and store.host_pool.used_bytes == 0
     step = h.step()

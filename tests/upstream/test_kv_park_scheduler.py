@@ -9,10 +9,11 @@ its old bytes can only have got them from the parked copy.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
+import sys
 import threading
-import time
 
 import pytest
 import torch
@@ -89,11 +90,16 @@ def _evict_tree_and_zero_free_pages(h) -> None:
     """Other traffic: the tree loses every unlocked node and every free page is overwritten."""
     from sglang.srt.mem_cache.base_prefix_cache import EvictParams
 
+    h.scheduler.tree_cache.evict(EvictParams(num_tokens=1 << 30))
+    _zero_free_pages(h)
+
+
+def _zero_free_pages(h) -> None:
+    """Other traffic overwrote every free page (the tree keeps what it holds)."""
     s = h.scheduler
     state = _switch().STATE
     if state is not None:
         state.store.fence()  # the test writes pages directly: no copy may still read them
-    s.tree_cache.evict(EvictParams(num_tokens=1 << 30))
     for buffers, alloc in _sides(h):
         free = alloc.get_all_free_pages().long()
         for buf in buffers:
@@ -127,8 +133,10 @@ def harness():
 )
 def test_a_retracted_request_resumes_from_ram_with_the_kv_bytes_it_had(pool, overlap, parked, page):
     """With the switch the re-admission is a prefix hit over every whole page the request had
-    computed, and those pages hold its old bytes (full side, and the SWA window of a SWAKVPool);
-    stock prefills the whole context again."""
+    computed, and those pages hold its old bytes (full side, and the SWA window of a SWAKVPool):
+    the tree's prompt pages stayed in the tree, the decode tail past them (freed by the retraction,
+    then overwritten) came back from RAM; stock finds the prompt in the tree and prefills the
+    decode tail again."""
     if parked:
         _install()
     h = _build(pool, overlap=overlap, page_size=page)
@@ -143,7 +151,7 @@ def test_a_retracted_request_resumes_from_ram_with_the_kv_bytes_it_had(pool, ove
     assert {r.rid for r in retracted} == {"r1", "r2"}
     committed = {r.rid: len(r.origin_input_ids) + len(r.output_ids) - 1 for r in (a, b)}
     whole = {rid: n // page * page for rid, n in committed.items()}
-    _evict_tree_and_zero_free_pages(h)
+    _zero_free_pages(h)
     step = h.step()
     assert step.kind == "prefill" and set(step.rids) == {"r1", "r2"}
     prefix = dict(zip(step.rids, step.prefix_lens))
@@ -151,7 +159,8 @@ def test_a_retracted_request_resumes_from_ram_with_the_kv_bytes_it_had(pool, ove
     for r in (a, b):
         w = whole[r.rid]
         if not parked:
-            assert prefix[r.rid] == 0 and extend[r.rid] == committed[r.rid] + 1
+            assert prefix[r.rid] <= len(r.origin_input_ids) < w, "stock recomputes the decode tail"
+            assert prefix[r.rid] + extend[r.rid] == committed[r.rid] + 1
             continue
         assert prefix[r.rid] == w, "the parked pages were not found as a cached prefix"
         assert extend[r.rid] == committed[r.rid] + 1 - w <= page
@@ -189,7 +198,7 @@ def test_decode_retraction_in_update_running_batch_parks_and_the_row_finishes(ha
     req = retracted[0]
     store = _switch().STATE.store
     assert req.rid in store
-    _evict_tree_and_zero_free_pages(h)
+    _zero_free_pages(h)
     step = h.step()
     assert step.kind == "prefill" and step.rids == (req.rid,)
     assert step.prefix_lens == (whole[req.rid],)
@@ -201,43 +210,109 @@ def test_decode_retraction_in_update_running_batch_parks_and_the_row_finishes(ha
     assert h.scheduler.token_to_kv_pool_allocator.available_size() == 1024
 
 
-def test_retraction_returns_before_the_copy_and_the_next_pass_waits_for_it(harness, monkeypatch):
-    """A held-back worker: the retraction returns with the copy still queued; the pages keep their
-    bytes (nothing writes them) and the next pass waits for the copy before restoring."""
+class _CopyInFlight:
+    """The device event of a copy still running (``query()`` False until the test ends it); a host
+    wait on it (``synchronize``) is recorded."""
+
+    def __init__(self, waits: list[str]):
+        self.done = False
+        self.waits = waits
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.waits.append("Event.synchronize")
+        self.done = True
+
+
+@contextlib.contextmanager
+def _host_waits_recorded(monkeypatch):
+    """Every call on this thread that would make the host wait for the device on a CUDA pool, made
+    from kv_park's code: a read-back (``Tensor.cpu`` / ``tolist`` / ``item``), a store fence, a
+    stream / event / device synchronize. Yields the list they are recorded in."""
+    from adapter.switches.kv_park.store import ParkStore
+
+    me, waits = threading.get_ident(), []
+
+    def from_kv_park() -> bool:
+        caller = sys._getframe(2).f_globals.get("__name__", "")
+        return threading.get_ident() == me and caller.startswith("adapter.switches.kv_park")
+
+    def recorded(name: str, real):
+        def call(*args, **kwargs):
+            if from_kv_park():
+                waits.append(f"{name} from {sys._getframe(1).f_code.co_name}")
+            return real(*args, **kwargs)
+
+        return call
+
+    with monkeypatch.context() as m:
+        for name in ("cpu", "tolist", "item"):
+            m.setattr(torch.Tensor, name, recorded(f"Tensor.{name}", getattr(torch.Tensor, name)))
+        for name in ("fence", "fence_pages"):
+            m.setattr(ParkStore, name, recorded(f"ParkStore.{name}", getattr(ParkStore, name)))
+        m.setattr(torch.cuda, "synchronize", recorded("torch.cuda.synchronize", torch.cuda.synchronize))
+        m.setattr(torch.cuda.Stream, "synchronize", recorded("Stream.synchronize", torch.cuda.Stream.synchronize))
+        m.setattr(torch.cuda.Event, "synchronize", recorded("Event.synchronize", torch.cuda.Event.synchronize))
+        yield waits
+
+
+def test_a_park_and_the_next_pass_with_copies_in_flight_never_wait_on_the_scheduler_thread(harness, monkeypatch):
+    """The call-site seams of the CUDA path on the real scheduler: each park's copy is left in
+    flight (its device events report not done, as a CUDA copy queued on the copy stream would), and
+    the retraction (``release_req`` -> ``_park``) and the next wrapped ``get_next_batch_to_run``,
+    which restores both waiting requests, never read a tensor back, never fence the store and never
+    synchronize; the restore is served (ordered after the save on the device, here the bytes are
+    already there) and the store lets go of the copies only once their events say done. Putting
+    back any of the former waits (``pages.cpu()`` in the park, ``.unique().cpu()`` on
+    ``out_cache_loc`` while a copy is pending, the store fence at each pass beside HiCache or before
+    the restores) fails it."""
     _install()
-    go, started = threading.Event(), threading.Event()
+    made: list[_CopyInFlight] = []
+    waits_on_events: list[str] = []
     real_save = engine_mod.CopyEngine.save
 
-    def held_save(self, page_ids, out=None, *, after=None):
-        if threading.current_thread().name == "dsv41-kv-park":
-            started.set()
-            assert go.wait(30)
-        return real_save(self, page_ids, out=out, after=after)
+    def save_left_in_flight(self, page_ids, out=None, *, after=None, events=None):
+        entry = real_save(self, page_ids, out=out, after=after)
+        if events is not None:  # what a CUDA copy into pinned rows hands back
+            pair = (_CopyInFlight(waits_on_events), _CopyInFlight(waits_on_events))
+            made.extend(pair)
+            events.append(pair)
+        return entry
 
-    monkeypatch.setattr(engine_mod.CopyEngine, "save", held_save)
+    monkeypatch.setattr(engine_mod.CopyEngine, "save", save_left_in_flight)
     h = harness
-    a, _ = _run_two_rows(h, decode_steps=20)
-    n = int(a.kv.kv_committed_len) // PAGE * PAGE
-    before = _kv_bytes(h, a, n)
-    h.retract_all()
-    store = _switch().STATE.store
-    assert started.wait(10), "the worker never picked up the copy"
-    assert store.pending() == 2 and store.stats.saved == 0, "retraction waited for the copy"
-    opener = threading.Timer(0.4, go.set)
-    opener.start()
-    t0 = time.perf_counter()
-    step = h.step()
-    waited = time.perf_counter() - t0
-    opener.join()
-    assert waited >= 0.3, "the pass restored before the copy landed"
-    assert step.kind == "prefill" and step.prefix_lens[step.rids.index(a.rid)] == n
-    assert torch.equal(_kv_bytes(h, a, n), before)
+    a, b = _run_two_rows(h, decode_steps=20)
+    whole = {r.rid: int(r.kv.kv_committed_len) // PAGE * PAGE for r in (a, b)}
+    before = {r.rid: _kv_bytes(h, r, whole[r.rid]) for r in (a, b)}
+    state = _switch().STATE
+    store = state.store
+    with _host_waits_recorded(monkeypatch) as waits:
+        h.retract_all()
+        assert store.pending() == 2, "both copies are still in flight after the retraction"
+        state.beside_hicache = True  # the pass fenced every copy in flight there
+        step = h.step()
+    state.beside_hicache = False
+    assert waits == [] and waits_on_events == [], f"the scheduler thread waited: {waits + waits_on_events}"
+    assert step.kind == "prefill" and set(step.rids) == {a.rid, b.rid}
+    for rid, prefix in zip(step.rids, step.prefix_lens):
+        assert prefix == whole[rid], f"{rid} was not restored while its copy was in flight"
+    for r in (a, b):
+        assert torch.equal(_kv_bytes(h, r, whole[r.rid]), before[r.rid])
+    assert store.stats.restored == 2 and len(made) == 4
+    assert store.pending() == 2, "the store let go of copies whose events were not done"
+    for event in made:
+        event.done = True
+    store.poll()
+    assert store.pending() == 0
+    h.run_until(lambda: a.finished() and b.finished(), max_passes=500)
 
 
 def test_a_failed_copy_disables_parking_with_one_line_and_the_request_recomputes(harness, monkeypatch, records):
     _install()
 
-    def broken(self, page_ids, out=None, *, after=None):
+    def broken(self, page_ids, out=None, *, after=None, events=None):
         raise RuntimeError("simulated copy failure")
 
     monkeypatch.setattr(engine_mod.CopyEngine, "save", broken)
@@ -279,7 +354,7 @@ def test_under_speculative_decoding_a_retracted_request_is_not_parked_and_recomp
 def test_an_entry_over_the_budget_is_refused_and_the_request_recomputes(harness):
     _install({"DSV41_KV_PARK": "ram", "DSV41_KV_PARK_GIB": "1"})
     store = _switch().STATE.store
-    store.budget = 1024  # two 512-byte pages; a 1 GiB floor is too large for a CPU test pool; the rule is the same
+    store.budget = 512  # one 512-byte page (each tail is two); a 1 GiB floor is too large for a CPU test pool; the rule is the same
     h = harness
     a, _ = _run_two_rows(h)
     context = int(a.kv.kv_committed_len) + 1
@@ -321,47 +396,6 @@ def test_every_region_of_a_real_swa_pool_round_trips_byte_for_byte():
     assert swa is not None and full.num_pages == 512 // PAGE + 1 and swa.num_pages == 256 // PAGE + 1
 
 
-def test_a_forward_waits_only_for_copies_that_read_the_pages_it_writes_on_both_sides(monkeypatch):
-    """The write fence compares full page ids with full copies and SWA page ids (through the
-    real full-to-SWA mapping) with SWA copies."""
-    _install()
-    go = threading.Event()
-    real_save = engine_mod.CopyEngine.save
-
-    def held_save(self, page_ids, out=None, *, after=None):
-        if threading.current_thread().name == "dsv41-kv-park":
-            assert go.wait(30)
-        return real_save(self, page_ids, out=out, after=after)
-
-    monkeypatch.setattr(engine_mod.CopyEngine, "save", held_save)
-    h = _build("swa")
-    a = h.add_request(40, max_new_tokens=50)
-    b = h.add_request(40, max_new_tokens=50)
-    h.step()
-    s, switch = h.scheduler, _switch()
-    alloc = s.token_to_kv_pool_allocator
-    engines = switch.STATE.engines_for(alloc.get_kvcache())
-
-    def slots(req):
-        return s.req_to_token_pool.req_to_token[req.kv.req_pool_idx, :32].long()
-
-    swa_pages_a = torch.div(alloc.full_to_swa_index_mapping[slots(a)].long(), PAGE, rounding_mode="floor").unique()
-    store = switch.STATE.store
-    assert store.offer(("x", "swa"), engines.swa, swa_pages_a) == "queued"
-
-    def fence_time(loc) -> float:
-        opener = threading.Timer(0.4, go.set)
-        opener.start()
-        t0 = time.perf_counter()
-        switch._fence_writes(switch.STATE, alloc, loc)
-        waited = time.perf_counter() - t0
-        opener.cancel()
-        return waited
-
-    assert fence_time(slots(b)) < 0.3 and store.pending() == 1, "b's pages are not read by the copy"
-    assert fence_time(slots(a)) >= 0.3 and store.pending() == 0, "a's SWA pages were written during the copy"
-
-
 def test_every_buffer_of_a_real_deepseek_v4_pool_round_trips_byte_for_byte():
     """Main SWA cache, C4 and C128 compressed KV, indexer keys and the compressor states of a real
     ``DeepSeekV4TokenToKVPool``, each in its own page-id space, through the staged engine."""
@@ -399,9 +433,12 @@ def test_a_failed_restore_gives_its_pages_back_disables_parking_and_the_request_
     h = _build(pool)
     a, b = _run_two_rows(h)
     h.retract_all()
-    _evict_tree_and_zero_free_pages(h)
+    _zero_free_pages(h)  # the tree keeps the prompts: the restores of the tails are attempted and fail
     step = h.step()
-    assert step.kind == "prefill" and step.prefix_lens == (0, 0), "nothing may be served from a failed restore"
+    assert step.kind == "prefill"
+    for rid, prefix in zip(step.rids, step.prefix_lens):
+        prompt = len((a if rid == a.rid else b).origin_input_ids)
+        assert prefix <= prompt, "nothing past the tree's prompt may be served from a failed restore"
     assert _switch().STATE.store.disabled
     lines = [r.getMessage() for r in records if r.levelno >= logging.WARNING and "kv_park" in r.getMessage()]
     assert len(lines) == 1 and "restore_failed:_RuntimeError" in lines[0]
@@ -409,3 +446,49 @@ def test_a_failed_restore_gives_its_pages_back_disables_parking_and_the_request_
     _evict_tree_and_zero_free_pages(h)
     for _, alloc in _sides(h):
         assert alloc.available_size() == alloc.size, "the slots of the failed restore leaked"
+
+
+def test_a_retraction_whose_servable_prefix_the_tree_holds_parks_nothing_and_resumes_from_the_tree(harness, records):
+    """Retracted two tokens after its prefill, a row's servable prefix (whole pages before its last
+    token) is all in the tree (its prompt, cached at the prefill): the retraction frees none of it,
+    so nothing is copied (one ``not_parked reason=tree_holds_it`` line); at the re-admission pass
+    the tree's pages are pinned (``resumed_from_tree``) and the admission hits them."""
+    _install({"DSV41_KV_PARK": "ram", "DSV41_DEBUG_LOG": "1"})
+    from adapter.switches.kv_park import outcomes
+
+    h = harness
+    a = h.add_request(100, max_new_tokens=50)
+    h.run(3)
+    n = (len(a.origin_input_ids) + len(a.output_ids) - 1) // PAGE * PAGE
+    assert n == 96 and int(a.kv.cache_protected_len) >= n, "the tree holds the servable prefix"
+    h.retract_all()
+    store = _switch().STATE.store
+    assert store.stats.queued + store.stats.sync_saves == 0, "the tree's pages were copied"
+    step = h.step()
+    assert step.kind == "prefill" and step.prefix_lens == (n,)
+    split = outcomes.retraction_split(r.getMessage() for r in records)
+    assert split == {"retractions": 1, "parked": 0, "not_parked": {"tree_holds_it": 1}, "restored": 0,
+                     "resumed_from_tree": 1, "dropped": {}}, split
+    h.run_until(a.finished, max_passes=500)
+
+
+def test_a_parked_tail_whose_prefix_the_tree_lost_is_dropped_and_the_request_recomputes(harness, records):
+    """Only the tail past the tree's prompt is parked; when other traffic evicts the prompt before the
+    re-admission, the tail cannot be served without it: ``dropped reason=prefix_gone_from_the_tree``,
+    the request prefills from 0 (as stock), finishes, and nothing leaks."""
+    _install({"DSV41_KV_PARK": "ram", "DSV41_DEBUG_LOG": "1"})
+    from adapter.switches.kv_park import outcomes
+
+    h = harness
+    a, b = _run_two_rows(h)
+    contexts = {r.rid: int(r.kv.kv_committed_len) + 1 for r in (a, b)}
+    h.retract_all()
+    _evict_tree_and_zero_free_pages(h)
+    step = h.step()
+    assert step.prefix_lens == (0, 0) and dict(zip(step.rids, step.extend_lens)) == contexts
+    split = outcomes.retraction_split(r.getMessage() for r in records)
+    assert split["parked"] == 2 and split["restored"] == 0, split
+    assert split["dropped"] == {"prefix_gone_from_the_tree": 2}, split
+    h.run_until(lambda: a.finished() and b.finished(), max_passes=1000)
+    _evict_tree_and_zero_free_pages(h)
+    assert h.scheduler.token_to_kv_pool_allocator.available_size() == 1024

@@ -52,6 +52,7 @@ NOT_UPSTREAM: dict[str, str] = {
     "add": "set.add of the switch's own sets (kv_park); the PD decode queues' add is never called by a switch",
     "extend": "list.extend of the switch's own lists (kv_park); the PD decode queues' extend is never called",
     "wait": "threading.Event.wait of kv_park's store; cone_replay pins the LayerLoadingEvent.wait it calls",
+    "write": "a file's write (kv_park's host ledger); ReqToTokenPool.write / HiCacheController.write are never called",
 }
 
 

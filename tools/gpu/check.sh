@@ -14,7 +14,7 @@
 #
 # Steps:
 #   1 env      python, torch, CUDA device, whether sglang / pytest import (sglang should not)
-#   2 imports  adapter.switches.kv_park.{engine,capture,store,host_pool,switch}, devkit.bench.kv_park, adapter.ops.cli import with
+#   2 imports  adapter.switches.kv_park.{engine,capture,store,host_pool,host_ledger,state,tree,park,restore,pool_boot,outcomes,switch}, devkit.bench.kv_park, adapter.ops.cli import with
 #              sglang blocked (the GPU machine has no SGLang)
 #   3 bench    python -m adapter bench kv-park --device cuda: save and restore through the park pool
 #              (page-locked once with cudaHostRegister, carved rows, chunks pipelined over two streams)
@@ -26,7 +26,9 @@
 #              through pinned pool rows; the pool page-locked once and unlocked at close; IndexError
 #              before device indexing; the copy-stream fence; pool rows not reused before a restore
 #              read them; a park and a restore that never synchronize the scheduler thread, ordered
-#              after / before the forward stream on the device; copies vs a concurrent global /
+#              after / before the forward stream on the device; the wrapped get_next_batch_to_run
+#              restoring a request while its park's copy is in flight, under
+#              torch.cuda.set_sync_debug_mode("error"); copies vs a concurrent global /
 #              thread-local CUDA graph capture)
 #   5 probe    tools/gpu/capture_probe.py: what an unlocked / locked / thread-local capture does to
 #              copies on another thread (observations; the locked and thread-local ones must be clean)
@@ -141,7 +143,7 @@ class NoSGLang(importlib.abc.MetaPathFinder):
             raise ImportError(f"sglang is blocked in this check ({name})")
         return None
 sys.meta_path.insert(0, NoSGLang())
-mods = ["adapter.switches.kv_park.engine", "adapter.switches.kv_park.capture", "adapter.switches.kv_park.store", "adapter.switches.kv_park.host_pool", "adapter.switches.kv_park.switch", "devkit.bench.kv_park", "adapter.ops.cli"]
+mods = ["adapter.switches.kv_park.engine", "adapter.switches.kv_park.capture", "adapter.switches.kv_park.store", "adapter.switches.kv_park.host_pool", "adapter.switches.kv_park.host_ledger", "adapter.switches.kv_park.state", "adapter.switches.kv_park.tree", "adapter.switches.kv_park.park", "adapter.switches.kv_park.restore", "adapter.switches.kv_park.pool_boot", "adapter.switches.kv_park.outcomes", "adapter.switches.kv_park.switch", "devkit.bench.kv_park", "adapter.ops.cli"]
 out = {"ok": True, "modules": mods, "error": None}
 try:
     for m in mods:

@@ -181,6 +181,9 @@ PINS: dict[str, str] = {
     "sglang.srt.managers.schedule_batch:release_req": (
         "e9a690b5c7084bb5f69496e1b8e200a75a05db87a7232dc66bdbb5feba112c43"
     ),
+    "sglang.srt.mem_cache.kv_cache_builder:build_kv_cache": (
+        "70324baea106836dea1894731e1c43f928f84c0ce7cfddd9bf9bae6d9eaaf856"
+    ),
     # kv_park (pinned, not wrapped: the DSV4 regions and order parked per page-id space, the C4
     # state addressing that makes state rows follow SWA pages, and the retract loop that rules
     # out holding pages in the allocator while a copy is in flight)

@@ -1,7 +1,7 @@
 """KV parking beside HiCache: one host budget, HiCache's.
 
-With ``--enable-hierarchical-cache`` the park pool is not a second host-RAM budget: at the first
-scheduler pass it is *carved out of HiCache's host pools*. The switch allocates host slots from
+With ``--enable-hierarchical-cache`` the park pool is not a second host-RAM budget: at boot (once
+the scheduler has built its KV cache) it is *carved out of HiCache's host pools*. The switch allocates host slots from
 each pool's own allocator (``HostKVCache.alloc``: HiCache then sees them as used, forever) and
 parks into the bytes behind those slots (each run of consecutive slots is, per leading index of the
 host buffer, one contiguous byte range; every range is trimmed to host pages and becomes one chunk
@@ -133,6 +133,7 @@ def carve_pool(tree_cache: Any, budget_gib: int) -> tuple[HostPool, dict[str, ob
     chunks: list[torch.Tensor] = []
     skipped: list[str] = []
     taken = 0
+    tokens: list[str] = []  # per host pool: host slots (tokens) carved out / its slots
     for pool in pools:
         nbytes = pool_bytes(pool)
         if nbytes == 0:
@@ -155,6 +156,7 @@ def carve_pool(tree_cache: Any, budget_gib: int) -> tuple[HostPool, dict[str, ob
             skipped.append(str(exc))
             continue
         taken += int(slots_wanted * per_slot)
+        tokens.append(f"{type(pool).__name__}:{slots_wanted}/{int(pool.size)}")
     if not chunks:
         why = f" ({'; '.join(skipped)})" if skipped else ""
         raise PoolError(
@@ -167,14 +169,39 @@ def carve_pool(tree_cache: Any, budget_gib: int) -> tuple[HostPool, dict[str, ob
         "hicache_host": describe(total).replace(" ", ""),
         "pool": describe(pool.capacity).replace(" ", ""),
         "slots_bytes": taken,
+        # What the carve-out takes from HiCache's host prefix capacity, in tokens (host slots).
+        "hicache_tokens_taken": ",".join(tokens),
     }
     return pool, facts
 
 
-def prediction_note(host_pool: str, budget_gib: int) -> str:
-    """What ``check`` says beside HiCache: one host-RAM total, HiCache's."""
+def carve_out_take(server_args: Any, budget_gib: int) -> str:
+    """What the carve-out takes from HiCache's host prefix capacity, in tokens, as far as the launch
+    line tells: every host token of a pool costs the same bytes, so the byte share is the token share.
+    With ``--hicache-size`` the share is known; with ``--hicache-ratio`` only its bound (the host pool
+    scales with the device pool, sized at boot), in device-pool tokens, and in tokens when
+    ``--max-total-tokens`` fixes the device pool. The boot line gives the exact tokens
+    (``hicache_tokens_taken=<pool>:<taken>/<slots>``)."""
+    size_gb = float(getattr(server_args, "hicache_size", 0) or 0)
+    budget = budget_gib * GIB
+    if size_gb:
+        host = size_gb * 1e9  # SGLang sizes --hicache-size in 1e9 bytes per rank
+        share = min(budget, SHARE * host) / host
+        return (f"it takes {share:.1%} of HiCache's host prefix capacity ({describe(int(min(budget, SHARE * host)))} "
+                f"of {size_gb:g} GB per rank), so {share:.1%} of its host tokens")
+    ratio = float(getattr(server_args, "hicache_ratio", 2.0) or 2.0)
+    bound = SHARE * ratio
+    device = int(getattr(server_args, "max_total_tokens", 0) or 0)
+    tokens = f" ({int(bound * device)} of its {int(ratio * device)} host tokens at --max-total-tokens {device})" if device else ""
+    return (f"it takes at most {SHARE:.0%} of HiCache's host prefix capacity: up to {bound:g} x the device KV pool's "
+            f"tokens of HiCache's {ratio:g} x{tokens}, fewer where DSV41_KV_PARK_GIB={budget_gib} binds first")
+
+
+def prediction_note(host_pool: str, budget_gib: int, take: str = "") -> str:
+    """What ``check`` says beside HiCache: one host-RAM total, HiCache's, and what the carve-out takes."""
     return (
-        f"beside HiCache ({host_pool}): the park pool is carved out of HiCache's host pool at the first "
-        f"scheduler pass, min(DSV41_KV_PARK_GIB={budget_gib}, {SHARE:g} x HiCache's host pool); the profile's "
-        f"host-RAM total is HiCache's host pool alone"
+        f"beside HiCache ({host_pool}): the park pool is carved out of HiCache's host pool at boot, "
+        f"min(DSV41_KV_PARK_GIB={budget_gib}, {SHARE:g} x HiCache's host pool); the profile's "
+        f"host-RAM total is HiCache's host pool alone{'; ' + take if take else ''} (the boot's kv_park pool line "
+        f"gives the tokens: hicache_tokens_taken=<pool>:<taken>/<slots>)"
     )

@@ -49,15 +49,18 @@ The index ops work on the widest integer view (8, 4, 2 or 1 bytes) that divides 
 the same bytes move with fewer elements (CPU ``index_copy_`` on ``uint8`` rows is an
 element-wise path about 10x slower than on ``int64`` rows; on CUDA it is neutral).
 
-Page ids are validated on the host before any index op: on CUDA an out-of-range index is a
-device-side assert that poisons the context, so it must never reach a kernel.
+Page ids given on the host are validated there before any index op: on CUDA an out-of-range index
+is a device-side assert that poisons the context, so it must never reach a kernel. Page ids already
+on the pool's device are the allocator's own (a request's ``req_to_token`` row, slots it just handed
+out) and are used as they are: reading them back to check them would synchronize the caller's stream.
 
 On CUDA, a save must only start once the writes of the forward that produced the pages are done
 (the caller passes ``after=`` events recorded on the streams that wrote them; the engine's stream
 waits for them on the device, the caller's thread never does) and runs on the engine's own stream (the
-page ids travel to the device on that stream too); a copy into pageable host memory is synchronous
-for the host, and the stream is synchronized before :meth:`CopyEngine.save` returns, so by then
-every read of the device pages has finished and they may be reused.
+page ids travel to the device on that stream too). Into pinned rows with ``events=`` the call returns
+at once with two events: after ``pages_read`` the device pages may be written again, after
+``rows_written`` the host rows hold the bytes. Otherwise (pageable rows: a synchronous copy for the
+host anyway) the stream is synchronized before :meth:`CopyEngine.save` returns.
 
 CUDA graph captures (:mod:`adapter.switches.kv_park.capture`): every device copy of a CUDA engine
 holds the process-wide capture lock, so it never overlaps a global-mode capture on another thread
@@ -159,6 +162,11 @@ class PageLayout:
             out.append((r, col))
             col += r.row_bytes
         return out
+
+
+def on_a_device(page_ids: object) -> bool:
+    """Whether ``page_ids`` is a tensor on a device (the allocator's own ids: never read back)."""
+    return isinstance(page_ids, torch.Tensor) and page_ids.device.type != "cpu"
 
 
 def check_page_ids(page_ids: torch.Tensor | Sequence[int], num_pages: int) -> torch.Tensor:
@@ -323,12 +331,24 @@ class CopyEngine:
         """The staging half of chunk ``chunk`` (halves alternate) as ``[pages, page words]``."""
         return self._staging[chunk & 1][: pages * self.page_bytes].view(self._dtype).view(pages, -1)
 
+    def _checked_ids(self, page_ids: torch.Tensor | Sequence[int]) -> torch.Tensor:
+        """Host ids checked on the host (:func:`check_page_ids`); device ids as they are (flat)."""
+        if on_a_device(page_ids):
+            assert isinstance(page_ids, torch.Tensor)
+            return page_ids.reshape(-1)
+        return check_page_ids(page_ids, self.layout.num_pages)
+
     def _device_ids(self, ids: torch.Tensor, *, asynchronous: bool = False) -> torch.Tensor:
-        """``ids`` on the engine's device. ``asynchronous``: through a pinned copy, so the host does
-        not wait for the engine's stream (a plain copy from pageable memory synchronizes it, and
-        that stream may be waiting for a forward)."""
+        """``ids`` on the engine's device, as int64. ``asynchronous``: through a pinned copy, so the
+        host does not wait for the engine's stream (a plain copy from pageable memory synchronizes
+        it, and that stream may be waiting for a forward). Ids already on the device are the
+        caller's tensor: it is marked used on the engine's stream, so the caching allocator does not
+        hand its memory out again before the copy has read it."""
         if self.device.type == "cpu":
             return ids
+        if ids.device.type != "cpu":
+            ids.record_stream(torch.cuda.current_stream(self.device))
+            return ids.to(torch.int64)
         if asynchronous:
             return ids.pin_memory().to(self.device, non_blocking=True)
         return ids.to(self.device)
@@ -368,22 +388,33 @@ class CopyEngine:
     def _pinned(segs: list[torch.Tensor]) -> bool:
         return bool(segs) and all(s.is_pinned() for s in segs)
 
-    def save(self, page_ids: torch.Tensor | Sequence[int], out: HostRows | None = None, *, after: object = None) -> HostRows:
+    def save(
+        self,
+        page_ids: torch.Tensor | Sequence[int],
+        out: HostRows | None = None,
+        *,
+        after: object = None,
+        events: list | None = None,
+    ) -> HostRows:
         """Copy pages ``page_ids`` into host rows (``out``: an entry tensor or a pool carving's
         segments; None: a new pageable entry) and return ``out``.
 
         ``after``: a CUDA event (or a list of them) the copy must wait for (the forward that wrote
         the pages); without it the copy follows the caller's current stream. Into
         pinned rows (the park pool) the device-to-host copies are asynchronous on the engine's
-        stream; the call returns once the stream has finished them.
+        stream; the call returns once the stream has finished them, or, with ``events`` (a list),
+        at once: ``events`` receives ``(pages_read, rows_written)``, the CUDA events after which the
+        device pages may be written again and the host rows hold the bytes.
         """
-        ids = check_page_ids(page_ids, self.layout.num_pages)
+        ids = self._checked_ids(page_ids)
         n = ids.numel()
         entry: HostRows = self.new_entry(n) if out is None else out
         segs = self._host_rows(entry, n)
         if n == 0:
             return entry
-        with self._lock, self._on_stream(after):
+        asynchronous = events is not None and self.stage and self._stream is not None and self._pinned(segs)
+        written: list = []
+        with self._lock, self._on_stream(after, written if asynchronous else None):
             if not self.stage:  # CPU: straight into the host rows, regions split over threads
                 cpu_ids = self._device_ids(ids)
                 pieces = list(self._pieces(segs, 0, n, None))
@@ -397,7 +428,7 @@ class CopyEngine:
                 _run_groups(self._groups_for(n), gather)
                 return entry
             pinned = self._pinned(segs)
-            dev_ids = self._device_ids(ids)  # on the engine's stream, inside the capture lock
+            dev_ids = self._device_ids(ids, asynchronous=asynchronous)  # on the engine's stream, inside the capture lock
             self._link_after_engine()
             for k, (lo, hi, host) in enumerate(self._pieces(segs, 0, n, self.chunk_pages)):
                 cid = dev_ids[lo:hi]
@@ -409,8 +440,12 @@ class CopyEngine:
                 with self._link():
                     host.copy_(target, non_blocking=pinned)  # one copy per chunk (async into pinned rows)
                 self._signal(self._xfer, self._freed, k)
+            pages_read = self._stream.record_event() if asynchronous else None  # type: ignore[union-attr]
             self._engine_after_link()
             del dev_ids, cid  # the device ids are freed inside the capture lock, not after it
+        if asynchronous:
+            assert events is not None
+            events.append((pages_read, written[0]))
         return entry
 
     # Two streams on CUDA: the engine's (gathers, scatters) and the link's (host copies), handing the
@@ -461,7 +496,7 @@ class CopyEngine:
         event before the pages are read, and before the host rows are reused). Otherwise the copy
         has finished when the call returns.
         """
-        ids = check_page_ids(page_ids, self.layout.num_pages)
+        ids = self._checked_ids(page_ids)
         n = ids.numel()
         segs = self._host_rows(entry)
         rows_total = sum(int(s.shape[0]) for s in segs)

@@ -6,6 +6,13 @@ Invariants (tests check each one):
   (``used + reserved <= budget``). An offer that cannot fit is refused and the request is
   recomputed; an offer that fits after evicting the least recently used ready entries evicts them.
   Nothing is lost: an evicted or refused entry only means a re-prefill.
+* An offer with ``read=`` (a list; the switch's offers on CUDA) into pinned pool rows returns as soon
+  as the copy is queued on the device ("queued"): the entry is stored at once with its
+  ``written`` event, ``read`` receives the event after which the device pages may be written
+  again, and nothing of the store ever waits for either on the caller's thread (``pending`` and
+  :meth:`poll` query them; a restore from such an entry is ordered after ``written`` on the device;
+  its rows go back to the pool only once ``written`` is done). :meth:`fence` waits for them (off
+  the scheduler path: close, tests).
 * An offer with a worker returns before the copy ran ("queued"); the caller's ``on_landed``
   callback (which releases what the copy reads) runs on the caller's thread, from :meth:`poll`,
   :meth:`fence` or :meth:`take`, only after the copy has landed. A full queue (``queue_depth``; None:
@@ -38,7 +45,7 @@ from typing import Any
 import torch
 
 from adapter.core import api
-from adapter.switches.kv_park.engine import CopyEngine, check_page_ids
+from adapter.switches.kv_park.engine import CopyEngine, check_page_ids, on_a_device
 from adapter.switches.kv_park.host_pool import Carving, HostPool
 
 SWITCH = api.handle(__name__)
@@ -68,6 +75,7 @@ class Entry:
     data: torch.Tensor | None
     meta: dict[str, Any] = field(default_factory=dict)
     carving: Carving | None = None
+    written: Any = None  # a device event: the rows hold the bytes once it is done (None: they do)
 
     @property
     def rows(self) -> list[torch.Tensor]:
@@ -148,7 +156,10 @@ class ParkStore:
         self._thread: threading.Thread | None = None
         self.host_pool = host_pool
         # Carvings a restore still reads on the device (its event not yet done): freed once it is.
-        self._draining: list[tuple[Any, Carving]] = []
+        self._draining: list[tuple[list[Any], Carving]] = []
+        # ``written`` events of the device copies still in flight (an entry taken for a restore keeps
+        # its copy here until the event is done).
+        self._in_flight: list[Any] = []
         _LIVE_STORES.add(self)
 
     def use_pool(self, host_pool: HostPool) -> None:
@@ -182,7 +193,17 @@ class ParkStore:
         return list(self._entries)
 
     def pending(self) -> int:
-        return len(self._pending)
+        """Copies in flight: queued for the worker, or queued on the device (events queried, never waited)."""
+        self._settle()
+        return len(self._pending) + len(self._in_flight)
+
+    def _settle(self) -> None:
+        """Forget the ``written`` events of device copies that are done (queries, no wait)."""
+        if self._in_flight:
+            self._in_flight = [e for e in self._in_flight if not e.query()]
+        for entry in self._entries.values():
+            if entry.written is not None and entry.written.query():
+                entry.written = None
 
     # -- saving ----------------------------------------------------------------------------------
     def offer(
@@ -194,13 +215,17 @@ class ParkStore:
         meta: dict[str, Any] | None = None,
         after: object = None,
         on_landed: Callable[[], None] | None = None,
+        read: list | None = None,
     ) -> str:
         """Park pages ``page_ids`` under ``key``: "queued", "saved", or "refused: <why>".
 
-        On "refused" nothing was copied and ``on_landed`` has already run.
+        On "refused" nothing was copied and ``on_landed`` has already run. ``read``: a list that
+        receives the device event after which the pages may be written again, when the copy was
+        queued on the device without waiting (CUDA, pinned pool rows; "queued").
         """
         self.poll()
-        ids = check_page_ids(page_ids, engine.layout.num_pages)  # IndexError here, not in the worker
+        # IndexError here, not in the worker; device ids (the allocator's own) are not read back.
+        ids = page_ids.reshape(-1) if on_a_device(page_ids) else check_page_ids(page_ids, engine.layout.num_pages)
         nbytes = ids.numel() * engine.page_bytes
         why, carving = self._make_room(key, nbytes, ids.numel(), engine.page_bytes)
         if why:
@@ -216,7 +241,7 @@ class ParkStore:
         job = _Job(entry, engine, ids, after, on_landed)
         with self._lock:
             self._pending[key] = job
-        if self.worker:
+        if self.worker and read is None:
             try:
                 self._queue.put_nowait(job)
             except queue.Full:
@@ -225,10 +250,19 @@ class ParkStore:
                 self.stats.queued += 1
                 self._ensure_worker()
                 return "queued"
-        self.stats.sync_saves += 1
-        self._run(job)
+        events: list = []
+        self._run(job, events if read is not None else None)
+        if events:  # queued on the device: the rows hold the bytes once ``written`` is done
+            pages_read, job.entry.written = events[0]
+            read.append(pages_read)  # type: ignore[union-attr]
+            self._in_flight.append(job.entry.written)
+            self.stats.queued += 1
+        else:
+            self.stats.sync_saves += 1
         self._land(job)
-        return "saved" if job.error is None else f"refused: copy failed ({type(job.error).__name__})"
+        if job.error is not None:
+            return f"refused: copy failed ({type(job.error).__name__})"
+        return "queued" if events else "saved"
 
     def _make_room(self, key: Hashable, nbytes: int, rows: int, row_bytes: int) -> tuple[str, Carving | None]:
         """Evict least recently used ready entries until the offer fits: ``("", carving or None)``,
@@ -251,6 +285,9 @@ class ParkStore:
         return "", None
 
     def _carve(self, rows: int, row_bytes: int) -> tuple[str, Carving | None]:
+        """Carve, evicting least recently used entries; never waits: rows a device copy still reads
+        or writes come back once its event is done (a later offer), so an offer that would need
+        them now is refused (the request recomputes)."""
         pool = self.host_pool
         assert pool is not None
         while True:
@@ -258,9 +295,6 @@ class ParkStore:
             carving = pool.carve(rows, row_bytes)
             if carving is not None:
                 return "", carving
-            if self._draining:  # restores still reading their rows: wait for them, then carve again
-                self._drain(wait=True)
-                continue
             if not self._entries:
                 return "the park pool is held by copies in flight", None
             self._evict_lru()
@@ -272,25 +306,28 @@ class ParkStore:
         self._free(old)
 
     def _free(self, entry: Entry, after: object = None) -> None:
-        """Give an entry's pool rows back, at once or (``after``: a device event still reading
-        them) once that event is done."""
+        """Give an entry's pool rows back, at once or, while a device copy still writes them (its
+        ``written`` event) or reads them (``after``), once those events are done (queried by later
+        calls, never waited for here)."""
         carving, entry.carving = entry.carving, None
         if carving is None or carving.released:
             return
-        if after is not None and not after.query():  # type: ignore[attr-defined]
-            self._draining.append((after, carving))
+        busy = [e for e in (entry.written, after) if e is not None and not e.query()]  # type: ignore[attr-defined]
+        if busy:
+            self._draining.append((busy, carving))
         else:
             carving.release()
 
     def _drain(self, *, wait: bool) -> None:
         keep = []
-        for event, carving in self._draining:
+        for events, carving in self._draining:
             if wait:
-                event.synchronize()
-            if wait or event.query():
+                for event in events:
+                    event.synchronize()
+            if wait or all(event.query() for event in events):
                 carving.release()
             else:
-                keep.append((event, carving))
+                keep.append((events, carving))
         self._draining = keep
 
     def release(self, entry: Entry, after: object = None) -> None:
@@ -299,9 +336,12 @@ class ParkStore:
         self._free(entry, after)
 
     @staticmethod
-    def _run(job: _Job) -> None:
+    def _run(job: _Job, events: list | None = None) -> None:
         try:
-            job.engine.save(job.page_ids, out=job.entry.rows, after=job.after)
+            if events is None:
+                job.engine.save(job.page_ids, out=job.entry.rows, after=job.after)
+            else:
+                job.engine.save(job.page_ids, out=job.entry.rows, after=job.after, events=events)
         except BaseException as exc:  # any failure disables parking; it never reaches the engine
             job.error = exc  # a BaseException too: the copy is unfinished, never a saved entry
             if not isinstance(exc, Exception):
@@ -402,24 +442,44 @@ class ParkStore:
         SWITCH.event("disabled", level=logging.WARNING, reason=" ".join(reason.split()).replace(" ", "_"))
 
     def poll(self) -> int:
-        """Land every finished copy (store it, run its ``on_landed``); returns how many landed."""
+        """Land every finished copy (store it, run its ``on_landed``); forget the events of device
+        copies that are done and give back the rows they held (queries, no wait); returns how many
+        worker copies landed."""
         landed = [job for job in list(self._pending.values()) if job.done.is_set()]
         for job in landed:
             self._land(job)
+        self._settle()
         if self._draining:
             self._drain(wait=False)
         return len(landed)
 
     def fence(self, key: Hashable | None = None, timeout: float | None = None) -> bool:
-        """Wait until the copy of ``key`` (or every copy in flight) has landed, then land it.
+        """Wait until the copy of ``key`` (or every copy in flight: the worker's and those queued on
+        the device) has landed, then land it. A host wait: never on the scheduler path.
 
         Returns False when ``timeout`` ran out first.
         """
+        if not self._await_jobs(key, timeout):
+            return False
+        for k, entry in self._entries.items():
+            if entry.written is not None and (key is None or k == key):
+                entry.written.synchronize()
+                entry.written = None
+        if key is None:
+            for event in self._in_flight:
+                event.synchronize()
+        self.poll()
+        return True
+
+    def _await_jobs(self, key: Hashable | None = None, timeout: float | None = None) -> bool:
+        """Wait for the worker's copy of ``key`` (or all of them) and land it; False on timeout.
+        Nothing to wait for when the store has no worker (the switch's)."""
         jobs = list(self._pending.values()) if key is None else [j for k, j in self._pending.items() if k == key]
         for job in jobs:
             if not self._wait(job, timeout):
                 return False
-        self.poll()
+        if jobs:
+            self.poll()
         return True
 
     def fence_pages(
@@ -441,17 +501,19 @@ class ParkStore:
 
     # -- restoring -------------------------------------------------------------------------------
     def peek(self, key: Hashable) -> Entry | None:
-        """The entry of ``key`` (waiting for its copy), marked most recently used."""
-        self.fence(key)
+        """The entry of ``key`` (waiting for a worker's copy; a device copy is not waited for: its
+        ``written`` event orders whatever reads the rows), marked most recently used."""
+        self._await_jobs(key)
         if key in self._entries:
             self._entries.move_to_end(key)
         return self._entries.get(key)
 
     def take(self, key: Hashable) -> Entry | None:
-        """Remove and return the entry of ``key`` (waiting for its copy); None: recompute.
+        """Remove and return the entry of ``key`` (waiting for a worker's copy, never for a device
+        copy: a restore from it follows its ``written`` event on the device); None: recompute.
 
         The entry's pool rows stay held until :meth:`release` (after the restore read them)."""
-        self.fence(key)
+        self._await_jobs(key)
         entry = self._entries.pop(key, None)
         if entry is None:
             self.stats.missed += 1
@@ -460,7 +522,7 @@ class ParkStore:
         return entry
 
     def discard(self, key: Hashable) -> None:
-        self.fence(key)
+        self._await_jobs(key)
         entry = self._entries.pop(key, None)
         if entry is not None:
             self._free(entry)

@@ -5,72 +5,70 @@ What it changes
     the request is re-admitted (for DeepSeek-V4 there is no copy at all; for other models only
     the PD-decode ``cpu_tensor`` backend copies, per layer and per view into fresh pinned
     tensors). With this switch, ``release_req`` (the retraction path of ``retract_decode`` and
-    ``pause_generation(mode="retract")``) first parks the row's whole pages with the page-major
-    copy engine (:mod:`adapter.switches.kv_park.engine`) into the host store
+    ``pause_generation(mode="retract")``) first parks the pages the retraction frees with the
+    page-major copy engine (:mod:`adapter.switches.kv_park.engine`) into the host store
     (:mod:`adapter.switches.kv_park.store`), then frees them as before. Priority preemption in
     ``PrefillAdder`` goes through the same function and parks too. At the start of each scheduler
     pass (``get_next_batch_to_run``), a parked request that waits for admission gets fresh pages,
     its bytes are restored into them, and they are inserted into the radix tree under the
     request's own tokens, so the stock admission finds them as a cached prefix and prefills only
-    the tokens past it (usually the one token whose KV was never computed). Only that servable
-    prefix is parked (whole pages before the row's last token: under the overlap loop a retracted
-    row's fill ends at its KV, so a page-boundary retraction's last page is never servable). The
-    restored pages (or, when the tree already covers the prefix, the tree's) stay pinned by a tree
-    lock until the request is admitted: after a pool-full retraction it waits for running rows to
-    finish, and their decode would evict unlocked pages first. Pins are released when the request
-    leaves the waiting queue, or as soon as the running rows' next decode step would not fit beside
-    them (running rows come first, as in stock), and whenever no row runs (then nothing evicts them
-    before the admission, and no pin can keep another request out of an idle engine). Every entry
-    not restored logs one DEBUG line
-    ``kv_park dropped reason=...``.
+    the tokens past it (usually the one token whose KV was never computed). Only what a
+    re-admission can be served is parked (whole pages before the row's last token: under the
+    overlap loop a retracted row's fill ends at its KV, so a page-boundary retraction's last page
+    is never servable), and only past what the tree holds of the row: its prompt (cached at the
+    prefill) stays in the tree, unlocked, and a re-admission finds it there; parking it too was a
+    copy the re-admission never used (on the DeepSeek-V4 kit's soak every parked row found the tree
+    holding it all). When the tree holds the whole servable prefix nothing is parked
+    (``not_parked reason=tree_holds_it``); when it lost its part by the re-admission, the parked
+    tail cannot be served and the request recomputes, as stock (``dropped
+    reason=prefix_gone_from_the_tree``). The restored pages (or, when the tree covers the prefix,
+    the tree's: ``resumed_from_tree``) stay pinned by a tree lock until the request is admitted:
+    after a pool-full retraction it waits for running rows to finish, and their decode would evict
+    unlocked pages first. Pins are released when the request leaves the waiting queue, or as soon
+    as the running rows' next decode step would not fit beside them (running rows come first, as
+    in stock), and whenever no row runs (then nothing evicts them before the admission, and no pin
+    can keep another request out of an idle engine). Every retraction logs one DEBUG line,
+    ``kv_park parked`` or ``kv_park not_parked reason=...``, and every parked row not restored one
+    ``kv_park dropped reason=...`` (:mod:`adapter.switches.kv_park.outcomes` counts them).
 
-Copies in flight (pages are write-fenced, not held in the allocator)
-    The save runs on a background worker: retraction returns before the copy. The issue asks
-    that the pages stay held until the copy has landed; they are freed at once instead and
-    *write-fenced*, which gives the same guarantee (no byte of a page changes while a copy reads
-    it) without starving ``retract_decode``. Why not hold them: ``retract_decode`` loops
-    ``while not check_decode_mem(...)`` and releases one more row per iteration, and
-    ``check_decode_mem`` asks the allocator (``check_decode_capacity``, tree eviction included)
-    for free capacity. Pages still held by a copy are neither free nor evictable, so the loop
-    would retract further rows until the copies landed (or retract every row), and waiting for
-    the copy inside the loop would make the retraction synchronous again. Why the fence is
-    enough: in the scheduler process only two things write KV bytes into a freed page: a
-    forward (into its batch's ``out_cache_loc``; DSV4 writes its compressed C4/C128/indexer
-    slots at ``loc // ratio``, i.e. in the same full page, and its compressor state rows at the
-    SWA page of ``loc``) and a restore. So the batch that ``get_next_batch_to_run`` returns
-    waits, before it is launched, for every copy in flight that reads a full page or (through
-    the full-to-SWA mapping) a SWA page that batch writes, and a restore waits for all copies.
-    (A HiCache load-back writes freshly allocated pages during the pass, before the batch is known:
-    beside HiCache every copy in flight is fenced at the start of each pass.) Allocation, freeing
-    and tree eviction write no bytes. The queue is unbounded (each queued copy holds its bytes of
-    the budget), so a retraction never copies on the scheduler thread.
+Copies in flight: ordered on the device, never waited for on the scheduler thread
+    A retraction frees the row's pages at once (holding them until the copy lands would starve
+    ``retract_decode``: it loops ``while not check_decode_mem(...)``, retracting one more row per
+    iteration, and pages still held by a copy are neither free nor evictable). On CUDA the park
+    queues its copy on the copy engine's stream from the scheduler thread and returns: the copy
+    follows events recorded on the KV streams (the scheduler thread's current stream and the
+    scheduler's forward stream, where the overlap loop runs the forward), and those streams then
+    wait, on the device, for the event after which the copy has read the pages. In the scheduler
+    process only a forward, a restore and HiCache's load-back (which follows the forward stream)
+    write KV bytes into a freed page, and each is queued on those streams later, so none can
+    overwrite a page before the copy has read it. A restore is queued after the work on those
+    streams and after its own entry's save (the entry's ``written`` event: a request can come back
+    while its park's copy is still in flight), and the KV streams wait for the restore before the
+    forward that reads the pages. The store only *queries* events (``event.query()``) to know what
+    is done and which pool rows are free again. The host reads nothing back on these paths, with
+    one exception per park on a hybrid-SWA / DeepSeek-V4 pool: where the row's window starts is data
+    on the device (its SWA mapping), one read-back of one integer. A park pool too full for an
+    offer, with the rest of it still read or written by copies in flight, refuses the offer (the
+    request recomputes) rather than wait. On a CPU pool the copy is the work itself and runs in the
+    retraction (there is no device to overlap it with).
 
-No wait on the scheduler thread for a copy (CUDA)
-    A save does not wait for the forward that wrote its pages: it records one CUDA event on each
-    stream that writes KV (the scheduler thread's current stream, and the scheduler's forward
-    stream, where the overlap loop runs the forward; SGLang's HiCache fences its own copies on
-    that stream the same way) and the copy stream waits for them on the device. A restore's copy
-    follows the same events (a forward still in flight may touch pages just handed out), and those
-    streams then wait for the copy's event, so the forward that reads the restored pages (and
-    HiCache's write-back, which follows the forward stream) sees them; the host waits only in the
-    write fence above, when a page a copy still reads is about to be written.
-
-Host memory: the park pool (allocated once, at the first scheduler pass)
+Host memory: the park pool (allocated once, at boot, before the first scheduler pass)
     On a CUDA KV pool, ``DSV41_KV_PARK_GIB`` of host RAM is allocated in 1 GiB chunks, each starting
-    on a host page and page-locked once (``cudaHostRegister``; the ``kv_park pool ... pin_ms=..``
-    line gives the time), and every entry is carved out of it page by page
+    on a host page and page-locked once (``cudaHostRegister``; the ``kv_park pool ... at=boot
+    boot_ms=..`` line gives the time), after the TP ranks on the host agreed there is room for all
+    of them (:mod:`adapter.switches.kv_park.host_ledger`: they pass or refuse together), and every entry is carved out of it page by page
     (:mod:`adapter.switches.kv_park.host_pool`); a full pool evicts least recently used entries as
     the byte budget does. A pool that cannot be allocated or locked fails the boot (``BootError``
     naming ``DSV41_KV_PARK_GIB``, the size, how far pinning got and the host limit). Saves and
     restores move device pages straight into and out of the pinned rows on the copy engine's
-    streams (the link overlaps the gather / scatter of the next chunk): a save runs on the park
-    worker, a restore returns before its copy lands (the KV streams wait for its event); its pool
+    streams (the link overlaps the gather / scatter of the next chunk): a save and a restore each
+    return before their copy lands (the KV streams wait for its event); its pool
     rows go back to the pool only once that event is done. A CPU KV pool
     keeps pageable entries (nothing to pin).
 
 Beside HiCache: one host budget, HiCache's, and nothing held twice
-    With ``--enable-hierarchical-cache`` the park pool is carved out of HiCache's host pools at the
-    first scheduler pass (:mod:`adapter.switches.kv_park.beside_hicache`: their own allocator hands
+    With ``--enable-hierarchical-cache`` the park pool is carved out of HiCache's host pools at
+    boot (:mod:`adapter.switches.kv_park.beside_hicache`: their own allocator hands
     the slots over; ``min(DSV41_KV_PARK_GIB, half of HiCache's host pools)``), so the profile's
     host-RAM total is HiCache's host pool alone and parked bytes plus HiCache's own never exceed
     it. Nothing is held twice (no page, Full or SWA, both parked and in HiCache's host pools):
@@ -128,62 +126,19 @@ Rollback: unset ``DSV41_KV_PARK``.
 
 from __future__ import annotations
 
-import logging
 import sys
-from array import array
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from adapter.core import api
-from adapter.switches.kv_park import beside_hicache, capture, dsv4_offload, regions
-from adapter.switches.kv_park.engine import CopyEngine
-from adapter.switches.kv_park.host_pool import CudaHostRegister, HostPool, PageLocker, PoolError
+from adapter.switches.kv_park import capture, dsv4_offload
+from adapter.switches.kv_park.park import _park, save_pages  # noqa: F401  (save_pages: tests drive it)
+from adapter.switches.kv_park.pool_boot import _boot_pool, boot_pool, ranks_on_this_host  # noqa: F401
+from adapter.switches.kv_park.restore import _restore_one, _restore_waiting, restore_pages  # noqa: F401
+from adapter.switches.kv_park.state import GIB, _Engines, _State  # noqa: F401
 from adapter.switches.kv_park.store import SWITCH, ParkStore
-
-GIB = 1 << 30
-
-
-@dataclass
-class _Engines:
-    full: CopyEngine  # full-attention pages, addressed by full page id (slot // page_size)
-    swa: CopyEngine | None  # SWAKVPool: the SWA side, addressed by SWA page id
-
-
-@dataclass
-class _State:
-    store: ParkStore
-    engines: dict[int, tuple[Any, _Engines | None]] = field(default_factory=dict)  # id(pool) -> (pool, engines)
-    said: set[str] = field(default_factory=set)  # one-time log lines already written
-    # rid -> (tree, TreeLock) on the pages a restore inserted, held until the request is admitted
-    # (its admission then locks them as its prefix) so running rows do not evict them meanwhile.
-    pins: dict[Any, tuple[Any, Any]] = field(default_factory=dict)
-    checked_hicache: bool = False  # the first scheduler pass asked whether HiCache is attached
-    # The scheduler's forward stream (learned at the first pass): under the overlap loop the forward
-    # writes and reads KV pages there, not on the scheduler thread's current stream.
-    forward_stream: Any = None
-    beside_hicache: bool = False  # the park pool is carved out of HiCache's host pools
-
-    def once(self, what: str, **params: object) -> None:
-        line = what + repr(sorted(params.items()))
-        if line not in self.said:
-            self.said.add(line)
-            SWITCH.event(what, **params)
-
-    def engines_for(self, pool: Any) -> _Engines | None:
-        known = self.engines.get(id(pool))
-        if known is not None and known[0] is pool:
-            return known[1]
-        engines = None
-        try:
-            full, swa = regions.layouts_for(pool)
-            engines = _Engines(CopyEngine(full), CopyEngine(swa) if swa is not None else None)
-        except regions.Unsupported as exc:
-            self.once("unsupported", pool=type(pool).__name__, reason=str(exc).replace(" ", "_"))
-        self.engines[id(pool)] = (pool, engines)
-        return engines
-
+from adapter.switches.kv_park.tree import _pin, _release_pins  # noqa: F401
 
 STATE: _State | None = None
 
@@ -193,11 +148,16 @@ def install(ctx: api.SwitchContext) -> dict[str, object]:
     budget_gib = int(ctx.option("DSV41_KV_PARK_GIB"))
     # An unbounded queue: a retraction never copies on the scheduler thread (each queued copy
     # already holds its bytes of the budget, so the budget bounds the queue).
-    state = _State(ParkStore(budget_gib * GIB, worker=True, queue_depth=None))
+    # No worker: on CUDA a park queues its copy on the device from the scheduler thread and returns
+    # (the device orders it); on a CPU pool the copy is the work itself, done in the retraction.
+    state = _State(ParkStore(budget_gib * GIB, worker=False))
     ctx.wrap("release_req", _release_req)
     ctx.wrap("Scheduler.get_next_batch_to_run", _get_next_batch_to_run)
-    # Parking copies run on a worker thread; a global-mode CUDA graph capture on another thread must
-    # not see them (capture.py): the capture drains them and holds new ones back until it ends.
+    # The park pool is pinned (or carved out of HiCache's) as soon as the scheduler has its KV cache,
+    # before the first pass: pinning takes seconds per rank (about 0.4 s/GiB), never on a live pass.
+    ctx.wrap("build_kv_cache", _built_kv_cache)
+    # A global-mode CUDA graph capture on another thread must not see a parking copy being queued
+    # (capture.py): the capture waits for the copies being queued and holds new ones back until it ends.
     ctx.wrap("CUDAGraph.capture_begin", capture.locked_capture_begin)
     ctx.wrap("CUDAGraph.capture_end", capture.locked_capture_end)
     # SGLang's own DSV4 retraction offload (PD decode, cpu_tensor backup) through the copy engine.
@@ -206,10 +166,7 @@ def install(ctx: api.SwitchContext) -> dict[str, object]:
     ctx.wrap("sglang.srt.mem_cache.common:dsv4_needs_rebootstrap", dsv4_offload.wrapped_needs_rebootstrap)
     ctx.wrap("sglang.srt.disaggregation.decode:dsv4_needs_rebootstrap", dsv4_offload.wrapped_needs_rebootstrap)
     ctx.set_attr(sys.modules[__name__], "STATE", state)
-    return {"mode": ctx.value, "budget_gib": budget_gib, "worker": "background", "capture_lock": "global"}
-
-
-# -- saving on retraction ----------------------------------------------------------------------
+    return {"mode": ctx.value, "budget_gib": budget_gib, "copies": "device_queued", "capture_lock": "global"}
 
 
 def _release_req(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
@@ -224,219 +181,19 @@ def _release_req(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     return wrapped(*args, **kwargs)
 
 
-def _parkable(state: _State, req: Any, tree_cache: Any, allocator: Any) -> bool:
-    from sglang.srt.runtime_context import get_disagg, get_spec
-
-    if state.store.disabled or req.finished() or not req.kv.holds_kv:
-        return False
-    if get_disagg().disaggregation_mode == "decode":
-        return False  # PD decode keeps its own retraction backup
-    if req.multimodal_inputs is not None:
-        return False  # the tree key would need the multimodal hashes
-    if get_spec().speculative_algorithm is not None:
-        # A draft model keeps its own KV (and DSV4 MTP its own pool): parking only the target's
-        # would resume the draft on stale pages. Recompute, as stock does.
-        state.once("unsupported", reason="speculative_decoding_draft_kv_not_parked")
-        return False
-    if getattr(tree_cache, "disable", True) or not tree_cache.supports_prefix_sharing():
-        state.once("unsupported", tree=type(tree_cache).__name__, reason="no_prefix_sharing")
-        return False
-    if tree_cache.supports_mamba() or tree_cache.tree_core.is_eagle:
-        state.once("unsupported", tree=type(tree_cache).__name__, reason="mamba_or_bigram_tree")
-        return False
-    if tree_cache.supports_swa() and (
-        getattr(allocator, "full_to_swa_index_mapping", None) is None or getattr(allocator, "swa_req_ring", False)
-    ):
-        state.once("unsupported", allocator=type(allocator).__name__, reason="swa_without_a_paged_swa_mapping")
-        return False
-    return True
-
-
-def _whole_pages(slots: torch.Tensor, page_size: int) -> torch.Tensor | None:
-    """Page ids of ``slots`` when they are whole pages in order, else None."""
-    pages = torch.div(slots[::page_size], page_size, rounding_mode="floor")
-    expected = pages.repeat_interleave(page_size) * page_size + torch.arange(slots.numel(), device=slots.device) % page_size
-    return pages if torch.equal(slots, expected) else None
-
-
-def _park(state: _State, req: Any, req_to_token_pool: Any, allocator: Any, tree_cache: Any) -> None:
-    if not _parkable(state, req, tree_cache, allocator):
-        return
-    pool = allocator.get_kvcache()
-    engines = state.engines_for(pool)
-    if engines is None or (engines.swa is None) != (not tree_cache.supports_swa()):
-        return
-    page_size = int(allocator.page_size)
-    fill = req.origin_input_ids + req.output_ids
-    tokens = fill[: int(req.kv.kv_committed_len)]
-    # Only what a re-admission can be served: whole pages (the tree takes no partial page) before
-    # its last token (``_compute_max_prefix_len``: the extend needs one token for the logits).
-    # Under the overlap loop a retracted row's fill ends at ``kv_committed_len`` (the in-flight
-    # token is dropped), so at a page boundary the row's last page is never servable.
-    n = min(len(tokens), req._compute_max_prefix_len(len(fill))) // page_size * page_size
-    if n == 0:
-        return
-    slots = req_to_token_pool.req_to_token[req.kv.req_pool_idx, :n].to(torch.int64)
-    pages = _whole_pages(slots, page_size)
-    if pages is None:
-        state.once("unsupported", reason="request_slots_are_not_whole_pages")
-        return
-    swa_from, swa_pages = None, None
-    if engines.swa is not None:
-        # Only the window still has SWA slots (0 = none): park the whole pages from the first
-        # page after the last dead slot.
-        swa_slots = allocator.full_to_swa_index_mapping[slots].to(torch.int64)
-        dead = (swa_slots == 0).nonzero()
-        swa_from = 0 if dead.numel() == 0 else (int(dead.max()) // page_size + 1) * page_size
-        if swa_from >= n:
-            # No whole window page below the servable prefix: its extend would need SWA KV that
-            # decode already freed (a pool-full retraction on pages wider than the window).
-            SWITCH.event("dropped", level=logging.DEBUG, rid=req.rid, reason="window_below_the_servable_prefix",
-                         servable=n, swa_from=swa_from, committed=len(tokens), at="park")
-            return
-        swa_pages = _whole_pages(swa_slots[swa_from:], page_size)
-        if swa_pages is None:
-            state.once("unsupported", reason="swa_slots_are_not_whole_pages")
-            return
-    parked_from = 0  # the first token of the parked Full pages
-    swa_parked_from = swa_from  # the first token of the parked SWA pages
-    if state.beside_hicache:
-        # Beside HiCache only the tail the tree does not hold (device, or host through HiCache) is
-        # parked: nothing is held twice, and the restore brings the rest back through HiCache.
-        # ``tree_from``: the prefix the tree can serve (a SWA run of at least the window ends there);
-        # ``parked_from``: where its Full KV ends, which may be further (another request's identical
-        # continuation whose window was evicted: HiCache can hold that Full KV on host too).
-        tree_from, parked_from = _held_by_tree(tree_cache, req, tokens[:n], page_size)
-        if tree_from >= n:
-            SWITCH.event("dropped", level=logging.DEBUG, rid=req.rid, reason="tree_holds_it", servable=n, at="park")
-            return
-        if parked_from > tree_from and _full_on_device(tree_cache, req, tokens[:parked_from]) is None:
-            # Part of that Full KV is on host only, and HiCache's load-back cannot bring back a node
-            # whose window is gone on both tiers (SGLang 0.5.23's SWA load-back asserts): parking
-            # it would hold it twice, parking past it is useless. The request recomputes from what
-            # the tree serves, as stock.
-            SWITCH.event("dropped", level=logging.DEBUG, rid=req.rid, reason="window_lost_full_kv_on_host",
-                         servable=n, served=tree_from, full=parked_from, at="park")
-            return
-        if (parked_from > tree_from and swa_from is not None
-                and _tree_holds_swa(tree_cache, req, tokens, max(swa_from, tree_from), parked_from, page_size)):
-            # Past what it serves the tree still holds some of the window's SWA pages (a run shorter
-            # than the window, on the device or in HiCache's host pool): parking them would hold
-            # them twice, and a host-only one cannot come back without a window. Recompute.
-            SWITCH.event("dropped", level=logging.DEBUG, rid=req.rid, reason="window_partly_in_the_tree",
-                         servable=n, served=tree_from, full=parked_from, at="park")
-            return
-        pages = pages[parked_from // page_size :]
-        if swa_pages is not None and swa_from is not None and tree_from > swa_from:
-            # The window's pages below tree_from are the tree's own SWA pages (the row shares the
-            # tree's slots there): the match that counted them validated a SWA run of at least the
-            # window ending at tree_from, and HiCache's load-back brings it back with the Full KV.
-            swa_pages = swa_pages[(tree_from - swa_from) // page_size :]
-            swa_parked_from = tree_from
-    else:
-        tree_from = 0
-    meta = {"tokens": array("q", tokens[:n]), "page_size": page_size, "pool": id(pool), "swa_from": swa_from,
-            "parked_from": parked_from, "swa_parked_from": swa_parked_from, "tree_from": tree_from}
-    outcome = save_pages(state, req.rid, engines, pages.cpu(), None if swa_pages is None else swa_pages.cpu(), meta)
-    if SWITCH.debug or api.metrics_on():  # the line and the metrics: skip the sums when nothing reads them
-        nbytes = 0 if outcome.startswith("refused") else pages.numel() * engines.full.page_bytes + (
-            0 if swa_pages is None or engines.swa is None else swa_pages.numel() * engines.swa.page_bytes)
-        SWITCH.event("parked", level=logging.DEBUG, rid=req.rid, pages=pages.numel(), outcome=outcome.split(":")[0],
-                     bytes=nbytes, held=state.store.used_bytes + state.store.reserved_bytes)
-
-
-def kv_streams(state: _State, device: torch.device) -> list[Any]:
-    """The CUDA streams whose queued work writes or reads KV pages: the scheduler thread's current
-    stream (the forward runs there without the overlap loop) and the scheduler's forward stream."""
-    streams = [torch.cuda.current_stream(device)]
-    forward = state.forward_stream
-    if forward is not None and forward != streams[0]:
-        streams.append(forward)
-    return streams
-
-
-def _recorded_on(streams: list[Any]) -> list[Any]:
-    """One CUDA event recorded now on each stream: the point a copy must follow."""
-    events = []
-    for stream in streams:
-        event = torch.cuda.Event()
-        event.record(stream)
-        events.append(event)
-    return events
-
-
-def save_pages(
-    state: _State, rid: Any, engines: _Engines, pages: torch.Tensor, swa_pages: torch.Tensor | None, meta: dict[str, Any]
-) -> str:
-    """Offer a retracted row's pages (and its SWA window pages) to the store; the store's outcome.
-
-    On CUDA the scheduler thread does not wait for the forward that wrote the pages, nor for the
-    copy: events recorded now on the KV streams (:func:`kv_streams`) travel with the offer, the
-    copy stream waits for them on the device, and the worker copies. The pages are freed at once
-    and write-fenced (:func:`_fence_writes`) until the copy has landed."""
-    after = _recorded_on(kv_streams(state, engines.full.device)) if engines.full.device.type == "cuda" else None
-    outcome = state.store.offer(rid, engines.full, pages, meta=meta, after=after)
-    if swa_pages is not None and not outcome.startswith("refused"):
-        assert engines.swa is not None
-        swa_outcome = state.store.offer((rid, "swa"), engines.swa, swa_pages, meta={"swa_from": meta["swa_from"]}, after=after)
-        if swa_outcome.startswith("refused"):
-            state.store.discard(rid)  # the full pages alone cannot be restored
-            outcome = swa_outcome
-    return outcome
-
-
-def restore_pages(state: _State, copies: list[tuple[Any, CopyEngine, torch.Tensor, int]]) -> None:
-    """Take each ``(key, engine, page ids, first entry row)`` entry out of the store and write it into
-    its pages.
-
-    On CUDA nothing here waits on the host: the copies follow the work already queued on the KV
-    streams (a forward still in flight may touch pages just handed out: a row that finished last
-    step), and those streams then wait for the copies, so the forward that reads the pages, and
-    HiCache's write-back (its device-to-host stream follows the forward stream), see the restored
-    bytes. Each entry's pool rows go back to the pool once its copy has read them. A failed copy
-    waits out what was queued and raises (the caller frees the pages)."""
-    store = state.store
-    device = copies[0][1].device
-    streams = kv_streams(state, device) if device.type == "cuda" else []
-    after = _recorded_on(streams) or None
-    fence: list[Any] = []  # CUDA events of the copies queued from pinned pool rows
-    try:
-        for key, engine, pages, first in copies:
-            entry = store.take(key)
-            if entry is None:
-                raise LookupError(f"the parked entry {key!r} is gone")
-            done: list[Any] = []
-            try:
-                engine.restore(entry.rows, pages, first=first, fence=done, after=after)
-            finally:
-                store.release(entry, after=done[0] if done else None)
-            fence += done
-    except BaseException:
-        for event in fence:
-            event.synchronize()
-        raise
-    for stream in streams:
-        for event in fence:
-            stream.wait_event(event)
-
-
-# -- fencing and restoring around each scheduler pass -------------------------------------------
-
-
 def _get_next_batch_to_run(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
     state = STATE
     if state is None:
         return wrapped(*args, **kwargs)
-    if not state.checked_hicache:  # the tree and the KV pool are built before the first pass
+    if not state.checked_hicache:
         state.checked_hicache = True
         forward = getattr(instance, "forward_stream", None)
         if isinstance(forward, torch.cuda.Stream):
             state.forward_stream = forward
-        _boot_pool(state, instance)
-    if state.beside_hicache and state.store.pending():
-        # HiCache loads host pages back into freshly allocated device pages during this pass,
-        # before the batch is known: no copy may still read a freed page then.
-        state.store.fence()
+        if not state.pool_booted:  # a scheduler built without build_kv_cache (the test harness)
+            _boot_pool(state, instance, at="first_pass")
+    # No fence: every copy still reading freed pages is ordered before any later write of them on
+    # the device (save_pages); the store only queries what is done.
     state.store.poll()
     if state.pins:
         _release_pins(state, instance)
@@ -444,325 +201,13 @@ def _get_next_batch_to_run(wrapped: Any, instance: Any, args: tuple, kwargs: dic
         _restore_waiting(state, instance)
     except Exception as exc:  # a failed restore disables parking; the request recomputes
         state.store.disable(f"restore failed: {type(exc).__name__}: {exc}")
-    plan = wrapped(*args, **kwargs)
-    batch = getattr(plan, "batch_to_run", None)
-    if batch is not None and state.store.pending():
-        _fence_writes(state, instance.token_to_kv_pool_allocator, getattr(batch, "out_cache_loc", None))
-    return plan
+    return wrapped(*args, **kwargs)
 
 
-def boot_pool(budget_gib: int, *, locker: PageLocker | None = None, chunk_bytes: int | None = None) -> HostPool:
-    """The park pool of a CUDA KV pool: ``budget_gib`` GiB page-locked once, in chunks.
-
-    A pool that cannot be allocated or locked is a boot failure (:class:`api.BootError`) naming
-    ``DSV41_KV_PARK_GIB``, the size and the limit it hit. ``locker`` is the page-locking call
-    (``cudaHostRegister``; tests inject a failing one)."""
-    what = f"DSV41_KV_PARK_GIB={budget_gib}"
-    kwargs = {} if chunk_bytes is None else {"chunk_bytes": chunk_bytes}
-    try:
-        return HostPool.allocate(budget_gib * GIB, locker=CudaHostRegister() if locker is None else locker, what=what, **kwargs)
-    except PoolError as exc:
-        raise api.BootError(f"kv_park: {exc}") from exc
-
-
-def _boot_pool(state: _State, scheduler: Any) -> None:
-    """At the first scheduler pass: beside HiCache, the park pool is carved out of HiCache's host
-    pools (one host budget); otherwise a CUDA KV pool parks into a pinned pool allocated now, once,
-    and a CPU pool keeps pageable entries (nothing to pin)."""
-    allocator = getattr(scheduler, "token_to_kv_pool_allocator", None)
-    if allocator is None or state.store.host_pool is not None:
-        return
-    tree = getattr(scheduler, "tree_cache", None)
-    if beside_hicache.attached(tree):
-        try:
-            carved, facts = beside_hicache.carve_pool(tree, state.store.budget // GIB)
-        except PoolError as exc:
-            raise api.BootError(f"kv_park: {exc}") from exc
-        state.store.use_pool(carved)
-        state.beside_hicache = True
-        SWITCH.event("pool", **facts, **carved.describe())
-        return
-    device = getattr(allocator, "device", None) or getattr(allocator.get_kvcache(), "device", "cpu")
-    if not str(device).startswith("cuda"):
-        return
-    pool = boot_pool(state.store.budget // GIB)
-    state.store.use_pool(pool)
-    SWITCH.event("pool", **pool.describe())
-
-
-def _load_back(tree: Any, req: Any, match: Any, upto: int) -> str | None:
-    """Bring the tree's host-only part of ``req``'s prefix (at least ``upto`` tokens with the device
-    part) to the device through HiCache's own load-back (``init_load_back``, what the admission
-    calls: its locks, its eviction for room, its one batch of host-to-device copies, which the next
-    prefill batch starts and its forward waits for). None on success, else why it cannot."""
-    from sglang.srt.mem_cache.base_prefix_cache import InitLoadBackParams
-
-    host = int(getattr(match, "host_hit_length", 0) or 0)
-    if int(match.device_prefix_len) + host < upto:
-        return "prefix_gone_from_hicache"  # HiCache evicted part of it from both tiers
-    # init_load_back reads the request's last match; the admission's own match sets them again.
-    req.last_node = match.last_device_node
-    req.swa_host_hit_length = int(getattr(match, "swa_host_hit_length", 0) or 0)
-    req.mamba_host_hit_length = int(getattr(match, "mamba_host_hit_length", 0) or 0)
-    loaded = tree.init_load_back(InitLoadBackParams(best_match_node=match.best_match_node, host_hit_length=host, req=req))
-    if loaded is None or int(loaded[0]) == 0:
-        return "load_back_refused"  # no device room, under HiCache's threshold, or pinned by another load
-    return None
-
-
-def _full_on_device(tree: Any, req: Any, tokens: Any) -> Any:
-    """The node where the tree's device Full KV of ``tokens`` ends when it covers them all (no SWA
-    validation: past a window the tree lost), else None."""
-    from sglang.srt.mem_cache.radix_cache import RadixKey
-
-    key = RadixKey(token_ids=array("q", tokens), extra_key=req.extra_key, cache_salt=req.cache_salt)
-    on_device, node, _ = tree.tree_core.match_full_device_prefix(key)
-    return node if on_device >= len(tokens) else None
-
-
-def _tree_holds_swa(tree: Any, req: Any, tokens: Any, lo: int, hi: int, page_size: int) -> bool:
-    """Whether the tree holds the SWA KV (device, or host only) of any page in ``[lo, hi)`` of
-    ``tokens``, whose Full KV it holds on the device (read-only: no split, no LRU touch)."""
-    from sglang.srt.mem_cache.radix_cache import RadixKey
-    from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
-
-    core = tree.tree_core
-    for end in range(lo + page_size, hi + 1, page_size):
-        key = RadixKey(token_ids=array("q", tokens[:end]), extra_key=req.extra_key, cache_salt=req.cache_salt)
-        _, node, _ = core.match_full_device_prefix(key)  # the node holding token end - 1
-        if core.get_component_device_value(node, ComponentType.SWA) is not None:
-            return True
-        if core.component_has_host_value_only(node, ComponentType.SWA):
-            return True
-    return False
-
-
-def _held_by_tree(tree_cache: Any, req: Any, tokens: list[int], page_size: int) -> tuple[int, int]:
-    """Tokens of ``tokens`` (whole pages) the tree holds, on the device or on host: the prefix it can
-    serve (``match_prefix``'s device plus host hit, SWA-validated on a hybrid tree), and the prefix
-    of its Full KV (``full_kv_hit_length``: the walk goes on through host-backed nodes past a window
-    the tree lost, so it is never shorter)."""
-    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
-    from sglang.srt.mem_cache.radix_cache import RadixKey
-
-    key = RadixKey(token_ids=tokens, extra_key=req.extra_key, cache_salt=req.cache_salt)
-    match = tree_cache.match_prefix(MatchPrefixParams(key=key))
-    held = int(match.device_prefix_len) + int(getattr(match, "host_hit_length", 0) or 0)
-    full = max(held, int(getattr(match, "full_kv_hit_length", 0) or 0))
-    return min(held, len(tokens)) // page_size * page_size, min(full, len(tokens)) // page_size * page_size
-
-
-def _fence_writes(state: _State, allocator: Any, loc: torch.Tensor | None) -> None:
-    """Before a forward writes slots ``loc``: wait for the copies in flight that read their pages."""
-    if loc is None or not loc.numel():
-        return
-    page_size = int(allocator.page_size)
-    loc = loc.to(torch.int64)
-    full_pages = torch.div(loc, page_size, rounding_mode="floor").unique().cpu()
-    state.store.fence_pages(set(full_pages.tolist()), select=lambda key: not isinstance(key, tuple))
-    mapping = getattr(allocator, "full_to_swa_index_mapping", None)
-    if mapping is not None and state.store.pending():  # SWA entries hold SWA page ids
-        swa_pages = torch.div(mapping[loc].to(torch.int64), page_size, rounding_mode="floor").unique().cpu()
-        state.store.fence_pages(set(swa_pages.tolist()), select=lambda key: isinstance(key, tuple))
-
-
-def _running_need(scheduler: Any) -> int:
-    """Tokens the running rows' next decode step allocates (what ``check_decode_mem`` asks for)."""
-    running = getattr(scheduler, "running_batch", None)
-    if running is None or running.is_empty():
-        return 0
-    return int(running.new_tokens_required_next_decode())
-
-
-def _release_pins(state: _State, scheduler: Any) -> None:
-    """Unpin restored pages whose request left the waiting queue (admitted: it holds its own lock;
-    or aborted); every pin when no row is running (nothing decodes to evict them before this pass's
-    admission, and a pin must never keep another waiting request out of an idle engine); and every
-    pin when the running rows' next decode would not fit beside them (the running rows come first,
-    as in stock: the pages become evictable, the request recomputes)."""
-    waiting = {r.rid for r in scheduler.waiting_queue}
-    for rid in [rid for rid in state.pins if rid not in waiting]:
-        tree, lock = state.pins.pop(rid)
-        tree.unlock(lock)
-    if not state.pins:
-        return
-    need = _running_need(scheduler)
-    allocator, tree = scheduler.token_to_kv_pool_allocator, scheduler.tree_cache
-    running = getattr(scheduler, "running_batch", None)
-    if running is None or running.is_empty():
-        reason = "no_running_rows"
-    elif allocator.available_size() + tree.evictable_size() < need:
-        reason = "running_rows_need_the_pages"
-    else:
-        return
-    for rid, (pinned_tree, lock) in list(state.pins.items()):
-        pinned_tree.unlock(lock)
-        SWITCH.event("unpinned", level=logging.DEBUG, rid=rid, reason=reason, need=need)
-    state.pins.clear()
-
-
-def _pin(state: _State, rid: Any, tree: Any, node: Any) -> None:
-    old = state.pins.pop(rid, None)
-    if old is not None:
-        old[0].unlock(old[1])
-    state.pins[rid] = (tree, tree.lock(node))
-
-
-def _restore_waiting(state: _State, scheduler: Any) -> None:
-    store = state.store
-    if store.disabled or (not store.ready_keys() and not store.pending()):
-        return
-    waiting = [r for r in scheduler.waiting_queue if r.rid in store]
-    waiting_rids = {r.rid for r in waiting}
-    for key in store.ready_keys():
-        if (key[0] if isinstance(key, tuple) else key) not in waiting_rids:
-            if isinstance(key, tuple):
-                store.discard(key)
-            else:  # admitted another way, aborted or finished: the entry is stale
-                _drop(store, key, "not_waiting")
-    if not waiting:
-        return
-    store.fence()  # a restore writes pages: no copy may still read them
-    for i, req in enumerate(waiting):
-        if not _restore_one(state, scheduler, req, may_evict=(i == 0)):
-            break
-
-
-def _drop(store: ParkStore, rid: Any, reason: str, **params: object) -> bool:
-    """Forget a parked entry (the request recomputes); one DEBUG line ``kv_park dropped reason=...``."""
-    store.discard(rid)
-    store.discard((rid, "swa"))
-    SWITCH.event("dropped", level=logging.DEBUG, rid=rid, reason=reason, **params)
-    return True
-
-
-def _restore_one(state: _State, scheduler: Any, req: Any, *, may_evict: bool) -> bool:
-    """Restore one parked request into the tree; False when there is no room (try next pass)."""
-    from sglang.srt.mem_cache.base_prefix_cache import InsertParams, MatchPrefixParams
-    from sglang.srt.mem_cache.common import evict_from_tree_cache
-    from sglang.srt.mem_cache.radix_cache import RadixKey
-    from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
-
-    store = state.store
-    entry = store.peek(req.rid)
-    if entry is None:
-        return _drop(store, req.rid, "no_entry")
-    tree, allocator = scheduler.tree_cache, scheduler.token_to_kv_pool_allocator
-    page_size = int(allocator.page_size)
-    pool = allocator.get_kvcache()
-    engines = state.engines_for(pool)
-    tokens: array = entry.meta["tokens"]
-    swa_from = entry.meta["swa_from"]
-    swa_entry = store.peek((req.rid, "swa")) if swa_from is not None else None
-    if (
-        engines is None
-        or entry.meta["page_size"] != page_size
-        or entry.meta["pool"] != id(pool)
-        or (swa_from is not None and (swa_entry is None or engines.swa is None))
-    ):
-        return _drop(store, req.rid, "pool_changed_or_swa_entry_missing")
-    fill = req.origin_input_ids + req.output_ids
-    n = min(len(tokens), req._compute_max_prefix_len(len(fill))) // page_size * page_size
-    if n == 0:
-        return _drop(store, req.rid, "no_whole_page_before_the_last_token", parked=len(tokens), fill=len(fill))
-    if tokens[:n] != fill[:n]:
-        return _drop(store, req.rid, "other_tokens", parked=len(tokens), fill=len(fill))
-    if swa_from is not None and n <= swa_from:
-        # The servable prefix (whole pages before the last token) ends where the parked window
-        # starts: its extend would need SWA KV below swa_from, which was gone at retraction.
-        return _drop(store, req.rid, "window_below_the_servable_prefix", servable=n, swa_from=swa_from, fill=len(fill))
-    key = RadixKey(token_ids=tokens[:n], extra_key=req.extra_key, cache_salt=req.cache_salt)
-    match = tree.match_prefix(MatchPrefixParams(key=key))
-    have = int(match.device_prefix_len)
-    parked_from = min(int(entry.meta.get("parked_from", 0)), n)  # below it, the tree's Full KV (beside HiCache)
-    tree_from = min(int(entry.meta.get("tree_from", parked_from)), parked_from)  # below it, all the tree's
-    if have < tree_from:
-        # The tree's part is on host only: HiCache's own load-back brings it to the device first.
-        why = _load_back(tree, req, match, tree_from)
-        if why is None:
-            match = tree.match_prefix(MatchPrefixParams(key=key))
-            have = int(match.device_prefix_len)
-            why = None if have >= tree_from else "load_back_short"
-        if why is not None:
-            return _drop(store, req.rid, why, servable=n, parked_from=parked_from, cached=have,
-                         host=int(getattr(match, "host_hit_length", 0) or 0))
-    gap_lock = None
-    if have < parked_from:
-        # The tree's Full KV past the prefix it can serve (its window was evicted), not parked: it
-        # must still be on the device (HiCache cannot load it back without a window); locked, Full
-        # only. The insert below keeps the tree's pages and takes the window's SWA from the entry.
-        gap_node = _full_on_device(tree, req, tokens[:parked_from])
-        if gap_node is None:
-            return _drop(store, req.rid, "window_gap_left_the_device", servable=n, parked_from=parked_from, cached=have)
-        gap_lock = tree.lock(gap_node, skip_lock_components=(ComponentType.SWA,))
-    if have >= n:
-        # Nothing to copy, but the same hazard as a restore: keep the tree's pages until admission.
-        _pin(state, req.rid, tree, match.last_device_node)
-        return _drop(store, req.rid, "tree_holds_it", servable=n, cached=have)
-    need = n - have
-    # Room for the restore and for the running rows' next decode step beside it: the restored
-    # pages stay pinned until the request is admitted, so they must not starve the running rows.
-    room = need + _running_need(scheduler)
-    lock = tree.lock(match.last_device_node)  # the matched prefix must survive our eviction
-    try:
-        if allocator.available_size() < room:
-            if not may_evict:
-                return False
-            evict_from_tree_cache(tree, room)
-        if allocator.available_size() < room:
-            return False
-        prefix = tree.path_device_indices(match.last_device_node).to(torch.int64)[:have]
-        if swa_from is None:
-            slots = allocator.alloc(need)
-        elif page_size == 1:
-            tail_from = max(swa_from, have)
-            slots = allocator.alloc(need)  # full and SWA slots for every token
-            if slots is not None and tail_from > have:
-                allocator.free_swa(slots[: tail_from - have])  # keep SWA for the window only
-        else:
-            # Full KV for the whole span, SWA slots only for the window part we parked.
-            tail_from = max(swa_from, have)
-            dev = prefix.device
-            slots = allocator.alloc_extend_swa_tail(
-                torch.tensor([have], device=dev),
-                torch.tensor([have]),
-                torch.tensor([n], device=dev),
-                torch.tensor([n]),
-                prefix[-1:] if have else torch.tensor([-1], device=dev),
-                need,
-                n - tail_from,
-            )
-        if slots is None:
-            return False
-        slots = slots.to(torch.int64)
-        try:
-            pages = torch.div(slots[::page_size], page_size, rounding_mode="floor")
-            params = InsertParams(key=key, value=torch.cat([prefix, slots]), prev_prefix_len=have)
-            # Full pages below parked_from are the tree's (the insert frees these duplicates).
-            skip = max(0, parked_from - have) // page_size
-            copies = [(req.rid, engines.full, pages[skip:].cpu(), max(0, have - parked_from) // page_size)]
-            if swa_from is not None:
-                assert engines.swa is not None
-                swa_slots = allocator.full_to_swa_index_mapping[slots[tail_from - have :]].to(torch.int64)
-                swa_pages = torch.div(swa_slots[::page_size], page_size, rounding_mode="floor")
-                swa_parked_from = int(entry.meta.get("swa_parked_from", swa_from))  # below it, the tree's SWA pages
-                copies.append(((req.rid, "swa"), engines.swa, swa_pages.cpu(), (tail_from - swa_parked_from) // page_size))
-                params.set_evicted_seqlen(ComponentType.SWA, tail_from)  # no SWA KV below the window we had
-            restore_pages(state, copies)
-        except BaseException:
-            allocator.free(slots)  # neither in the tree nor owned by a request: give them back
-            raise
-        tree.insert(params)
-        # Until the admission takes them as the request's prefix, running rows' decode could evict
-        # the restored pages (pool-full retractions wait for them to finish): pin them.
-        inserted = tree.match_prefix(MatchPrefixParams(key=key))
-        if int(inserted.device_prefix_len) == n:
-            _pin(state, req.rid, tree, inserted.last_device_node)
-    finally:
-        tree.unlock(lock)
-        if gap_lock is not None:
-            tree.unlock(gap_lock)
-    if SWITCH.debug or api.metrics_on():  # the line and the metrics: skip the sums when nothing reads them
-        SWITCH.event("restored", level=logging.DEBUG, rid=req.rid, pages=pages.numel(), tokens=n, cached=have,
-                     held=store.used_bytes + store.reserved_bytes)
-    return True
+def _built_kv_cache(wrapped: Any, instance: Any, args: tuple, kwargs: dict) -> Any:
+    """``build_kv_cache``: once the scheduler has its KV pool and tree, settle the park pool."""
+    result = wrapped(*args, **kwargs)
+    state = STATE
+    if state is not None and not state.pool_booted:
+        _boot_pool(state, result, at="boot", ranks=ranks_on_this_host(kwargs.get("server_args")))
+    return result

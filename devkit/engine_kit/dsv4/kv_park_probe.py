@@ -3,7 +3,7 @@
 Run as ``python -m devkit.engine_kit.dsv4.kv_park_probe <launch_server args>`` with ``$KV_PARK_PROBE_DIR``
 set (as :mod:`.cone_probe`: SGLang's ``spawn`` re-imports this main module in the scheduler, so the
 probe is installed there too). It wraps ``adapter.switches.kv_park.switch._park`` and
-``_restore_one`` and ``ModelRunner.forward`` and appends one JSON line per event to
+``adapter.switches.kv_park.restore._restore_one`` and ``ModelRunner.forward`` and appends one JSON line per event to
 ``$KV_PARK_PROBE_DIR/probe.jsonl``:
 
 * ``park``: before the stock release, the bytes of every region of ``regions.layouts_for(pool)``
@@ -113,9 +113,10 @@ def _capture_restore(state: Any, scheduler: Any, req: Any, meta: dict[str, Any])
 
 
 def _patch_switch() -> None:
+    from adapter.switches.kv_park import restore as rs
     from adapter.switches.kv_park import switch as sw
 
-    park, restore_one = sw._park, sw._restore_one
+    park, restore_one = sw._park, rs._restore_one
 
     def probed_park(state, req, req_to_token_pool, allocator, tree_cache):
         try:
@@ -137,7 +138,7 @@ def _patch_switch() -> None:
                 _out({"ev": "probe_error", "where": "restore", "error": repr(exc)})
         return ok
 
-    sw._park, sw._restore_one = probed_park, probed_restore_one
+    sw._park, rs._restore_one = probed_park, probed_restore_one  # where the hook and the pass look them up
 
 
 def _after_extend(runner: Any, fb: Any, out: Any) -> None:
