@@ -287,11 +287,12 @@ class Router:
     def route(self, req: RequestView, now: float) -> Decision:
         choose = getattr(self, "_" + self.policy)
         instance, branch = choose(req, now)
+        cap = (req.prompt_tokens - 1) // req.page * req.page  # one token always runs (as the engine's match)
+        predicted = min(cap, self.tree.depth_for(req.page_keys, instance) * req.page)  # before its own insert
         self.tree.insert(req.page_keys, instance)
         self.in_flight[instance] += 1
         self.branches[branch] = self.branches.get(branch, 0) + 1
-        cap = (req.prompt_tokens - 1) // req.page * req.page  # one token always runs (as the engine's match)
-        return Decision(instance, min(cap, self.tree.depth_for(req.page_keys, instance) * req.page), branch)
+        return Decision(instance, predicted, branch)
 
     def _expected_wait(self, candidates: list[int], req: RequestView, now: float) -> int:
         return self.wait.select(candidates, self.in_flight, now, req.prompt_tokens)
