@@ -46,7 +46,7 @@ def test_cache_aware_routes_to_the_deepest_holder_only_above_the_cache_threshold
     """Worker 1 holds the first ``matched_pages`` pages and has one request in flight, worker 0 none:
     a hit goes to the holder, a miss to the fewest in flight (no loads polled yet: a dark fleet)."""
     router = Router("cache_aware", 2, RouterConfig(cache_threshold=row.cache_threshold), seed=0)
-    _seeded_tree(router, 1, [1, 2, 3, 4][: row.matched_pages] + [99])
+    _seeded_tree(router, 1, [*[1, 2, 3, 4][: row.matched_pages], 99])
     router.in_flight = [0, 1]
     decision = router.route(_request([1, 2, 3, 4]), now=0.0)
     assert (decision.instance, decision.branch) == (row.want, row.branch)
@@ -122,12 +122,12 @@ def test_a_trimmed_prefix_no_longer_wins_its_holder():
     router.in_flight = [0, 1]
     router.trim()
     assert router.tree.size <= 8
-    decision = router.route(_request(list(range(10)) + [50]), now=0.0)
+    decision = router.route(_request([*range(10), 50]), now=0.0)
     assert decision.instance == 1 and decision.predicted_tokens == 8 * 16  # what is left still matches
     router.trim()
     router.tree.evict_to(0)
     router.in_flight = [0, 1]
-    assert router.route(_request(list(range(10)) + [51]), now=0.0).branch == "miss"
+    assert router.route(_request([*range(10), 51]), now=0.0).branch == "miss"
 
 
 def test_power_of_two_is_deterministic_for_a_seed_and_samples_two_distinct_workers():
@@ -188,7 +188,7 @@ def test_the_expected_wait_reads_polled_queues_and_credits_dispatches_until_the_
 
 def test_a_bad_router_arg_names_the_key_and_what_is_allowed():
     assert config_from_args(["cache_threshold=0.5", "loads=off"]) == RouterConfig(cache_threshold=0.5, loads=False)
-    with pytest.raises(env.ConfigError, match="--router-arg.*cache_treshold"):
+    with pytest.raises(env.ConfigError, match=r"--router-arg.*cache_treshold"):
         config_from_args(["cache_treshold=0.5"])
-    with pytest.raises(env.ConfigError, match="balance_abs_threshold as a int"):
+    with pytest.raises(env.ConfigError, match=r"balance_abs_threshold as a int"):
         config_from_args(["balance_abs_threshold=lots"])

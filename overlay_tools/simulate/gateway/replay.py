@@ -186,6 +186,8 @@ def _drive(insts: list[Any], kits: list[Any], router: Router, requests: list[Any
             harvest(k)
             continue
         if horizon is None:
+            for _, k in sorted(completions):  # the last requests finish: their load guards drop
+                router.complete(k)
             break
         while completions and completions[0][0] <= horizon:
             router.complete(heapq.heappop(completions)[1])
