@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import sys
 import time
 from typing import Any
@@ -114,7 +115,9 @@ def run_policy(policy: str, fleet: Any, requests: list[Any], time_scale: float =
         kit = build_kit(policy, fleet, max_ctx)
         replay = engine.Replay(kit, requests, chunk=fleet.chunk, max_running=fleet.max_running,
                                coef=coef or cost_model.DEFAULTS, time_scale=time_scale, progress=bar,
-                               kv_park=getattr(fleet, "kv_park", False))
+                               kv_park=getattr(fleet, "kv_park", False),
+                               max_prefill_tokens=getattr(fleet, "max_prefill_tokens", 1 << 30),
+                               context_len=getattr(fleet, "context_len", None))
         turns, wall = engine.timed(replay.run)
         leak = kit.leak_check()
         kit.cache.sanity_check()
@@ -124,6 +127,7 @@ def run_policy(policy: str, fleet: Any, requests: list[Any], time_scale: float =
         if "cone" in policy:  # plans whose Full KV of [D, F) the admission loaded back from host
             row.update(cone_loads=COUNTERS.loads, cone_loaded_tokens=COUNTERS.loaded_tokens)
         row["leak"] = leak["full"] + leak["swa"]
+        row["clipped_outputs"] = replay.clipped  # outputs the scheduler's max_new_tokens clip shortens
     finally:
         if bar is not None:
             bar.close()
@@ -147,18 +151,19 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
         for p in policies:
             if p not in fleet.POLICIES:
                 raise env.ConfigError("--policies", p, "one of " + ", ".join(fleet.POLICIES))
-    if args.time_scale <= 0:
-        raise env.ConfigError("--time-scale", str(args.time_scale), "a positive factor")
+    if not (math.isfinite(args.time_scale) and args.time_scale > 0):
+        raise env.ConfigError("--time-scale", str(args.time_scale), "a finite positive factor")
     # One thread: the replay is sequential, and torch's small index writes on two threads of a
     # shared machine cost 100x more than on one (measured: 11 ms vs 0.05 ms for 8192 slots).
     torch.set_num_threads(1)
     session_key = getattr(args, "session_key", None)
-    parsed = trace.read(args.trace, session_key)  # a malformed line fails before SGLang is imported
-    share = args.share
-    links = trace.link_sessions(parsed, session_key)
-    requests = trace.sample_sessions(parsed, share, args.seed)  # an empty share fails here, before SGLang
     geo = fleet.resolve(args.env_file, args.model, args.kv_tokens, args.swa_prefix_tails, args.cone_tokens,
                         args.hicache_ratio)
+    parsed = trace.read(args.trace, session_key, geo.context_len)  # every length within the model's context
+    check_time_scale(parsed, args.time_scale)
+    share = args.share
+    links = trace.link_sessions(parsed, session_key)
+    requests = trace.sample_sessions(parsed, share, args.seed)
     if args.policies is None:
         policies = list(fleet.POLICIES if args.hicache else geo.default_policies())
     trace.TokenBuilder(geo.page).build(requests, {r.index: r for r in requests})
@@ -171,6 +176,8 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
           f"{', --quick sample' if args.quick else ''}, time scale {args.time_scale:g}")
     print(links.describe())
     print(f"geometry: {geo.describe()}")
+    for warning in geo.profile_warnings:
+        print(f"profile: {warning}")
     left_out = report.left_out(geo.kv_park, geo.dsv4)
     print(f"cost model: {_describe(coef)}")
     print("left out (the replay's simplifications):")
@@ -184,12 +191,14 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
     ideal_row = report.ideal_summary(next(iter(all_turns.values())), ideal) if all_turns else {}
     print()
     print(report.table(rows, ideal_row))
+    print(f"p90: {report.PERCENTILE_METHOD}")
     for line in report.overload_lines(rows):
         print(line)
     out: dict[str, Any] = {"trace": str(args.trace), "requests": len(requests), "share": share, "seed": args.seed,
                            "quick": args.quick, "sessions": links.as_dict(), "geometry": geo.as_dict(),
                            "cost_model": dict(coef.items(), source=coef.source),
-                           "policies": rows, "ideal": ideal_row, "left_out": left_out}
+                           "policies": rows, "ideal": ideal_row, "left_out": left_out,
+                           "percentile_method": report.PERCENTILE_METHOD}
     if args.sweep:
         out["sweep"] = sweep(args, geo, requests, coef)
     if args.plot:
@@ -197,6 +206,19 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
                     f"{geo.describe()}")
         print(f"plot: {args.plot}")
     return out
+
+
+def check_time_scale(requests: list[Any], time_scale: float) -> None:
+    """The last arrival, scaled, within the clock's range (:data:`.trace.MAX_TIMESTAMP_MS`): else a
+    ``ConfigError`` naming ``--time-scale``, its value and the largest factor this trace allows."""
+    from adapter.core import env
+    from overlay_tools.simulate.trace import MAX_TIMESTAMP_MS, TIMESTAMP_LIMIT
+
+    last = max(r.arrival_ms for r in requests)
+    if last * time_scale > MAX_TIMESTAMP_MS:
+        raise env.ConfigError("--time-scale", str(time_scale), f"a factor of at most {MAX_TIMESTAMP_MS / last:.6g} "
+                              f"for this trace (its last timestamp {last:,} ms, scaled, within 2**53: "
+                              f"{TIMESTAMP_LIMIT})")
 
 
 def sweep(args: argparse.Namespace, geo: Any, requests: list[Any], coef: Any) -> dict[str, Any]:
@@ -245,19 +267,13 @@ def _first_sessions(requests: list[Any], limit: int) -> list[Any]:
 def coefficients(profile: str) -> Any:
     """The decode-yield cost model's coefficients the profile sets (``DSV41_DECODE_YIELD_*``, e.g.
     the line ``fit-cost-model`` printed), the defaults for the rest."""
-    from adapter.core import env
     from adapter.ops import check
     from adapter.switches.decode_yield import cost_model
+    from overlay_tools.simulate.fleet import profile_switches
 
     names = {cost_model.key_name(name) for name, _ in cost_model.DEFAULTS.items()}
-    values = {}
-    for key, value in check.profile_environ(profile).items():
-        if key in names:
-            try:
-                values[key] = int(value)
-            except ValueError:
-                raise env.ConfigError(key, value, "an integer (a cost model coefficient)") from None
-    return cost_model.from_config(values)
+    parsed = profile_switches(check.profile_environ(profile)).values  # the registry's parsers
+    return cost_model.from_config({key: value for key, value in parsed.items() if key in names})
 
 
 def _describe(coef: Any) -> str:

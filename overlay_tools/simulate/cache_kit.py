@@ -367,6 +367,20 @@ class CacheKit:
         return isinstance(self.core, UnifiedTreeCore)
 
 
+def rows_as_written(pool: Any, max_ctx: int) -> Any:
+    """``pool`` (a ``ReqToTokenPool`` built one token wide) with rows ``max_ctx`` wide whose memory is
+    committed as they are written. The engine's pool is rows x context length of zeros; the replay's
+    rows hold what its requests write, so one long request in a trace does not cost every row its
+    length (numpy's zeros are calloc'd: untouched pages stay unmapped, which torch.zeros' memset
+    would commit)."""
+    import numpy as np
+    import torch
+
+    pool.req_to_token = torch.from_numpy(np.zeros((pool.req_to_token.shape[0], max_ctx), dtype=np.int32))
+    pool.max_context_len = max_ctx
+    return pool
+
+
 def build(geometry: Geometry = SMALL, backend: str = "python", session: bool = False,
           eviction_policy: str = "lru", kv_dtype: Any = None, hicache: HiCache | None = None,
           dsv4: Any = None) -> CacheKit:
@@ -388,7 +402,8 @@ def build(geometry: Geometry = SMALL, backend: str = "python", session: bool = F
 
     g = geometry if dsv4 is None else geometry.with_pools(full_tokens=dsv4.full, swa_tokens=dsv4.swa)
     server_args = set_server_args(g.page, hicache)
-    pool = ReqToTokenPool(size=g.max_reqs, max_context_len=g.max_ctx, device="cpu", enable_memory_saver=False)
+    pool = rows_as_written(ReqToTokenPool(size=g.max_reqs, max_context_len=1, device="cpu", enable_memory_saver=False),
+                           g.max_ctx)
     if dsv4 is not None:
         from overlay_tools.simulate import dsv4_pool
 

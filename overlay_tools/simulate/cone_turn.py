@@ -42,6 +42,7 @@ class ConeTurn:
     req: Any = None  # the running Req (None once the turn has ended)
     pos: int = 0  # prompt tokens in the cache so far (the next pass starts here)
     passes: int = 0  # prefill passes run
+    rem_input_tokens: int = 0  # the adder's --max-prefill-tokens budget left after admitting it
 
 
 def install(tokens: int, **keys: str) -> Any:
@@ -62,12 +63,14 @@ def install(tokens: int, **keys: str) -> Any:
 def start_turn(kit: CacheKit, tokens: Any, out_len: int, chunk: int | None = None,
                forward: Callable[[Any, int, int, dict[str, Any] | None], None] | None = None,
                rid: str | None = None, budget: int | None = None, running_batch: Any = None,
-               new_token_ratio: float = 0.0) -> ConeTurn | None:
+               new_token_ratio: float = 0.0, input_budget: int = 1 << 30) -> ConeTurn | None:
     """Match (the switch's plan), admission by a real ``PrefillAdder`` with ``budget`` chunk tokens
     left (default ``chunk``) and the first prefill pass (with the cone's copy). None when the adder
     does not admit the request (memory or budget): its row is freed, nothing is locked.
     ``running_batch`` (a ``ScheduleBatch``) and ``new_token_ratio``: the adder reserves the running
-    requests' future decode tokens as the scheduler's does."""
+    requests' future decode tokens as the scheduler's does; ``input_budget``: the pass's
+    ``--max-prefill-tokens`` left (the adder's ``rem_input_tokens``; what is left after this request
+    is ``rem_input_tokens`` of the turn)."""
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -80,7 +83,7 @@ def start_turn(kit: CacheKit, tokens: Any, out_len: int, chunk: int | None = Non
     stock_prefix = plan.P if plan is not None else req.prefix_len
     # A real PrefillAdder selects the first pass [prefix, prefix + chunk): the switch's wrapper
     # keeps or drops the cone; _commit_prefill_admission locks req.last_node (F's node on a cone).
-    adder = _prefill_adder(kit, chunk if budget is None else budget, running_batch, new_token_ratio)
+    adder = _prefill_adder(kit, chunk if budget is None else budget, running_batch, new_token_ratio, input_budget)
     adder.add_one_req(req, has_chunked_req=False, truncation_align_size=None)
     if adder.can_run_list != [req]:
         kit.pool.free(req)
@@ -93,7 +96,7 @@ def start_turn(kit: CacheKit, tokens: Any, out_len: int, chunk: int | None = Non
     if plan is not None and getattr(req, REQ_ATTR, None) is not plan:
         plan = None  # the admission rule restored the stock match
     turn = ConeTurn(req.rid, stock_prefix, req.prefix_len, req.swa_branching_seqlen, plan,
-                    len(tokens) - req.prefix_len, req=req, pos=req.prefix_len)
+                    len(tokens) - req.prefix_len, req=req, pos=req.prefix_len, rem_input_tokens=adder.rem_input_tokens)
     if req.prefix_len:
         kit.pool.write((req.kv.req_pool_idx, slice(0, req.prefix_len)), kit.cache.prefix_device_indices(req))
     if plan is not None:
@@ -157,12 +160,13 @@ def end_turn(kit: CacheKit, turn: ConeTurn, out_len: int,
     turn.req = None
 
 
-def _prefill_adder(kit: CacheKit, chunk: int, running_batch: Any = None, new_token_ratio: float = 0.0) -> Any:
+def _prefill_adder(kit: CacheKit, chunk: int, running_batch: Any = None, new_token_ratio: float = 0.0,
+                   input_budget: int = 1 << 30) -> Any:
     """A real ``PrefillAdder`` over the kit's cache and allocator (and the running batch, if any)."""
     from sglang.srt.managers.schedule_policy import PrefillAdder
 
     return PrefillAdder(kit.geometry.page, kit.cache, kit.allocator, running_batch=running_batch,
-                        new_token_ratio=new_token_ratio, rem_input_tokens=1 << 30, rem_chunk_tokens=chunk)
+                        new_token_ratio=new_token_ratio, rem_input_tokens=input_budget, rem_chunk_tokens=chunk)
 
 
 def finish(kit: CacheKit, req: Any) -> None:

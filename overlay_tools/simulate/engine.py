@@ -16,8 +16,9 @@ steps over :mod:`.cache_kit`). What is the simulation's: the clock and the batch
 
 The clock (a model, no forward runs): one iteration at a time, prefill first, as SGLang's scheduler
 without mixed chunks or decode yield: a prefill batch continues the one chunked request, then
-admits waiting requests in arrival order while chunk tokens are left (at most ``max_running``
-requests hold rows); it costs ``cost_model.chunk_cost`` of its rows. With nothing to prefill,
+admits waiting requests in arrival order while chunk tokens and ``--max-prefill-tokens`` (the
+adder's ``rem_input_tokens``: no request is admitted once the pass's extends reach it) are left (at
+most ``max_running`` requests hold rows); it costs ``cost_model.chunk_cost`` of its rows. With nothing to prefill,
 decode steps run for every decoding request, ``cost_model.decode_cost`` each (steps between two
 events are costed at their middle context length). Decode takes KV a page at a time as the
 engine's paged decode allocation does: a request whose KV fills its last page needs a new one
@@ -57,6 +58,10 @@ PINS = {
         "bc84c506c810373e2b1b78788fa98fd0d4d8992e2f86f14fbef21ab37059bfe3"),
     "sglang.srt.managers.schedule_batch:release_req": (
         "e9a690b5c7084bb5f69496e1b8e200a75a05db87a7232dc66bdbb5feba112c43"),
+    "sglang.srt.managers.scheduler:Scheduler.init_req_max_new_tokens": (
+        "ea5d8cf1e6bf45ac74c991156882153117a19c9ddb2e97466eed48ec91cfe6a8"),
+    "sglang.srt.mem_cache.allocator.base:BaseTokenToKVPoolAllocator.max_new_tokens_for_memory": (
+        "69701e5fec1eb452aee8cc95f4cb6d01a3e39d1407d66adb80f0d3ae92432187"),
 }
 
 
@@ -116,6 +121,7 @@ class Running:
     turn: Turn
     prompt_len: int
     decoded: int
+    out_len: int  # the output it decodes: the trace's, clipped as the scheduler clips max_new_tokens
     readmitted: bool = False  # after a retraction
     page_end: int = 0  # the end of the row's pages (the prompt's, then one a page of decode)
 
@@ -125,7 +131,7 @@ class Running:
     @property
     def left(self) -> int:
         """Decode steps left: the last output token is sampled, never run (prompt + output - 1 KV)."""
-        return self.r.output_length - self.decoded
+        return self.out_len - self.decoded
 
     @property
     def room(self) -> int:
@@ -154,8 +160,12 @@ class Replay:
     """Runs ``requests`` on ``kit``; ``run()`` returns one :class:`Turn` per request (trace order)."""
 
     def __init__(self, kit: Any, requests: list[Request], *, chunk: int, max_running: int, coef: Any,
-                 time_scale: float = 1.0, progress: Callable[[int], None] | None = None, kv_park: bool = False):
+                 time_scale: float = 1.0, progress: Callable[[int], None] | None = None, kv_park: bool = False,
+                 max_prefill_tokens: int = 1 << 30, context_len: int | None = None):
         check_pins()
+        self.max_prefill_tokens = max_prefill_tokens  # a pass admits no request once its extends reach it
+        self.out_len = {r.index: self._max_new_tokens(kit, r, context_len) for r in requests}
+        self.clipped = sum(self.out_len[r.index] < r.output_length for r in requests)
         self.kit, self.requests, self.chunk, self.max_running = kit, requests, chunk, max_running
         self.coef, self.time_scale, self.progress = coef, time_scale, progress or (lambda n: None)
         self.by_index = {r.index: r for r in requests}
@@ -176,6 +186,21 @@ class Replay:
         self.prefill_busy_fs = 0  # ... of it, prefill passes
         arrivals = [self._arrival_fs(r) for r in requests]
         self.span_fs = max(arrivals) - min(arrivals) if arrivals else 0  # the trace's arrival span
+
+    @staticmethod
+    def _max_new_tokens(kit: Any, r: Request, context_len: int | None) -> int:
+        """The output a request decodes: its ``output_length``, clipped as the scheduler's
+        ``init_req_max_new_tokens`` clips ``max_new_tokens`` (within ``max_req_len`` = the context
+        length and the Full pool, each less one, then the allocator's
+        ``max_new_tokens_for_memory`` on an empty pool). A request the pool cannot hold at all stays
+        at its length (the adder then never admits it: skipped)."""
+        full = kit.geometry.full_tokens
+        max_req_len = min(full, context_len or full) - 1
+        wanted = max(0, min(r.output_length, max_req_len - r.prompt_len - 1))
+        clipped = kit.allocator.max_new_tokens_for_memory(r.prompt_len, wanted, token_capacity=full,
+                                                          sliding_window_size=kit.geometry.window,
+                                                          chunk_size=kit.geometry.chunk)
+        return clipped or r.output_length  # 0 or None: SGLang aborts it; at its length the adder never admits it
 
     def _arrival_fs(self, r: Request) -> int:
         return int(r.arrival_ms * self.time_scale * FS_PER_MS)
@@ -250,6 +275,7 @@ class Replay:
 
         rows: list[tuple[int, int]] = []
         budget = self.chunk
+        input_left = self.max_prefill_tokens  # PrefillAdder's rem_input_tokens (--max-prefill-tokens)
         pending_done: list[Running] = []
         # Eviction before each allocation of this pass as SGLang's alloc_paged_token_slots_extend
         # over-estimates it: the pass's extend plus a page for each of its requests so far.
@@ -262,10 +288,12 @@ class Replay:
             rows.append((end - start, start))
             x.turn.prefill_fs += cost_model.chunk_cost([(end - start, start)], self.coef)
             budget -= end - start
+            input_left -= -(-(end - start) // self.page) * self.page  # add_chunked_req: the page-ceiled extend
             if x.ct.pos >= x.prompt_len:
                 chunked = None
                 pending_done.append(x)
-        while waiting and budget > 0 and chunked is None and len(decoding) + len(pending_done) < self.max_running:
+        while (waiting and budget > 0 and input_left > 0 and chunked is None
+               and len(decoding) + len(pending_done) < self.max_running):
             at, r = waiting[0]
             again = self.retracted.get(r.index)  # (decoded tokens kept, the turn) of a retracted request
             decoded = again[0] if again else 0
@@ -279,9 +307,10 @@ class Replay:
             # chunked in this pass (they join the running batch after it).
             batch = [y.sync_output() for y in (*decoding, *pending_done)]
             kit.alloc_headroom = (len(pending_done) + (chunked is not None) + 1) * self.page
-            ct = cone.start_turn(kit, tokens, r.output_length - decoded, self.chunk, budget=budget,
+            ct = cone.start_turn(kit, tokens, self.out_len[r.index] - decoded, self.chunk, budget=budget,
                                  rid=f"t{r.index}" + (f"r{self.retractions}" if again else ""),
-                                 running_batch=ScheduleBatch(reqs=batch), new_token_ratio=self.ratio.current)
+                                 running_batch=ScheduleBatch(reqs=batch), new_token_ratio=self.ratio.current,
+                                 input_budget=input_left)
             if ct is None:
                 if decoding or pending_done or rows:
                     break  # memory: wait for running requests to finish
@@ -309,7 +338,8 @@ class Replay:
                 rows.append((first, ct.prefix_len))
                 turn.prefill_fs += cost_model.chunk_cost([(first, ct.prefix_len)], self.coef)
             budget -= first
-            x = Running(r, ct, turn, len(tokens), decoded, readmitted=again is not None)
+            input_left = ct.rem_input_tokens
+            x = Running(r, ct, turn, len(tokens), decoded, self.out_len[r.index], readmitted=again is not None)
             if again is not None and self.kv_park:  # the restore puts every page back at once
                 while ct.pos < len(tokens):
                     cone.prefill_pass(kit, ct, min(len(tokens), ct.pos + self.chunk))
@@ -418,7 +448,7 @@ class Replay:
             if x.left <= 0:
                 req = x.ct.req
                 # What the tree gets: prompt + output - 1 tokens of KV (the last sampled token never ran)
-                req.output_ids = array("q", [OUTPUT_TOKEN]) * (x.r.output_length - (x.prompt_len - x.r.prompt_len))
+                req.output_ids = array("q", [OUTPUT_TOKEN]) * (x.out_len - (x.prompt_len - x.r.prompt_len))
                 cone.finish(self.kit, req)
                 x.ct.req = None
                 finished(x.r, t)
@@ -448,12 +478,12 @@ class Replay:
     def _resume_at(self, r: Request, parent: Request) -> int:
         # The match never covers a whole prompt (one token must run): the resume point is at most
         # the page floor of prompt - 1.
-        history = min(parent.history_len, r.prompt_len)
+        history = r.inherited
         return min(history // self.page * self.page, (r.prompt_len - 1) // self.page * self.page)
 
     def _turn(self, r: Request, ct: Any, ready_fs: int, skipped: bool = False) -> Turn:
         parent = self.by_index.get(r.parent) if r.parent is not None else None
-        history = min(parent.history_len, r.prompt_len) if parent is not None else 0
+        history = r.inherited if parent is not None else 0  # the parent's history the prompt starts with
         resume_at = self._resume_at(r, parent) if parent is not None else 0
         if ct is None:
             return Turn(r.index, parent is not None, r.prompt_len, history, resume_at, 0, 0, False, ready_fs=ready_fs,
@@ -465,12 +495,15 @@ class Replay:
 def ideal_prefixes(requests: list[Request], page: int) -> dict[int, int]:
     """The prefix each request would match in an infinite cache holding every earlier request's
     prompt and output (trace order), capped like a real match (one token must run). Pages are
-    keyed by a hash chain over their token bytes."""
+    keyed by a hash chain over their token bytes. A history is kept only as deep as the longest
+    prompt: no match reaches past it, so a turn's output costs at most that many pages, whatever
+    its ``output_length`` claims."""
     from array import array
 
     from overlay_tools.simulate.cache_kit import OUTPUT_TOKEN
 
     out_page = array("q", [OUTPUT_TOKEN] * page).tobytes()
+    deepest = max((r.prompt_len // page for r in requests), default=0)
     seen: set[int] = set()
     out: dict[int, int] = {}
     for r in requests:
@@ -485,7 +518,7 @@ def ideal_prefixes(requests: list[Request], page: int) -> dict[int, int]:
                 matched = p + 1
         out[r.index] = matched * page
         seen.update(keys)
-        for _ in range(r.out_tokens // page):  # the output extends the history the next turn starts with
+        for _ in range(min(r.out_tokens // page, deepest - len(keys))):  # the output extends the history
             key = hash((key, out_page))
             seen.add(key)
     return out

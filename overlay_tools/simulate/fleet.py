@@ -51,6 +51,8 @@ DSV4_MAX_RUNNING = 256  # SGLang's DeepSeek-V4 default max_running_requests (arg
 # DeepSeek-V4.1 as the production profile serves it, when no model folder is given.
 V41_CONFIG = {"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v41", "num_hidden_layers": 61,
               "sliding_window": 128, "compress_ratios": [4] * 60 + [128], "kv_source_layer_ids": [10]}
+V41_CONTEXT = 1 << 20  # its context length, assumed (1M tokens); --context-length or --model replaces it
+DEFAULT_MAX_PREFILL = 16384  # ServerArgs.max_prefill_tokens' default (the launch line's value replaces it)
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,10 @@ class Fleet:
     hicache_on: bool = False  # the launch line has --enable-hierarchical-cache
     kv_park: bool = False  # the profile sets DSV41_KV_PARK: a retracted request is parked, not recomputed
     dsv4: Any = None  # the model is DeepSeek-V4: SGLang's DSV4 pool at these sizes (a dsv4_pool.Dsv4Pool)
+    context_len: int = V41_CONTEXT  # the model's context length as SGLang derives it: every trace length within it
+    context_source: str = "assumed"
+    max_prefill_tokens: int = DEFAULT_MAX_PREFILL  # --max-prefill-tokens: PrefillAdder's rem_input_tokens a pass
+    profile_warnings: tuple[str, ...] = ()  # what the registry said of the profile's keys (unknown keys)
 
     def describe(self) -> str:
         return (f"page {self.page}, window {self.window}, chunk {self.chunk}, max running {self.max_running}, "
@@ -80,6 +86,8 @@ class Fleet:
                 f"(bound {self.cone_bound}); HiCache (+hicache policies): ratio {self.hicache_ratio:g}, "
                 f"{self.hicache_write_policy} ({'on' if self.hicache_on else 'off'} in the launch line); "
                 f"retraction: {'parked (DSV41_KV_PARK)' if self.kv_park else 'recomputed'}; "
+                f"context length {self.context_len:,} ({self.context_source}); "
+                f"--max-prefill-tokens {self.max_prefill_tokens:,}; "
                 f"model: {self.model}; profile: {self.profile}"
                 + (f"; pool: {self.dsv4.describe()}" if self.dsv4 is not None else ""))
 
@@ -136,7 +144,8 @@ def resolve(env_file: str | None = None, model_path: str | None = None, kv_token
     tails = int(tails if tails is not None else (ns.swa_prefix_tails if ns.swa_prefix_tails is not None else 128))
     if tails < 0:
         raise env.ConfigError("--swa-prefix-tails", str(tails), "a count >= 0")
-    n = int(cone_tokens if cone_tokens is not None else environ.get(TOKENS_KEY) or 8192)
+    keys = profile_switches(environ)
+    n = int(cone_tokens if cone_tokens is not None else keys.values.get(TOKENS_KEY) or 8192)
     if model.model_type == "deepseek_v41" and "--no-enable-decoder-swa-bounded-replay" not in words:
         words = [*words, "--enable-decoder-swa-bounded-replay"]  # SGLang's resolution on the fleet's CUDA
         launch = check.parse_launch(words)
@@ -172,8 +181,45 @@ def resolve(env_file: str | None = None, model_path: str | None = None, kv_token
     if not ratio > 0:
         raise env.ConfigError("--hicache-ratio", str(ratio), "a positive factor (host pool tokens per device token)")
     policy = str((hicache or {}).get("write_policy") or "write_through")
+    context_len, context_source = _context_len(folder, ns)
+    max_prefill = int(ns.max_prefill_tokens or DEFAULT_MAX_PREFILL)
     return Fleet(page, window, chunk, max_running, tails, swa, full, source, n, bound, model_name, profile,
-                 ratio, policy, hicache is not None, bool(environ.get("DSV41_KV_PARK")), dsv4)
+                 ratio, policy, hicache is not None, any(s.name == KV_PARK for s in keys.requested), dsv4,
+                 context_len, context_source, max_prefill, tuple(keys.warnings))
+
+
+KV_PARK = "kv_park"  # the registry's name of the switch whose key turns parking on
+
+
+def profile_switches(environ: dict[str, str]) -> Any:
+    """The profile's ``DSV41_*`` keys as a serving process parses them (the registry's
+    :func:`adapter.core.registry.resolve`: ``DSV41_KV_PARK=0`` is not parking, a misspelt key is
+    nobody's); a value the registry refuses is a ``ConfigError`` naming it, as the engine's boot
+    refuses every switch on it."""
+    from adapter.core import registry
+
+    config = registry.resolve(environ)
+    if config.errors:
+        raise env.ConfigError("--env-file", "; ".join(config.errors), "a profile whose DSV41_* keys the switch "
+                              "registry parses (a serving process with this profile would install no switch)")
+    return config
+
+
+def _context_len(folder: str | None, ns: Any) -> tuple[int, str]:
+    """The context length SGLang serves: the launch line's ``--context-length``, else what SGLang's
+    ``get_context_length`` derives from the model's config.json, else DeepSeek-V4.1's (assumed)."""
+    if getattr(ns, "context_length", None):
+        return int(ns.context_length), "--context-length of the launch line"
+    if folder is None:
+        return V41_CONTEXT, "assumed for DeepSeek-V4.1: set --context-length on the launch line or give --model"
+    import json
+
+    from sglang.srt.utils.hf_transformers.common import get_context_length
+    from transformers import PretrainedConfig
+
+    config = json.loads((Path(folder) / "config.json").read_text())
+    return int(get_context_length(PretrainedConfig(**config.get("text_config", config)))), \
+        f"SGLang's get_context_length of {folder}/config.json"
 
 
 def with_tails(fleet: Fleet, tails: int) -> Fleet:

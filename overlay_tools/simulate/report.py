@@ -13,17 +13,30 @@ from overlay_tools.simulate.engine import Turn
 FS_PER_S = 10**15
 
 
+PERCENTILE_METHOD = "numpy.percentile's default, linear interpolation (as SGLang's bench_serving)"
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The ``q``-th percentile of ``values`` by :data:`PERCENTILE_METHOD`: between the two nearest
+    ranks, so of two values the p90 is 90 % of the way from the smaller to the larger."""
+    import numpy as np
+
+    return float(np.percentile(np.asarray(values, dtype=float), q))
+
+
 def summarize(turns: list[Turn], wall_s: float, fallbacks: dict[str, int] | None = None,
               hicache: bool = False) -> dict[str, Any]:
     """One policy's figures. "Resume hit": a continuation's match (before any cone; with HiCache,
-    device plus what the admission loaded back from host) reached its parent's resume point.
+    device plus what the admission loaded back from host) reached its parent's resume point (of the
+    continuations with one: a keyed child that kept less than a page of its parent's history has none).
     "Whole re-prefill": a continuation ran from below half its parent's history. "Full lost" /
     "window lost": at admission, the resume point's Full KV was off the device / only its SWA
     window was (the case cone replay acts on); with HiCache it may still be on host. ``hicache``:
     the cache has a host tier (``host_loaded_tokens`` and ``host_load_backs`` are None without)."""
     ran = [t for t in turns if not t.skipped]
     cont = [t for t in ran if t.continuation]
-    hits = sum(t.stock_prefix + t.loaded >= t.resume_at for t in cont)
+    resumable = [t for t in cont if t.resume_at > 0]  # a turn that carries no page of its parent's history has none
+    hits = sum(t.stock_prefix + t.loaded >= t.resume_at for t in resumable)
     ttft = sorted((t.first_token_fs - t.ready_fs) / FS_PER_S for t in ran)
     return {
         "requests": len(turns),
@@ -35,7 +48,8 @@ def summarize(turns: list[Turn], wall_s: float, fallbacks: dict[str, int] | None
         "history_recomputed_tokens": sum(t.history_recomputed for t in cont),
         "whole_reprefills": sum(t.prefix < t.history // 2 for t in cont),
         "resume_hits": hits,
-        "resume_hit_rate": round(hits / len(cont), 4) if cont else None,
+        "resume_points": len(resumable),
+        "resume_hit_rate": round(hits / len(resumable), 4) if resumable else None,
         "resume_full_lost": sum(t.full_lost for t in cont),
         "resume_window_only_lost": sum(t.window_lost for t in cont),
         "retractions": sum(t.retractions for t in turns),
@@ -47,7 +61,7 @@ def summarize(turns: list[Turn], wall_s: float, fallbacks: dict[str, int] | None
         "host_load_backs": sum(t.loaded > 0 for t in ran) if hicache else None,
         "prefill_s_modelled": round(sum(t.prefill_fs for t in ran) / FS_PER_S, 1),
         "ttft_s_modelled_mean": round(sum(ttft) / len(ttft), 2) if ttft else None,
-        "ttft_s_modelled_p90": round(ttft[int(0.9 * (len(ttft) - 1))], 2) if ttft else None,
+        "ttft_s_modelled_p90": round(percentile(ttft, 90), 2) if ttft else None,
         "wall_s": round(wall_s, 1),
         "req_per_s": round(len(turns) / wall_s, 1) if wall_s > 0 else None,
     }
@@ -64,14 +78,16 @@ def left_out(kv_park: bool = False, dsv4: Any = None) -> list[str]:
         "parent has finished",
         "clock: the decode-yield cost model, no forward runs; prefill first, no decode yield, no mixed chunk, "
         "no overlap scheduler; decode steps between two events priced at their middle context length",
-        "admission: a real PrefillAdder per request with the running batch reserved at new_token_ratio, but "
+        "admission: a real PrefillAdder per request with the running batch reserved at new_token_ratio and the "
+        "pass's --max-prefill-tokens left as its rem_input_tokens, but "
         "FCFS in arrival order (no LPM / priority reordering), one chunked request at a time, and the chunked "
         "request reserved like a running one (not through add_chunked_req)",
         "eviction: before each allocation, by as much as SGLang over-estimates it (a prefill pass's extend plus a "
         "page per request, a page per decoding request each step, release_req's retract steps), but a prefill "
         "pass evicts request by request as it admits them (the engine admits the whole pass, then evicts once)",
-        "outputs run to the trace's output_length (no early stop): new_token_ratio's early-EOS estimate only "
-        "under-reserves, never over",
+        "outputs run to the trace's output_length (no early stop; clipped only as the scheduler clips "
+        "max_new_tokens to the context length and the pool: clipped_outputs): new_token_ratio's early-EOS estimate "
+        "only under-reserves, never over",
         "retraction: the retracted request comes back as its prompt + whole pages of its output (the "
         "rest of its output is decoded again)" + ("; DSV41_KV_PARK (in the profile): a parked request's KV comes back with no prefill and no "
                   "cost (the host restore time is not modelled; pages are re-allocated at re-admission)"

@@ -40,6 +40,10 @@ from overlay_tools.simulate.cache_kit import OUTPUT_TOKEN
 BLOCK = 512  # tokens per hash_ids block (Mooncake)
 FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 FIRST_TOKEN = 1_000_000  # fresh ids start here (below: OUTPUT_TOKEN and the padding ids)
+# The replay's clock scales timestamps by a float (--time-scale): past 2**53 a float no longer holds
+# every integer millisecond, and a 400-digit timestamp overflows it.
+MAX_TIMESTAMP_MS = 2**53
+TIMESTAMP_LIMIT = "milliseconds; 2**53 is the most a float clock holds exactly"
 
 Span = tuple[int, int, int]  # (first id, length, step): ids first, first + step, ...
 
@@ -67,6 +71,10 @@ class Request:
     prompt: list[Span] = field(default_factory=list)  # page-rounded prompt token ids
     out_tokens: int = 0  # output tokens the finished turn leaves in the tree (whole pages of prompt + output - 1)
     session_id: Any = None  # the --session-key field's value, when the trace carries one
+    # Keyed children (--session-key): tokens of the parent's history the prompt may start with, as far
+    # as its hash_ids agree with the parent's full blocks (None: all of it; they agree or no key).
+    agreed: int | None = None
+    inherited: int = 0  # tokens of the prompt taken from the parent's history (set by TokenBuilder)
 
     @property
     def prompt_len(self) -> int:
@@ -78,14 +86,21 @@ class Request:
 
 
 # -- parsing ---------------------------------------------------------------------------------------
-def _int_field(path: str, line: int, obj: dict[str, Any], name: str, minimum: int) -> int:
+def _int_field(path: str, line: int, obj: dict[str, Any], name: str, minimum: int, maximum: int | None = None,
+               limit: str = "") -> int:
     value = obj.get(name)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise TraceError(path, line, name, value, f"an integer >= {minimum}")
+    if maximum is not None and value > maximum:
+        raise TraceError(path, line, name, value, f"an integer {minimum}..{maximum:,} ({limit})")
     return value
 
 
-def parse_line(path: str, line: int, text: str) -> dict[str, Any]:
+def parse_line(path: str, line: int, text: str, context_len: int | None = None) -> dict[str, Any]:
+    """One line's fields, each checked: integers, ``hash_ids`` one per block, a timestamp the clock
+    holds (:data:`MAX_TIMESTAMP_MS`) and, with ``context_len`` (the model's context length as SGLang
+    derives it), lengths SGLang's tokenizer manager accepts: the prompt shorter than the context,
+    prompt + output within it."""
     try:
         obj = json.loads(text)
     except ValueError as exc:
@@ -96,12 +111,20 @@ def parse_line(path: str, line: int, text: str) -> dict[str, Any]:
         if name not in obj:
             raise TraceError(path, line, name, None, "the field to be present (a Mooncake trace line has "
                              + ", ".join(FIELDS) + ")")
-    out = {"timestamp": _int_field(path, line, obj, "timestamp", 0),
-           "input_length": _int_field(path, line, obj, "input_length", 1),
-           "output_length": _int_field(path, line, obj, "output_length", 1)}
+    context = f"the model's context length {context_len:,}" if context_len is not None else ""
+    out = {"timestamp": _int_field(path, line, obj, "timestamp", 0, MAX_TIMESTAMP_MS, TIMESTAMP_LIMIT),
+           "input_length": _int_field(path, line, obj, "input_length", 1,
+                                      None if context_len is None else context_len - 1,
+                                      f"a prompt shorter than {context}, as SGLang admits it")}
+    out["output_length"] = _int_field(path, line, obj, "output_length", 1,
+                                      None if context_len is None else context_len - out["input_length"],
+                                      f"input_length {out['input_length']:,} + output_length within {context}")
     ids = obj["hash_ids"]
     if not isinstance(ids, list) or any(isinstance(h, bool) or not isinstance(h, int) for h in ids):
         raise TraceError(path, line, "hash_ids", ids, "a list of integer block ids")
+    if context_len is not None and len(ids) > -(-(context_len - 1) // BLOCK):
+        raise TraceError(path, line, "hash_ids", ids, f"at most {-(-(context_len - 1) // BLOCK):,} block ids of "
+                         f"{BLOCK} tokens (a prompt shorter than {context}), got {len(ids):,}")
     need = -(-out["input_length"] // BLOCK)
     if len(ids) != need:
         raise TraceError(path, line, "hash_ids", ids, f"{need} block ids for input_length={out['input_length']} "
@@ -120,16 +143,17 @@ def _session_id(path: str, line: int, text: str, key: str | None) -> Any:
     return value
 
 
-def read(path: str | Path, session_key: str | None = None) -> list[Request]:
+def read(path: str | Path, session_key: str | None = None, context_len: int | None = None) -> list[Request]:
     """Every line of the trace (blank lines skipped), in file order; arrivals must not go back. With
-    ``session_key``, every line must carry that field (a string or an integer: the session id)."""
+    ``session_key``, every line must carry that field (a string or an integer: the session id); with
+    ``context_len``, every length is bounded by it (:func:`parse_line`)."""
     path = str(path)
     requests: list[Request] = []
     with open(path, encoding="utf-8") as f:
         for n, text in enumerate(f, 1):
             if not text.strip():
                 continue
-            row = parse_line(path, n, text)
+            row = parse_line(path, n, text, context_len)
             if requests and row["timestamp"] < requests[-1].arrival_ms:
                 raise TraceError(path, n, "timestamp", row["timestamp"],
                                  f"arrivals in order (>= {requests[-1].arrival_ms}, the line before)")
@@ -159,16 +183,22 @@ class LinkStats:
     roots: int
     refused: dict[str, int]
     rule: str  # "heuristic" or "session key FIELD"
+    disagreeing: int = 0  # keyed pairs whose hash_ids do not start with the parent's full blocks
 
     def describe(self) -> str:
         head = f"sessions ({self.rule}): {self.linked:,} requests linked to a parent, {self.roots:,} roots"
         if self.rule != "heuristic":
-            return head
+            return (f"{head}; {self.disagreeing:,} keyed pairs disagree (the child's hash_ids do not start with its "
+                    "parent's full blocks: its prompt is its own blocks, the parent's history only as far as "
+                    "the blocks match)")
         parts = ", ".join(f"{n:,} {reason}" for reason, n in self.refused.items()) or "none"
         return f"{head}; candidate parents refused: {parts}"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"linked": self.linked, "roots": self.roots, "refused": dict(self.refused), "rule": self.rule}
+        out = {"linked": self.linked, "roots": self.roots, "refused": dict(self.refused), "rule": self.rule}
+        if self.rule != "heuristic":
+            out["disagreeing"] = self.disagreeing
+        return out
 
 
 def _prefix_keys(ids: list[int]) -> list[int]:
@@ -262,8 +292,13 @@ def link_sessions(requests: list[Request], session_key: str | None = None) -> Li
 
 
 def _link_by_key(requests: list[Request], session_key: str) -> LinkStats:
+    """The id links; the blocks say how much history a child carries. A child whose hash_ids start
+    with every full block of its parent's prompt continues its history (as the heuristic's rule); one
+    that does not (an agent that truncated or summarized its context) keeps only the blocks that
+    agree (``agreed``), the rest of its prompt is its own blocks. A parent with no full block has
+    nothing to compare: the key decides."""
     last: dict[Any, int] = {}
-    linked = 0
+    linked = disagreeing = 0
     for r in requests:
         parent = last.get(r.session_id)
         if parent is None:
@@ -273,8 +308,14 @@ def _link_by_key(requests: list[Request], session_key: str) -> LinkStats:
             r.parent, r.session = parent, p.session
             p.children.append(r.index)
             linked += 1
+            full = p.input_length // BLOCK
+            same = next((i for i, (a, b) in enumerate(zip(p.hash_ids[:full], r.hash_ids)) if a != b),
+                        min(full, len(r.hash_ids)))
+            if same < full:
+                r.agreed = same * BLOCK
+                disagreeing += 1
         last[r.session_id] = r.index
-    return LinkStats(linked, len(requests) - linked, {}, f"session key {session_key!r}")
+    return LinkStats(linked, len(requests) - linked, {}, f"session key {session_key!r}", disagreeing)
 
 
 class ShareError(ValueError):
@@ -367,8 +408,9 @@ class TokenBuilder:
             parent = by_index.get(r.parent) if r.parent is not None else None
             if parent is not None:
                 history = [*parent.prompt, (OUTPUT_TOKEN, parent.out_tokens, 0)]
-                for span in spans_slice(history, length):
+                for span in spans_slice(history, length if r.agreed is None else min(length, r.agreed)):
                     _append(spans, span)
+            r.inherited = spans_len(spans)
             for i, h in enumerate(r.hash_ids):  # the blocks past the parent's history
                 lo, hi = i * BLOCK, min(length, (i + 1) * BLOCK)
                 have = spans_len(spans)

@@ -160,3 +160,65 @@ def test_a_share_that_keeps_no_session_is_an_error_naming_the_share_and_the_sess
     trace.link_sessions(requests)
     with pytest.raises(trace.ShareError, match=said.replace("(", r"\(").replace(")", r"\)")):
         trace.sample_sessions(requests, share, 0)
+
+
+CONTEXT = 4096  # the model's context length these lines are read against
+
+
+@pytest.mark.parametrize(("line", "field", "said"), [
+    (_row(0, 4096, 4, list(range(8))), "input_length", "input_length=4096: expected an integer 1..4,095 (a prompt "
+                                                       "shorter than the model's context length 4,096"),
+    (_row(0, 1024, 3073, [1, 2]), "output_length", "output_length=3073: expected an integer 1..3,072 (input_length "
+                                                   "1,024 + output_length within the model's context length 4,096)"),
+    (_row(0, 1024, 10**15, [1, 2]), "output_length", "output_length=1000000000000000: expected an integer 1..3,072"),
+    (_row(0, 1024, 4, list(range(9))), "hash_ids", "expected at most 8 block ids of 512 tokens (a prompt shorter "
+                                                   "than the model's context length 4,096), got 9"),
+    (_row(10**400, 1024, 4, [1, 2]), "timestamp", "expected an integer 0..9,007,199,254,740,992 (milliseconds; 2**53"),
+    (_row(2**53 + 1, 1024, 4, [1, 2]), "timestamp", "timestamp=9007199254740993: expected an integer 0..9,007,199,"),
+])
+def test_a_length_or_timestamp_past_its_limit_is_a_one_line_error_naming_line_field_value_and_limit(
+        tmp_path, line, field, said):
+    """Each bounded field: the model's context length bounds the prompt (shorter than it, as SGLang's
+    tokenizer manager admits it), prompt + output and the block count; the clock's float bounds the
+    timestamp (a 400-digit one used to overflow it)."""
+    path = _write(tmp_path, [_row(0, 512, 4, [0]), line])
+    with pytest.raises(trace.TraceError) as err:
+        trace.read(path, context_len=CONTEXT)
+    message = str(err.value)
+    assert err.value.line == 2 and err.value.field == field and "\n" not in message
+    assert message.startswith(f"{path}:2: {field}=") and said in message
+    assert len(message) < 400  # a 400-digit value is shown cut, not whole
+
+
+def test_lengths_at_their_limits_are_read(tmp_path):
+    path = _write(tmp_path, [_row(0, 4095, 1, list(range(8))), _row(2**53, 1024, 3072, [1, 2])])
+    a, b = trace.read(path, context_len=CONTEXT)
+    assert (a.input_length, b.output_length, b.arrival_ms) == (4095, 3072, 2**53)
+
+
+def test_a_keyed_child_whose_blocks_disagree_with_its_parent_is_built_from_its_own_blocks(tmp_path):
+    """Two 2,048-token requests with one session id and disjoint hash_ids (an agent that summarized
+    its context): linked by the key, counted as disagreeing, and the child's prompt shares no token
+    with the parent's history. A third turn keeps the second's first two blocks only: it inherits
+    those 1,024 tokens, then its own blocks."""
+    rows = [dict(_row(0, 2048, 8, [1, 2, 3, 4]), conv="s"), dict(_row(1, 2048, 8, [5, 6, 7, 8]), conv="s"),
+            dict(_row(2, 2560, 8, [5, 6, 9, 10, 11]), conv="s")]
+    requests = trace.read(_write(tmp_path, rows), session_key="conv")
+    stats = trace.link_sessions(requests, session_key="conv")
+    a, b, c = requests
+    assert _parents(requests) == [None, 0, 1] and stats.disagreeing == 2
+    assert "2 keyed pairs disagree" in stats.describe() and stats.as_dict()["disagreeing"] == 2
+    trace.TokenBuilder(16).build(requests, {r.index: r for r in requests})
+    ta, tb, tc = (list(trace.materialize(r.prompt)) for r in (a, b, c))
+    assert b.inherited == 0 and not set(tb) & set(ta) and OUTPUT_TOKEN not in tb
+    assert c.inherited == 1024 and tc[:1024] == tb[:1024] and not set(tc[1024:]) & set(ta + tb)
+
+
+def test_a_keyed_child_that_carries_its_parents_blocks_continues_its_whole_history(tmp_path):
+    rows = [dict(_row(0, 1100, 40, [1, 2, 3]), conv=7), dict(_row(1, 2048, 8, [1, 2, 4, 5]), conv=7)]
+    requests = trace.read(_write(tmp_path, rows), session_key="conv")
+    stats = trace.link_sessions(requests, session_key="conv")
+    a, b = requests
+    trace.TokenBuilder(16).build(requests, {r.index: r for r in requests})
+    assert stats.disagreeing == 0 and b.inherited == a.history_len
+    assert list(trace.materialize(b.prompt))[:a.history_len] == list(trace.materialize(a.prompt)) + [OUTPUT_TOKEN] * a.out_tokens

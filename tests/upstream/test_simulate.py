@@ -13,19 +13,13 @@ import pytest
 import devkit.testkit.radix_cache  # noqa: F401  (registers the engine kit's CPU host route: the +hicache policies)
 from adapter.core import env
 from adapter.ops import cli
+from devkit.testkit import simulate_fleet
+from devkit.testkit.simulate_fleet import CHUNK, PAGE, N
 from overlay_tools import simulate
 from overlay_tools.simulate import engine, fleet, trace
 
-PAGE, WINDOW, CHUNK, N = 16, 8, 128, 64
 POLICIES = ("stock", "thin", "thin+cone")
-
-
-def _fleet(swa_pool: int = 768, full_tokens: int = 1 << 16, hicache_ratio: float = 2.0,
-           kv_park: bool = False, write_policy: str = "write_through") -> fleet.Fleet:
-    return fleet.Fleet(page=PAGE, window=WINDOW, chunk=CHUNK, max_running=8, tails=0, swa_pool=swa_pool,
-                       full_tokens=full_tokens, full_source="test", cone_tokens=N, cone_bound=32, model="test",
-                       profile="test", hicache_ratio=hicache_ratio, hicache_write_policy=write_policy,
-                       kv_park=kv_park)
+_fleet, _replay = simulate_fleet.small_fleet, simulate_fleet.replay
 
 
 def _trace(tmp_path, rows) -> list[trace.Request]:
@@ -33,12 +27,6 @@ def _trace(tmp_path, rows) -> list[trace.Request]:
     path.write_text("".join(json.dumps({"timestamp": ts, "input_length": n_in, "output_length": n_out,
                                         "hash_ids": ids}) + "\n" for ts, n_in, n_out, ids in rows))
     return trace.load(str(path), PAGE)
-
-
-def _replay(policy, requests, swa_pool=768, **fleet_args):
-    turns, row = simulate.run_policy(policy, _fleet(swa_pool, **fleet_args), requests, progress=False)
-    assert row["leak"] == 0, f"{policy}: slots leaked"
-    return turns, row
 
 
 @pytest.mark.parametrize("policy", POLICIES)

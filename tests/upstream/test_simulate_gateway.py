@@ -9,19 +9,17 @@ import json
 import pytest
 
 from adapter.ops import cli
+from devkit.testkit.simulate_fleet import PAGE, small_fleet
 from overlay_tools.simulate import engine, fleet, trace
 from overlay_tools.simulate.gateway import report
 from overlay_tools.simulate.gateway.replay import run_fleet
 from overlay_tools.simulate.gateway.router import Router, RouterConfig
 
-PAGE, WINDOW, CHUNK = 16, 8, 128
 CONVERSATIONS, TURNS = 3, 3
 
 
 def _geometry() -> fleet.Fleet:
-    return fleet.Fleet(page=PAGE, window=WINDOW, chunk=CHUNK, max_running=8, tails=0, swa_pool=4096,
-                       full_tokens=1 << 16, full_source="test", cone_tokens=64, cone_bound=32, model="test",
-                       profile="test")
+    return small_fleet(swa_pool=4096)
 
 
 def _conversations(tmp_path) -> list[trace.Request]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
 from typing import Any
 
 DEFAULT_ROUTERS = ("cache_aware", "round_robin", "power_of_two", "consistent_hashing")
@@ -47,10 +48,11 @@ def simulate_fleet(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from adapter.core import env
-    from overlay_tools.simulate import QUICK_REQUESTS, _describe, _first_sessions, coefficients, engine, fleet, trace
+    from overlay_tools import simulate
+    from overlay_tools.simulate import engine, fleet, trace
     from overlay_tools.simulate import report as single
     from overlay_tools.simulate.gateway import report, router
-    from overlay_tools.simulate.gateway.replay import page_keys, run_fleet
+    from overlay_tools.simulate.gateway.replay import LEFT_OUT, page_keys, run_fleet
 
     routers = [r.strip() for r in (args.router or ",".join(DEFAULT_ROUTERS)).split(",") if r.strip()]
     for name in routers:
@@ -59,18 +61,19 @@ def simulate_fleet(args: argparse.Namespace) -> dict[str, Any]:
     cfg = router.config_from_args(args.router_arg)
     if args.share != 1.0:
         raise env.ConfigError("--share", str(args.share), "1 with --instances (the router sees the whole trace)")
-    if args.time_scale <= 0:
-        raise env.ConfigError("--time-scale", str(args.time_scale), "a positive factor")
+    if not (math.isfinite(args.time_scale) and args.time_scale > 0):
+        raise env.ConfigError("--time-scale", str(args.time_scale), "a finite positive factor")
     for flag, value in (("--sweep", args.sweep), ("--plot", args.plot)):
         if value:
             raise env.ConfigError(flag, str(value), "not with --instances (the single-instance replay's)")
     sizing = args.target_ttft_p90 is not None or args.target_ttft_p99 is not None
     instances = args.instances or (None if sizing else 4)
     torch.set_num_threads(1)
-    parsed = trace.read(args.trace, args.session_key)
-    links = trace.link_sessions(parsed, args.session_key)
     geo = fleet.resolve(args.env_file, args.model, args.kv_tokens, args.swa_prefix_tails, args.cone_tokens,
                         args.hicache_ratio)
+    parsed = trace.read(args.trace, args.session_key, geo.context_len)  # every length within the model's context
+    simulate.check_time_scale(parsed, args.time_scale)
+    links = trace.link_sessions(parsed, args.session_key)
     if args.policies is not None:
         profiles = [p.strip() for p in args.policies.split(",") if p.strip()]
         for p in profiles:
@@ -81,17 +84,19 @@ def simulate_fleet(args: argparse.Namespace) -> dict[str, Any]:
     requests = parsed
     trace.TokenBuilder(geo.page).build(requests, {r.index: r for r in requests})
     if args.quick:
-        requests = _first_sessions(requests, QUICK_REQUESTS)
+        requests = simulate._first_sessions(requests, simulate.QUICK_REQUESTS)
     ideal = engine.ideal_prefixes(requests, geo.page)
     keys = page_keys(requests, geo.page)
-    coef = coefficients(geo.profile)
-    left_out = single.left_out(geo.kv_park, geo.dsv4)[:-1] + router.left_out(cfg)
+    coef = simulate.coefficients(geo.profile)
+    left_out = single.left_out(geo.kv_park, geo.dsv4)[:-1] + LEFT_OUT + router.left_out(cfg)
     print(f"simulate {args.trace} behind smg {router.SMG_VERSION}: {len(requests)} requests "
           f"({sum(r.parent is None for r in requests)} sessions){', --quick sample' if args.quick else ''}, time scale {args.time_scale:g}, seed {args.seed}")
     print(links.describe())
     print(f"geometry (each instance): {geo.describe()}")
+    for warning in geo.profile_warnings:
+        print(f"profile: {warning}")
     print(f"router settings: {_settings(cfg)}")
-    print(f"cost model: {_describe(coef)}; the modelled clock (TTFT, overload, sizing) scales with these "
+    print(f"cost model: {simulate._describe(coef)}; the modelled clock (TTFT, overload, sizing) scales with these "
           "coefficients: fit your own GPU's with fit-cost-model and put them in the profile")
     print("left out (the replay's simplifications):")
     for item in left_out:
@@ -110,13 +115,15 @@ def simulate_fleet(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {"trace": str(args.trace), "requests": len(requests), "seed": args.seed,
                            "smg_version": router.SMG_VERSION, "router_settings": _settings(cfg),
                            "sessions": links.as_dict(), "geometry": geo.as_dict(),
-                           "cost_model": dict(coef.items(), source=coef.source), "left_out": left_out}
+                           "cost_model": dict(coef.items(), source=coef.source), "left_out": left_out,
+                           "percentile_method": single.PERCENTILE_METHOD}
     if instances is not None:
         rows = {(p, name): evaluate(p, name, instances) for p in profiles for name in routers}
         print(f"\n{instances} instances; prompt tokens {next(iter(rows.values()))['prompt_tokens']:,}, "
               f"recomputed by the ideal (one infinite cache) "
               f"{sum(r.prompt_len - ideal[r.index] for r in requests):,}")
         print(report.table(rows))
+        print(f"p90 / p99: {single.PERCENTILE_METHOD}")
         for line in report.overload_lines(rows):
             print(line)
         out["instances"] = instances

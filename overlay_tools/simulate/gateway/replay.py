@@ -26,6 +26,13 @@ from overlay_tools.simulate.gateway.router import Load, RequestView, Router, Rou
 
 FS_PER_S = 10**15
 
+LEFT_OUT = [
+    "fleet: every instance is the single-instance replay above at the profile's geometry, on one shared modelled "
+    "clock; the router reads an instance after its current iteration (a prefill pass is indivisible, so an "
+    "instance may stand a little past the routing instant); no network or gateway latency; the KV byte buffers "
+    "of each instance's pools are allocated uninitialized (no forward reads them)",
+]
+
 
 @dataclass
 class Outcome:
@@ -135,7 +142,8 @@ def run_fleet(policy: str, geo: Any, requests: list[Any], instances: int, router
         with lazy_kv_buffers():
             kits = build_kits(policy, geo, max_ctx, instances)
         insts = [engine.Replay(kit, requests, chunk=geo.chunk, max_running=geo.max_running, coef=coef,
-                               time_scale=time_scale, kv_park=getattr(geo, "kv_park", False)) for kit in kits]
+                               time_scale=time_scale, kv_park=geo.kv_park, max_prefill_tokens=geo.max_prefill_tokens,
+                               context_len=geo.context_len) for kit in kits]
         for inst in insts:
             inst.start(external=True)
         outcomes = _drive(insts, kits, router, requests, by_index, keys, cfg, time_scale, geo.page)
@@ -240,6 +248,7 @@ def replay_trace(trace: str, instances: int, router: str = "cache_aware", router
     cfg = config_from_args(pairs)
     torch.set_num_threads(1)
     geo = fleet.resolve(env_file, model, kv_tokens)
-    requests = trace_mod.load(trace, geo.page, session_key=session_key)
+    requests = trace_mod.prepare(trace_mod.read(trace, session_key, geo.context_len), geo.page,
+                                 session_key=session_key)
     return run_fleet(profile, geo, requests, instances, Router(router, instances, cfg, seed, urls, geo.page),
                      coef=coefficients(geo.profile), time_scale=time_scale)

@@ -11,19 +11,11 @@ queue and TTFT grow for as long as the trace lasts).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import Any
 
 from overlay_tools.simulate.gateway.replay import FleetRun
-
-
-def percentile(values: list[float], q: float) -> float | None:
-    """Nearest rank: the smallest value with at least ``q`` of the values at or below it."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+from overlay_tools.simulate.report import percentile  # numpy's linear interpolation, as bench_serving
 
 
 def summarize(run: FleetRun, ideal: dict[int, int]) -> dict[str, Any]:
@@ -61,8 +53,8 @@ def summarize(run: FleetRun, ideal: dict[int, int]) -> dict[str, Any]:
         "span_s": round(run.span_s, 1),
         "overloaded_instances": overloaded,
         "ttft_s_mean": rounded(sum(ttft) / len(ttft)) if ttft else None,
-        "ttft_s_p90": rounded(percentile(ttft, 0.9)),
-        "ttft_s_p99": rounded(percentile(ttft, 0.99)),
+        "ttft_s_p90": rounded(percentile(ttft, 90)) if ttft else None,
+        "ttft_s_p99": rounded(percentile(ttft, 99)) if ttft else None,
         "router_branches": run.branches,
         "tree_evicted_pages": run.tree_evicted_pages,
         "leak": sum(run.leaks),
