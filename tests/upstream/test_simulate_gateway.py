@@ -159,3 +159,12 @@ def test_the_cli_prints_profiles_by_routers_and_sizes_the_fleet_at_a_ttft_target
     said = " ".join(result["left_out"])
     for simplification in ("re-implemented from its Rust source", "in flight", "/v1/loads", "prompts rounded up"):
         assert simplification in said
+
+
+def test_routing_keys_from_the_caller_replace_the_one_a_conversation_key(tmp_path):
+    """A client that sends one key for a group (not one a conversation): every conversation of the
+    group lands on one worker."""
+    requests = _conversations(tmp_path)
+    run = run_fleet("stock", _geometry(), requests, 3, Router("consistent_hashing", 3, page=PAGE), coef=_coef(),
+                    routing_keys=["group-a"] * len(requests))
+    assert len({o.instance for o in run.outcomes}) == 1

@@ -128,9 +128,11 @@ def lazy_kv_buffers() -> Iterator[None]:
 
 
 def run_fleet(policy: str, geo: Any, requests: list[Any], instances: int, router: Router, *, coef: Any,
-              time_scale: float = 1.0, keys: dict[int, tuple[int, ...]] | None = None) -> FleetRun:
+              time_scale: float = 1.0, keys: dict[int, tuple[int, ...]] | None = None,
+              routing_keys: list[str] | None = None) -> FleetRun:
     """``requests`` (prepared: sessions linked, token spans built) through ``router`` onto
-    ``instances`` real caches running ``policy``."""
+    ``instances`` real caches running ``policy``. ``routing_keys``: the key each request carries, by
+    trace index (default :func:`routing_key`: one a conversation)."""
     from overlay_tools.simulate import engine
     from overlay_tools.simulate.fleet import build_kits, uninstall
 
@@ -146,7 +148,8 @@ def run_fleet(policy: str, geo: Any, requests: list[Any], instances: int, router
                                context_len=geo.context_len) for kit in kits]
         for inst in insts:
             inst.start(external=True)
-        outcomes = _drive(insts, kits, router, requests, by_index, keys, cfg, time_scale, geo.page)
+        rkeys = {r.index: routing_keys[r.index] if routing_keys is not None else routing_key(r) for r in requests}
+        outcomes = _drive(insts, kits, router, requests, by_index, keys, rkeys, cfg, time_scale, geo.page)
         leaks = []
         for kit in kits:
             leak = kit.leak_check()
@@ -161,7 +164,8 @@ def run_fleet(policy: str, geo: Any, requests: list[Any], instances: int, router
 
 
 def _drive(insts: list[Any], kits: list[Any], router: Router, requests: list[Any], by_index: dict[int, Any],
-           keys: dict[int, tuple[int, ...]], cfg: RouterConfig, time_scale: float, page: int) -> list[Outcome]:
+           keys: dict[int, tuple[int, ...]], rkeys: dict[int, str], cfg: RouterConfig, time_scale: float,
+           page: int) -> list[Outcome]:
     arrival = {r.index: int(r.arrival_ms * time_scale * 10**12) for r in requests}
     events: list[tuple[int, int]] = [(arrival[r.index], r.index) for r in requests if r.parent not in by_index]
     heapq.heapify(events)
@@ -211,7 +215,7 @@ def _drive(insts: list[Any], kits: list[Any], router: Router, requests: list[Any
             continue
         at, index = heapq.heappop(events)
         r = by_index[index]
-        view = RequestView(index, keys[index], r.prompt_len, routing_key(r), page)
+        view = RequestView(index, keys[index], r.prompt_len, rkeys[index], page)
         decision = router.route(view, at / FS_PER_S)
         decisions[index] = (decision.instance, decision, at)
         insts[decision.instance].submit(r, at)
@@ -228,7 +232,8 @@ def _drive(insts: list[Any], kits: list[Any], router: Router, requests: list[Any
 def replay_trace(trace: str, instances: int, router: str = "cache_aware", router_args: dict[str, Any] | list[str] |
                  None = None, seed: int = 0, profile: str = "stock", *, env_file: str | None = None,
                  model: str | None = None, kv_tokens: int | None = None, session_key: str | None = None,
-                 time_scale: float = 1.0, urls: list[str] | None = None) -> FleetRun:
+                 time_scale: float = 1.0, urls: list[str] | None = None,
+                 routing_keys: list[str] | None = None) -> FleetRun:
     """Replay a Mooncake-format ``trace`` on ``instances`` instances behind smg's ``router`` policy.
 
     ``router_args``: ``{"cache_threshold": 0.5}`` or ``["cache_threshold=0.5"]`` (:class:`RouterConfig`'s
@@ -236,7 +241,8 @@ def replay_trace(trace: str, instances: int, router: str = "cache_aware", router
     ``model`` / ``kv_tokens``: the geometry as ``simulate`` resolves it; ``session_key``: the trace
     field naming each conversation (its value is the routing key, as ``--gsp-send-routing-key``
     sends one per conversation); ``urls``: the workers' URLs for the hash ring (a real fleet's
-    ``--worker-urls``, in order). Returns a :class:`FleetRun` whose ``outcomes`` are one
+    ``--worker-urls``, in order); ``routing_keys``: the key each trace line's request carried (a
+    client that sends one a group, not one a conversation), in trace order. Returns a :class:`FleetRun` whose ``outcomes`` are one
     :class:`Outcome` per request in trace order (instance, predicted and cached tokens, TTFT)."""
     import torch
 
@@ -251,4 +257,4 @@ def replay_trace(trace: str, instances: int, router: str = "cache_aware", router
     requests = trace_mod.prepare(trace_mod.read(trace, session_key, geo.context_len), geo.page,
                                  session_key=session_key)
     return run_fleet(profile, geo, requests, instances, Router(router, instances, cfg, seed, urls, geo.page),
-                     coef=coefficients(geo.profile), time_scale=time_scale)
+                     coef=coefficients(geo.profile), time_scale=time_scale, routing_keys=routing_keys)
