@@ -192,3 +192,13 @@ def test_a_bad_router_arg_names_the_key_and_what_is_allowed():
         config_from_args(["cache_treshold=0.5"])
     with pytest.raises(env.ConfigError, match=r"balance_abs_threshold as a int"):
         config_from_args(["balance_abs_threshold=lots"])
+
+
+def test_the_ring_hash_is_blake3():
+    """The specification's vectors (empty input; "abc"): the ring places URLs and keys where smg does."""
+    from overlay_tools.simulate.gateway.ring_hash import blake3_digest
+
+    assert blake3_digest(b"").hex() == "af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262"
+    assert blake3_digest(b"abc").hex() == "6437b3ac38465133ffb63b75273a8db548c558465d79db03fd359c6cd5bd9d85"
+    with pytest.raises(ValueError, match="one chunk"):
+        blake3_digest(bytes(1025))

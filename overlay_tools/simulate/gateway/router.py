@@ -33,7 +33,8 @@ seeded ``random.Random``, so a run is deterministic.
   first poll (a dark fleet) the fewest in flight.
 * ``consistent_hashing`` (``consistent_hashing.rs:118``): the routing key on a ring of 150 virtual
   nodes per worker URL, ``blake3(url#i)``'s first 8 bytes little-endian
-  (``model_gateway/src/worker/hash_ring.rs:21,62,165``), the first healthy clockwise.
+  (``model_gateway/src/worker/hash_ring.rs:21,62,165``), the first healthy clockwise: given the real
+  fleet's ``--worker-urls``, the same worker smg picks.
 * ``prefix_hash`` with a routing key (``prefix_hash.rs:330``): ``xxh3_64(key)`` as 16 hex digits on
   the same ring, kept when its load is within ``max(mean * 1.25, mean + 10)`` (mean over load + 1,
   ``prefix_hash.rs:217``), else the least loaded within it. Without a key: the first
@@ -56,6 +57,7 @@ from collections import deque
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from overlay_tools.simulate.gateway.ring_hash import blake3_digest
 from overlay_tools.simulate.gateway.tree import ApproxTree
 
 SMG_VERSION = "1.13.0"
@@ -210,13 +212,8 @@ class ExpectedWait:
 
 
 def _ring_position(text: str) -> int:
-    try:
-        import blake3  # smg's own hash; without it the ring is a stand-in (said in left_out)
-
-        digest = blake3.blake3(text.encode()).digest()
-    except ModuleNotFoundError:
-        digest = hashlib.blake2b(text.encode(), digest_size=32).digest()
-    return int.from_bytes(digest[:8], "little")
+    """``HashRing::hash_position``: BLAKE3's first 8 bytes, little-endian (:mod:`.ring_hash`)."""
+    return int.from_bytes(blake3_digest(text.encode())[:8], "little")
 
 
 def _xxh3_hex(data: bytes) -> str:
@@ -384,9 +381,9 @@ def left_out(cfg: RouterConfig) -> list[str]:
         "tree of the same kind), capped at the engine's longest allowed match",
     ]
     try:
-        import blake3  # noqa: F401
+        import xxhash  # noqa: F401
     except ModuleNotFoundError:
-        items.append("consistent_hashing / prefix_hash ring: blake2b stands in for blake3 (not installed), and "
-                     "for prefix_hash's xxh3 when xxhash is not: the same stickiness, other positions than a real "
-                     "smg's for the same URLs")
+        items.append("prefix_hash: blake2b stands in for its xxh3_64 of the key (xxhash is not installed): the same "
+                     "stickiness, other ring positions than a real smg's (consistent_hashing's ring is smg's own: "
+                     "BLAKE3 of the same URLs and keys)")
     return items
