@@ -170,8 +170,12 @@ def size(args: argparse.Namespace, profiles: list[str], routers: list[str], eval
             rr = {n: evaluate(profile, "round_robin", n) for n in ns}
             edge = report.cache_aware_edge(ca, rr)
             result["cache_aware_vs_round_robin"][profile] = edge
-            said = (f"cache_aware no longer beats round_robin (TTFT p90 lower by more than 1 %) from N = {edge['beyond']}"
-                    if edge["beyond"] else f"cache_aware still beats round_robin at N = {max(ns)}")
+            if edge["beyond"] is None:
+                said = f"cache_aware still beats round_robin at N = {max(ns)}"
+            elif not any(edge["beats"].values()):
+                said = "cache_aware beats round_robin (TTFT p90 lower by more than 1 %) at no N run"
+            else:
+                said = f"cache_aware no longer beats round_robin (TTFT p90 lower by more than 1 %) from N = {edge['beyond']}"
             print(f"  {profile}: {said}; p90 by N: " + ", ".join(
                 f"{n}: {edge['cache_aware'][str(n)]} vs {edge['round_robin'][str(n)]} s" for n in ns))
     return result
