@@ -22,10 +22,9 @@ seeded ``random.Random``, so a run is deterministic.
   is inserted for the chosen worker. The tree is trimmed every ``eviction_interval_secs`` to
   ``max_tree_size`` characters, oldest leaves first across all workers
   (``cache_aware.rs:356-393``, ``crates/kv_index/src/string_tree.rs:1132``); it never hears of an
-  engine eviction. Note: 1.13.0 no longer switches the whole fleet to least-loaded on ``(max - min) >
-  abs and max > rel * min`` (older sglang-router); its fleet-wide switch is on backend KV usage only
-  (``is_kv_imbalanced``, both triggers off by default, ``policies/mod.rs:227``), and the in-flight
-  rule is the per-candidate gate above.
+  engine eviction. 1.13.0 has no fleet-wide ``(max - min) > abs and max > rel * min`` switch to
+  least-loaded: it leaves affinity fleet-wide only on backend KV usage (``is_kv_imbalanced``, both
+  triggers off by default, ``policies/mod.rs:227``); the in-flight rule is the per-candidate gate above.
 * The expected wait (``least_load.rs:291`` ``score``, ``:495`` the argmin): with polled loads,
   ``(queued + running * p + unaccounted * p + since-poll tokens) / throughput + w k / (1 - k)``
   (``worker/expected_wait.rs``), ``p`` = ``least_load_mean_prefill_tokens`` (the HTTP path credits
