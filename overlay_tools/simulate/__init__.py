@@ -67,6 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         f"{QUICK_REQUESTS} requests (under a minute)")
     parser.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     parser.add_argument("--plot", help="write a PNG (needs matplotlib: pip install matplotlib)")
+    from overlay_tools.simulate.gateway import cli as gateway_cli
+
+    gateway_cli.add_arguments(parser)  # --instances, --router, ...: the fleet behind smg (gateway/)
 
 
 def _policies() -> tuple[str, ...]:
@@ -135,7 +138,10 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
 
     from adapter.core import env
     from overlay_tools.simulate import engine, fleet, report, trace
+    from overlay_tools.simulate.gateway import cli as gateway_cli
 
+    if gateway_cli.wanted(args):
+        return gateway_cli.simulate_fleet(args)
     if args.policies is not None:
         policies = [p.strip() for p in args.policies.split(",") if p.strip()]
         for p in policies:

@@ -181,147 +181,182 @@ class Replay:
         return int(r.arrival_ms * self.time_scale * FS_PER_MS)
 
     def run(self) -> list[Turn]:
+        """The whole replay: every first turn arrives on the trace's clock, every later turn when it
+        has arrived and its parent has finished."""
+        self.start(external=False)
+        while self.busy():
+            self.step()
+        return [self.turns[r.index] for r in self.requests]
+
+    def start(self, external: bool = False) -> None:
+        """Reset the run's state. ``external``: requests arrive only by :meth:`submit` (a router in
+        front), and finished ones are listed in :attr:`finished_log` instead of readying children."""
+        self.external = external
+        self.turns: dict[int, Turn] = {}
+        self.ready: list[tuple[int, int]] = []  # (ready time, trace index)
+        self.waiting: deque[tuple[int, Request]] = deque()
+        self.chunked: Running | None = None
+        self.decoding: list[Running] = []
+        self.t, self.done = 0, 0
+        self.decoded_tokens = 0  # output tokens sampled so far (the instance's generation counter)
+        self.finished_log: list[tuple[int, int]] = []  # (trace index, finish time): external runs
+        if not external:
+            for r in self.requests:
+                if r.parent not in self.by_index:
+                    heapq.heappush(self.ready, (self._arrival_fs(r), r.index))
+
+    def submit(self, r: Request, at_fs: int) -> None:
+        """A request routed to this instance at ``at_fs`` (external runs): it is ready then."""
+        heapq.heappush(self.ready, (at_fs, r.index))
+        if not (self.waiting or self.chunked or self.decoding) and self.t < at_fs:
+            self.t = at_fs
+
+    def busy(self) -> bool:
+        return bool(self.ready or self.waiting or self.chunked or self.decoding)
+
+    def _finished(self, r: Request, at: int) -> None:
+        self.done += 1
+        self.progress(self.done)
+        if self.external:
+            self.finished_log.append((r.index, at))
+            return
+        for child in r.children:
+            c = self.by_index.get(child)
+            if c is not None:
+                heapq.heappush(self.ready, (max(at, self._arrival_fs(c)), c.index))
+
+    def step(self, horizon: int | None = None) -> None:
+        """One scheduler iteration: a prefill pass, or decode steps up to the next ready request (or
+        ``horizon``, the router's next event, in an external run); idle, a jump to the next ready one."""
         from sglang.srt.managers.schedule_batch import ScheduleBatch
 
         from adapter.switches.decode_yield import cost_model
         from overlay_tools.simulate import cone_turn as cone
 
-        kit = self.kit
-        turns: dict[int, Turn] = {}
-        ready: list[tuple[int, int]] = []  # (ready time, trace index)
-        for r in self.requests:
-            if r.parent not in self.by_index:
-                heapq.heappush(ready, (self._arrival_fs(r), r.index))
-        waiting: deque[tuple[int, Request]] = deque()
-        chunked: Running | None = None
-        decoding: list[Running] = []
-        t, done = 0, 0
+        kit, turns, ready, waiting, decoding = self.kit, self.turns, self.ready, self.waiting, self.decoding
+        finished = self._finished
+        # HiCache: the copies the last pass queued have landed (the scheduler's
+        # check_hicache_events each pass); a node stays locked while its backup is in flight.
+        kit.sync_hicache()
+        while ready and ready[0][0] <= self.t:
+            at, i = heapq.heappop(ready)
+            waiting.append((at, self.by_index[i]))
+        if not (waiting or self.chunked or decoding):
+            self.ratio.reset()  # the scheduler's idle pass
+            if ready:
+                self.t = ready[0][0]
+            return
+        chunked, t = self.chunked, self.t
 
-        def finished(r: Request, at: int) -> None:
-            nonlocal done
-            done += 1
-            self.progress(done)
-            for child in r.children:
-                c = self.by_index.get(child)
-                if c is not None:
-                    heapq.heappush(ready, (max(at, self._arrival_fs(c)), c.index))
-
-        while ready or waiting or chunked or decoding:
-            # HiCache: the copies the last pass queued have landed (the scheduler's
-            # check_hicache_events each pass); a node stays locked while its backup is in flight.
-            kit.sync_hicache()
-            while ready and ready[0][0] <= t:
-                at, i = heapq.heappop(ready)
-                waiting.append((at, self.by_index[i]))
-            if not (waiting or chunked or decoding):
-                self.ratio.reset()  # the scheduler's idle pass
-                t = ready[0][0]
-                continue
-            rows: list[tuple[int, int]] = []
-            budget = self.chunk
-            pending_done: list[Running] = []
-            # Eviction before each allocation of this pass as SGLang's alloc_paged_token_slots_extend
-            # over-estimates it: the pass's extend plus a page for each of its requests so far.
-            kit.alloc_headroom = self.page
-            if chunked is not None:
-                x = chunked
-                start = x.ct.pos
-                end = min(x.prompt_len, start + budget)
-                cone.prefill_pass(kit, x.ct, end)
-                rows.append((end - start, start))
-                x.turn.prefill_fs += cost_model.chunk_cost([(end - start, start)], self.coef)
-                budget -= end - start
-                if x.ct.pos >= x.prompt_len:
-                    chunked = None
-                    pending_done.append(x)
-            while waiting and budget > 0 and chunked is None and len(decoding) + len(pending_done) < self.max_running:
-                at, r = waiting[0]
-                again = self.retracted.get(r.index)  # (decoded tokens kept, the turn) of a retracted request
-                decoded = again[0] if again else 0
-                tokens = materialize(r.prompt)
-                if decoded:
-                    tokens.extend([OUTPUT_TOKEN] * decoded)
-                probe = self._probe(r, tokens) if again is None else (False, False)
-                loaded_before = kit.loaded_from_host
-                # The running batch's future decode tokens are reserved (PrefillAdder's offset at
-                # the scheduler's new_token_ratio): the decoding requests, and those admitted or
-                # chunked in this pass (they join the running batch after it).
-                batch = [y.sync_output() for y in (*decoding, *pending_done)]
-                kit.alloc_headroom = (len(pending_done) + (chunked is not None) + 1) * self.page
-                ct = cone.start_turn(kit, tokens, r.output_length - decoded, self.chunk, budget=budget,
-                                     rid=f"t{r.index}" + (f"r{self.retractions}" if again else ""),
-                                     running_batch=ScheduleBatch(reqs=batch), new_token_ratio=self.ratio.current)
-                if ct is None:
-                    if decoding or pending_done or rows:
-                        break  # memory: wait for running requests to finish
-                    waiting.popleft()  # nothing runs and it still does not fit: it never will
-                    if again is None:
-                        turns[r.index] = self._turn(r, None, at, skipped=True)
-                    else:
-                        again[1].skipped = True
-                    finished(r, t)
-                    continue
-                waiting.popleft()
-                first = ct.pos - ct.prefix_len
+        rows: list[tuple[int, int]] = []
+        budget = self.chunk
+        pending_done: list[Running] = []
+        # Eviction before each allocation of this pass as SGLang's alloc_paged_token_slots_extend
+        # over-estimates it: the pass's extend plus a page for each of its requests so far.
+        kit.alloc_headroom = self.page
+        if chunked is not None:
+            x = chunked
+            start = x.ct.pos
+            end = min(x.prompt_len, start + budget)
+            cone.prefill_pass(kit, x.ct, end)
+            rows.append((end - start, start))
+            x.turn.prefill_fs += cost_model.chunk_cost([(end - start, start)], self.coef)
+            budget -= end - start
+            if x.ct.pos >= x.prompt_len:
+                chunked = None
+                pending_done.append(x)
+        while waiting and budget > 0 and chunked is None and len(decoding) + len(pending_done) < self.max_running:
+            at, r = waiting[0]
+            again = self.retracted.get(r.index)  # (decoded tokens kept, the turn) of a retracted request
+            decoded = again[0] if again else 0
+            tokens = materialize(r.prompt)
+            if decoded:
+                tokens.extend([OUTPUT_TOKEN] * decoded)
+            probe = self._probe(r, tokens) if again is None else (False, False)
+            loaded_before = kit.loaded_from_host
+            # The running batch's future decode tokens are reserved (PrefillAdder's offset at
+            # the scheduler's new_token_ratio): the decoding requests, and those admitted or
+            # chunked in this pass (they join the running batch after it).
+            batch = [y.sync_output() for y in (*decoding, *pending_done)]
+            kit.alloc_headroom = (len(pending_done) + (chunked is not None) + 1) * self.page
+            ct = cone.start_turn(kit, tokens, r.output_length - decoded, self.chunk, budget=budget,
+                                 rid=f"t{r.index}" + (f"r{self.retractions}" if again else ""),
+                                 running_batch=ScheduleBatch(reqs=batch), new_token_ratio=self.ratio.current)
+            if ct is None:
+                if decoding or pending_done or rows:
+                    break  # memory: wait for running requests to finish
+                waiting.popleft()  # nothing runs and it still does not fit: it never will
                 if again is None:
-                    turn = turns[r.index] = self._turn(r, ct, at)
-                    turn.full_lost, turn.window_lost = probe
-                    turn.loaded = kit.loaded_from_host - loaded_before
+                    turns[r.index] = self._turn(r, None, at, skipped=True)
                 else:
-                    del self.retracted[r.index]
-                    turn = again[1]
-                    if self.kv_park:  # restored from host: its pages are back, nothing is prefilled
-                        turn.parked_tokens += len(tokens) - ct.prefix_len
-                    else:
-                        turn.retracted_tokens += len(tokens) - ct.prefix_len  # the re-prefill
-                if again is None or not self.kv_park:
-                    rows.append((first, ct.prefix_len))
-                    turn.prefill_fs += cost_model.chunk_cost([(first, ct.prefix_len)], self.coef)
-                budget -= first
-                x = Running(r, ct, turn, len(tokens), decoded, readmitted=again is not None)
-                if again is not None and self.kv_park:  # the restore puts every page back at once
-                    while ct.pos < len(tokens):
-                        cone.prefill_pass(kit, ct, min(len(tokens), ct.pos + self.chunk))
-                if ct.pos < len(tokens):
-                    chunked = x
-                else:
-                    pending_done.append(x)
-            kit.alloc_headroom = 0
-            if rows or pending_done:
-                cost = cost_model.chunk_cost(rows, self.coef) if rows else 0
-                t += cost
-                self.busy_fs += cost
-                self.prefill_busy_fs += cost
-                for x in pending_done:
-                    if not x.readmitted:
-                        x.turn.first_token_fs = t
-                    x.decoded += 1  # the prefill samples a token
-                    decoding.append(x)
-                self._finish_ready(decoding, finished, t)
+                    again[1].skipped = True
+                finished(r, t)
                 continue
-            if not decoding:
-                # A waiting request that cannot be admitted while nothing runs was skipped above;
-                # with a chunked request the loop always prefills. Nothing else can stall here.
-                raise RuntimeError("simulate: no progress (waiting requests but no batch)")
-            for x in self._grow(decoding):  # a page for each request at a page boundary, or retraction
-                waiting.appendleft((x.turn.ready_fs, x.r))
-            steps = min(min(x.left for x in decoding), min(x.room for x in decoding))
-            step_fs = self._step_fs(decoding, 0)
-            if ready and not waiting:
-                steps = min(steps, max(1, -(-(ready[0][0] - t) // max(step_fs, 1))))
-            steps = max(1, steps)
-            if steps > 1:  # the steps after a page step evict again for the batch (alloc_for_decode)
-                kit.reserve(len(decoding) * self.page)
-            cost = steps * self._step_fs(decoding, steps // 2)
+            waiting.popleft()
+            first = ct.pos - ct.prefix_len
+            if again is None:
+                turn = turns[r.index] = self._turn(r, ct, at)
+                turn.full_lost, turn.window_lost = probe
+                turn.loaded = kit.loaded_from_host - loaded_before
+            else:
+                del self.retracted[r.index]
+                turn = again[1]
+                if self.kv_park:  # restored from host: its pages are back, nothing is prefilled
+                    turn.parked_tokens += len(tokens) - ct.prefix_len
+                else:
+                    turn.retracted_tokens += len(tokens) - ct.prefix_len  # the re-prefill
+            if again is None or not self.kv_park:
+                rows.append((first, ct.prefix_len))
+                turn.prefill_fs += cost_model.chunk_cost([(first, ct.prefix_len)], self.coef)
+            budget -= first
+            x = Running(r, ct, turn, len(tokens), decoded, readmitted=again is not None)
+            if again is not None and self.kv_park:  # the restore puts every page back at once
+                while ct.pos < len(tokens):
+                    cone.prefill_pass(kit, ct, min(len(tokens), ct.pos + self.chunk))
+            if ct.pos < len(tokens):
+                chunked = x
+            else:
+                pending_done.append(x)
+        kit.alloc_headroom = 0
+        if rows or pending_done:
+            cost = cost_model.chunk_cost(rows, self.coef) if rows else 0
             t += cost
             self.busy_fs += cost
-            for x in decoding:
-                x.step(steps)
-            for _ in range(steps):
-                self.ratio.decay_step()
+            self.prefill_busy_fs += cost
+            for x in pending_done:
+                if not x.readmitted:
+                    x.turn.first_token_fs = t
+                x.decoded += 1  # the prefill samples a token
+                decoding.append(x)
             self._finish_ready(decoding, finished, t)
-        out = [turns[r.index] for r in self.requests]
-        return out
+            self.chunked, self.t = chunked, t
+            return
+        if not decoding:
+            # A waiting request that cannot be admitted while nothing runs was skipped above;
+            # with a chunked request the loop always prefills. Nothing else can stall here.
+            raise RuntimeError("simulate: no progress (waiting requests but no batch)")
+        for x in self._grow(decoding):  # a page for each request at a page boundary, or retraction
+            waiting.appendleft((x.turn.ready_fs, x.r))
+        steps = min(min(x.left for x in decoding), min(x.room for x in decoding))
+        step_fs = self._step_fs(decoding, 0)
+        until = [] if horizon is None else [horizon]  # decode no further than the next arrival or event
+        if ready and not waiting:
+            until.append(ready[0][0])
+        if until:
+            steps = min(steps, max(1, -(-(min(until) - t) // max(step_fs, 1))))
+        steps = max(1, steps)
+        if steps > 1:  # the steps after a page step evict again for the batch (alloc_for_decode)
+            kit.reserve(len(decoding) * self.page)
+        cost = steps * self._step_fs(decoding, steps // 2)
+        t += cost
+        self.busy_fs += cost
+        self.decoded_tokens += steps * len(decoding)
+        for x in decoding:
+            x.step(steps)
+        for _ in range(steps):
+            self.ratio.decay_step()
+        self._finish_ready(decoding, finished, t)
+        self.chunked, self.t = chunked, t
 
     def _grow(self, decoding: list[Running]) -> list[Running]:
         """Before a decode step: every request whose KV fills its last page gets a new one (SGLang's

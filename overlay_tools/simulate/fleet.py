@@ -198,6 +198,12 @@ def with_tails(fleet: Fleet, tails: int) -> Fleet:
 def build_kit(policy: str, fleet: Fleet, max_ctx: int) -> Any:
     """A real cache for ``policy`` at ``fleet``'s geometry, with that policy's switches installed
     (and every other switch uninstalled)."""
+    return build_kits(policy, fleet, max_ctx, 1)[0]
+
+
+def build_kits(policy: str, fleet: Fleet, max_ctx: int, count: int) -> list[Any]:
+    """``count`` real caches (one per instance of a fleet) under one install of ``policy``'s
+    switches (a switch wraps module-level code: every instance of a fleet runs the same keys)."""
     from adapter.core import boot
     from adapter.switches.cone_replay.geometry import cache_config
     from adapter.switches.cone_replay.switch import reset_counters
@@ -215,7 +221,7 @@ def build_kit(policy: str, fleet: Fleet, max_ctx: int) -> Any:
     geometry = rc.Geometry(fleet.page, fleet.window, fleet.chunk, full_tokens=fleet.full_tokens,
                            swa_tokens=fleet.swa_pool, max_reqs=fleet.max_running + 2, max_ctx=max_ctx)
     if policy == "stock":
-        return rc.build(geometry, backend=None, hicache=hicache, dsv4=fleet.dsv4)
+        return [rc.build(geometry, backend=None, hicache=hicache, dsv4=fleet.dsv4) for _ in range(count)]
     if policy == "thin":
         state = boot.install({"DSV41_SWA_THIN": "1"})
         importlib.import_module("sglang.srt.mem_cache.unified_radix_cache")
@@ -224,13 +230,14 @@ def build_kit(policy: str, fleet: Fleet, max_ctx: int) -> Any:
     for name in ("swa_thin", "fast_tree_core"):
         if state.outcomes[name].status != "installed":
             raise RuntimeError(f"simulate: {name} did not install: {state.outcomes[name].reason}")
-    kit = rc.build(geometry, backend=None, hicache=hicache, dsv4=fleet.dsv4)
+    kits = [rc.build(geometry, backend=None, hicache=hicache, dsv4=fleet.dsv4) for _ in range(count)]
     if policy == "thin+cone":
-        cfg = cache_config(kit.cache)
-        if cfg is None or not cfg.enabled:
-            raise RuntimeError(f"simulate: cone replay refused on the simulated cache: {getattr(cfg, 'reason', '?')}")
+        for kit in kits:
+            cfg = cache_config(kit.cache)
+            if cfg is None or not cfg.enabled:
+                raise RuntimeError(f"simulate: cone replay refused on the simulated cache: {getattr(cfg, 'reason', '?')}")
         reset_counters()
-    return kit
+    return kits
 
 
 def uninstall() -> None:
