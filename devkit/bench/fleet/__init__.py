@@ -93,8 +93,14 @@ def fleets(kit_name: str, quick: bool) -> list[tuple[str, dict[str, str]]]:
             ("profile", profile)]
 
 
+@dataclass(frozen=True)
 class MellumFleet:
-    name = "mellum"
+    """The Mellum kit's workers at a pool geometry (default: the issue's, :data:`MELLUM`)."""
+
+    name: str = "mellum"
+    max_total_tokens: int = MELLUM["max_total_tokens"]
+    chunk: int = MELLUM["chunk"]
+    swa_ratio: float = MELLUM["swa_ratio"]
 
     def model(self, out: Path) -> Path:
         from devkit.gate import kits
@@ -102,13 +108,14 @@ class MellumFleet:
         return kits.kit("mellum").build(out).resolve()
 
     def worker(self, model: Path, log: Path, profile: dict[str, str], extra: list[str]) -> launcher.Server:
-        args = launcher.server_args(model, launcher.free_port(), max_total_tokens=MELLUM["max_total_tokens"],
-                                    chunk=MELLUM["chunk"], swa_ratio=MELLUM["swa_ratio"], extra=extra)
+        args = launcher.server_args(model, launcher.free_port(), max_total_tokens=self.max_total_tokens,
+                                    chunk=self.chunk, swa_ratio=self.swa_ratio, extra=extra)
         return launcher.Server(args, log, profile)
 
 
+@dataclass(frozen=True)
 class Dsv4Fleet:
-    name = "dsv4"
+    name: str = "dsv4"
 
     def model(self, out: Path) -> Path:
         from devkit.gate import kits
@@ -128,6 +135,7 @@ FLEET_KITS = {"mellum": MellumFleet(), "dsv4": Dsv4Fleet()}
 class PolicyRun:
     fleet: str
     policy: str
+    urls: list[str] = field(default_factory=list)  # the workers, in --worker-urls order (trace's worker)
     client: dict[str, Any] = field(default_factory=dict)
     workers: list[dict[str, Any]] = field(default_factory=list)
     moved_turns: int = 0
@@ -196,7 +204,7 @@ def run_policy(fleet_label: str, policy: Policy, workers: Sequence[launcher.Serv
                say: Callable[[str], None]) -> PolicyRun:
     """One router with ``policy`` in front of ``workers``, the client's traffic through it, the
     figures; the router stops and the workers' caches are flushed whatever happened."""
-    run = PolicyRun(fleet_label, policy.label)
+    run = PolicyRun(fleet_label, policy.label, [w.base_url for w in workers])
     name = f"{_safe(fleet_label)}-{_safe(policy.label)}"
     logs = [w.log_path for w in workers]
     log_at = [_size(p) for p in logs]
