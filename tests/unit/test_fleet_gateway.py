@@ -45,3 +45,28 @@ def test_router_counters_sum_the_policys_branches_by_label():
     )
     assert gateway.router_counters(page, "cache_aware") == {"branches": {"spill": 3, "tree_match": 5}, "retries": 3}
     assert gateway.router_counters(page, "round_robin") == {"branches": {}, "retries": 3}
+
+
+# two lines of a real smg 1.13.0 router log (ANSI colours as it writes them), a veto set and cleared
+VETO_LINES = [
+    "\x1b[2m2026-12-06 05:42:30\x1b[0m \x1b[32m INFO\x1b[0m \x1b[2msmg::worker::monitor\x1b[0m\x1b[2m:\x1b[0m "
+    "\x1b[2mmodel_gateway/src/worker/monitor.rs\x1b[0m\x1b[2m:\x1b[0m\x1b[2m505:\x1b[0m Worker overload veto set "
+    "\x1b[3mworker_url\x1b[0m\x1b[2m=\x1b[0mhttp://127.0.0.1:33663 \x1b[3moverloaded\x1b[0m\x1b[2m=\x1b[0mtrue "
+    "\x1b[3mwaiting_requests\x1b[0m\x1b[2m=\x1b[0m3 \x1b[3mkv_pressure\x1b[0m\x1b[2m=\x1b[0m0.9658 "
+    "\x1b[3mwaiting_threshold\x1b[0m\x1b[2m=\x1b[0mSome(8)",
+    "\x1b[2m2026-12-06 05:42:40\x1b[0m \x1b[32m INFO\x1b[0m \x1b[2msmg::worker::monitor\x1b[0m\x1b[2m:\x1b[0m "
+    "\x1b[2mmodel_gateway/src/worker/monitor.rs\x1b[0m\x1b[2m:\x1b[0m\x1b[2m505:\x1b[0m Worker overload veto cleared "
+    "\x1b[3mworker_url\x1b[0m\x1b[2m=\x1b[0mhttp://127.0.0.1:33663 \x1b[3moverloaded\x1b[0m\x1b[2m=\x1b[0mfalse "
+    "\x1b[3mwaiting_requests\x1b[0m\x1b[2m=\x1b[0m0 \x1b[3mkv_pressure\x1b[0m\x1b[2m=\x1b[0m0.0 "
+    "\x1b[3mwaiting_threshold\x1b[0m\x1b[2m=\x1b[0mSome(8)",
+]
+
+
+def test_an_overload_veto_is_read_from_the_poll_that_set_it_to_the_poll_that_cleared_it():
+    import calendar
+    import time
+
+    found = gateway.vetoes(VETO_LINES)
+    set_s = calendar.timegm(time.strptime("2026-12-06 05:42:30", "%Y-%m-%d %H:%M:%S"))
+    assert found == [gateway.Veto("http://127.0.0.1:33663", set_s, set_s + 10, 3, 0.9658)]
+    assert gateway.vetoes(VETO_LINES[:1])[0].cleared_s is None

@@ -60,3 +60,13 @@ def test_without_router_samples_the_loads_come_from_the_workers_logs():
     b1 = _served(1, 1.0, list(range(500, 600)))
     assert pressure.loads_at([a1, b1], b1, 2) == [1, 0]
     assert pressure.sampled_loads([a1, b1], [(0.5, {"u0": 3.0, "u1": 1.0})], ["u0", "u1"]) == [[3, 1], [3, 1]]
+
+
+def test_a_turn_sent_away_while_its_holder_was_vetoed_is_a_veto_not_a_spill():
+    a1 = _served(0, 0.0, list(range(100)))
+    a2 = _served(1, 12.0, [*range(100), 7, 7])
+    window = pressure.VetoWindow(worker=0, set_s=11.0, cleared_s=21.0)
+    found = pressure.turns([a1, a2], 2, loads=[[0, 0], [1, 0]], vetoes=[window])
+    assert [t.kind for t in found] == ["miss", "veto"]
+    later = _served(1, 22.5, [*range(100), 7, 7])  # past the clearing poll (and its logged second)
+    assert pressure.turns([a1, later], 2, loads=[[0, 0], [1, 0]], vetoes=[window])[1].kind == "moved, not gated"

@@ -72,10 +72,15 @@ POLICIES = (
     Policy("round_robin", "round_robin"),
     Policy("consistent_hashing", "consistent_hashing", routing_key=True),
 )
-# cache_aware without its count-pressure spill: with two workers a holder can never carry more than
-# twice the fleet's mean in-flight count, so a relative threshold of 2 never trips (cache_aware.rs:1805)
-NO_SPILL = Policy("cache_aware rel 2", "cache_aware", ("--balance-rel-threshold", "2"))
-FULL_POLICIES = (*POLICIES, NO_SPILL)
+# cache_aware without the worker overload veto (on by default in smg 1.13.0: a polled /v1/loads with
+# 8 waiting requests or KV usage 0.8, SGLang's max(Full, SWA) usage, leaves the worker out of routing,
+# its cache holders included, until a later poll clears it)
+NO_VETO = Policy("cache_aware no-veto", "cache_aware", ("--disable-worker-overload-protection",))
+# ... and without its count-pressure spill: with two workers a holder never carries more than twice the
+# fleet's mean in-flight count, so a relative threshold of 2 never trips (cache_aware.rs:1805)
+NO_VETO_NO_SPILL = Policy("cache_aware no-veto rel 2", "cache_aware",
+                          ("--disable-worker-overload-protection", "--balance-rel-threshold", "2"))
+FULL_POLICIES = (*POLICIES, NO_VETO, NO_VETO_NO_SPILL)
 
 
 def fleets(kit_name: str, quick: bool) -> list[tuple[str, dict[str, str]]]:
@@ -237,6 +242,10 @@ def run_policy(fleet_label: str, policy: Policy, workers: Sequence[launcher.Serv
         samples = sampler.stop()
         router.stop()
         run.router["settings"] = gateway.policy_settings(router.log_lines())
+        vetoed = gateway.vetoes(router.log_lines())
+        run.router["vetoes"] = [{"worker": run.urls.index(v.worker) if v.worker in run.urls else v.worker,
+                                 "seconds": None if v.cleared_s is None else v.cleared_s - v.set_s,
+                                 "waiting_requests": v.waiting_requests, "kv_pressure": v.kv_pressure} for v in vetoed]
         for w in workers:
             with contextlib.suppress(OSError):
                 _post(w.base_url + "/flush_cache")
@@ -247,8 +256,10 @@ def run_policy(fleet_label: str, policy: Policy, workers: Sequence[launcher.Serv
         row["prefill_batches"], row["prefill_log_tokens"] = prefill_tokens(_read_from(path, at))
     run.moved_turns = served.moved_turns(records)
     if policy.policy == "cache_aware" and records:
-        loads = pressure.sampled_loads(records, samples, [w.base_url for w in workers])
-        run.gate = pressure.summary(pressure.turns(records, len(workers), gate_settings(policy), loads))
+        loads = pressure.sampled_loads(records, samples, run.urls)
+        windows = [pressure.VetoWindow(run.urls.index(v.worker), v.set_s, v.cleared_s) for v in vetoed
+                   if v.worker in run.urls]
+        run.gate = pressure.summary(pressure.turns(records, len(workers), gate_settings(policy), loads, windows))
     (out / f"{name}.loads.jsonl").write_text("".join(json.dumps([t, loads]) + "\n" for t, loads in samples))
     run.conversations = len({s.session for s in records})
     trace = out / f"{name}.trace.jsonl"
@@ -264,7 +275,8 @@ def run_policy(fleet_label: str, policy: Policy, workers: Sequence[launcher.Serv
 
 def gate_settings(policy: Policy) -> pressure.GateSettings:
     """The gate's settings for a run: smg's defaults, less what the policy's router arguments set."""
-    given = dict(zip(policy.router_args[::2], policy.router_args[1::2]))
+    args = list(policy.router_args)
+    given = {a: args[i + 1] for i, a in enumerate(args[:-1]) if a.startswith("--") and not args[i + 1].startswith("--")}
     defaults = pressure.GateSettings()
     return pressure.GateSettings(
         float(given.get("--cache-threshold", defaults.cache_threshold)),

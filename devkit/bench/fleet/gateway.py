@@ -18,8 +18,10 @@ import contextlib
 import json
 import re
 import sys
+import time
 import urllib.request
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,8 @@ BRANCH_COUNTERS = {
 RETRY_COUNTER = "smg_worker_retries_total"
 SETTINGS_RE = re.compile(r"policy: (\w+) \{([^}]*)\}")
 ACTIVE_RE = re.compile(r'^smg_worker_requests_active\{worker="([^"]+)"\} (\S+)$', re.M)
+VETO_RE = re.compile(r"^(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d).*Worker overload veto (?P<verdict>set|cleared)"
+                     r".*worker_url=(?P<url>\S+) overloaded=\w+ waiting_requests=(?P<waiting>\d+) kv_pressure=(?P<kv>[\d.]+)")
 ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
 
 
@@ -115,6 +119,40 @@ def policy_settings(log_lines: Sequence[str]) -> dict[str, str]:
             fields = dict(part.split(": ", 1) for part in m.group(2).split(", ") if ": " in part)
             return {"policy": m.group(1), **{k.strip(): v.strip() for k, v in fields.items()}}
     return {}
+
+
+@dataclass(frozen=True)
+class Veto:
+    """A worker left out of routing by smg's worker overload protection (on by default: a polled
+    ``/v1/loads`` with ``waiting_requests`` >= 8 or KV ``token_usage`` >= 0.8, SGLang's usage being
+    max(Full, SWA) on a hybrid-SWA pool), from the poll that set it to the poll that cleared it
+    (``worker/monitor.rs:505``; polls every ``--load-monitor-interval`` s, 10 by default)."""
+
+    worker: str
+    set_s: float  # wall clock of the log line (the router logs whole seconds)
+    cleared_s: float | None  # None: still set when the router stopped
+    waiting_requests: int
+    kv_pressure: float
+
+
+def vetoes(log_lines: Sequence[str]) -> list[Veto]:
+    """The router's ``Worker overload veto set`` / ``cleared`` lines, paired per worker."""
+    import calendar
+
+    opened: dict[str, Veto] = {}
+    out = []
+    for line in log_lines:
+        m = VETO_RE.search(ANSI_RE.sub("", line))
+        if not m:
+            continue
+        when = calendar.timegm(time.strptime(m.group("at"), "%Y-%m-%d %H:%M:%S"))
+        url = m.group("url")
+        if m.group("verdict") == "set":
+            opened[url] = Veto(url, float(when), None, int(m.group("waiting")), float(m.group("kv")))
+        elif url in opened:
+            v = opened.pop(url)
+            out.append(Veto(v.worker, v.set_s, float(when), v.waiting_requests, v.kv_pressure))
+    return sorted(out + list(opened.values()), key=lambda v: v.set_s)
 
 
 def router_counters(text: str, policy: str) -> dict[str, Any]:

@@ -41,6 +41,23 @@ class GateSettings:
     balance_rel_threshold: float = 1.5
 
 
+@dataclass(frozen=True)
+class VetoWindow:
+    """Worker ``worker`` out of routing from ``set_s`` until ``cleared_s`` (None: to the end); the
+    router logs whole seconds, so a window is widened by :data:`LOG_RESOLUTION_S` at its end."""
+
+    worker: int
+    set_s: float
+    cleared_s: float | None
+
+    def covers(self, worker: int, t: float) -> bool:
+        end = math.inf if self.cleared_s is None else self.cleared_s + LOG_RESOLUTION_S
+        return worker == self.worker and self.set_s <= t < end
+
+
+LOG_RESOLUTION_S = 1.0
+
+
 def margin(mean: float, settings: GateSettings) -> float:
     return min(float(settings.balance_abs_threshold), max(math.ceil(2 * math.sqrt(mean)), MIN_ABSOLUTE_MARGIN))
 
@@ -92,20 +109,24 @@ class Turn:
     loads: tuple[int, ...]
     gated: bool  # every holder over the gate: the router must spill
     moved: bool  # served by a worker that held none of its prefix
+    vetoed: bool = False  # every holder out of routing (the worker overload veto) at its arrival
 
     @property
     def kind(self) -> str:
         if not self.holders:
             return "miss"
+        if self.vetoed and self.moved:
+            return "veto"
         if self.gated:
             return "spill" if self.moved else "gated, stayed"
         return "moved, not gated" if self.moved else "hit"
 
 
 def turns(served: Sequence[Served], workers: int, settings: GateSettings | None = None,
-          loads: Sequence[Sequence[int]] | None = None) -> list[Turn]:
+          loads: Sequence[Sequence[int]] | None = None, vetoes: Sequence[VetoWindow] = ()) -> list[Turn]:
     """Each request (in arrival order) against the gate, with the loads at its arrival: ``loads``
-    per request (the router's own, :func:`sampled_loads`) or, without them, :func:`loads_at`."""
+    per request (the router's own, :func:`sampled_loads`) or, without them, :func:`loads_at`;
+    ``vetoes``: the windows the router's overload veto left a worker out of routing."""
     settings = settings or GateSettings()
     out = []
     for i, r in enumerate(served):
@@ -115,12 +136,13 @@ def turns(served: Sequence[Served], workers: int, settings: GateSettings | None 
         now = list(loads[i]) if loads is not None else loads_at(served, r, workers)
         mean = sum(now) / workers
         gated = bool(holders) and all(over_gate(now[h], mean, settings) for h in holders)
-        out.append(Turn(i, r.worker, holders, tuple(now), gated, bool(holders) and r.worker not in holders))
+        vetoed = bool(holders) and all(any(v.covers(h, r.received_s) for v in vetoes) for h in holders)
+        out.append(Turn(i, r.worker, holders, tuple(now), gated, bool(holders) and r.worker not in holders, vetoed))
     return out
 
 
 def summary(found: Sequence[Turn]) -> dict[str, Any]:
-    """Counts per kind (``hit``, ``miss``, ``spill``, ``gated, stayed``, ``moved, not gated``) and,
+    """Counts per kind (``hit``, ``miss``, ``spill``, ``veto``, ``gated, stayed``, ``moved, not gated``) and,
     for the spills, the holder's in-flight count and the other worker's at the moment."""
     kinds: dict[str, int] = {}
     for t in found:
