@@ -378,7 +378,8 @@ def print_table(rows: Sequence[dict[str, Any]], say: Callable[[str], None] = pri
         return " / ".join("-" if w.get(key) is None else f"{w[key]:.0f}" for w in row["workers"]) or "-"
 
     header = ["fleet", "policy", "TTFT ms", "p99 TTFT", "ITL ms", "prefilled (w0 / w1)", "vs stock", "top share",
-              "cached (w0 / w1)", "requests", "convs", "moved", "TTFT w0 / w1", "router branches", "receipts"]
+              "cached (w0 / w1)", "requests", "convs", "moved", "moved by", "vetoes", "TTFT w0 / w1", "router branches",
+              "receipts"]
     lines = []
     for r in rows:
         branches = ", ".join(f"{k} {v}" for k, v in (r["router"].get("branches") or {}).items()) or "-"
@@ -386,12 +387,25 @@ def print_table(rows: Sequence[dict[str, Any]], say: Callable[[str], None] = pri
                       r.get("mean_itl_ms", "-"), f"{r['prefilled']} ({per(r, 'prefill_log_tokens')})",
                       r["prefilled_vs_stock"] or "-", r["top_worker_share"] or "-",
                       f"{r['cached']} ({per(r, 'cached_tokens')})", per(r, "requests"), per(r, "conversations"),
-                      r["moved_turns"], per(r, "mean_ttft_ms"), branches,
+                      r["moved_turns"], moved_by(r), vetoes(r), per(r, "mean_ttft_ms"), branches,
                       {True: "ok", False: "MISSING", None: "-"}[r["receipts_ok"]]])
     say(render(header, lines, align="left"))
     for r in rows:
         if r["error"]:
             say(f"{r['fleet']} / {r['policy']}: {r['error']}")
+
+
+def moved_by(row: dict[str, Any]) -> str:
+    """cache_aware: the moved turns by cause (the spill gate, the overload veto, neither)."""
+    kinds = (row.get("gate") or {}).get("kinds") or {}
+    parts = [f"{kinds[k]} {k}" for k in ("spill", "veto", "moved, not gated") if kinds.get(k)]
+    return ", ".join(parts) or "-"
+
+
+def vetoes(row: dict[str, Any]) -> str:
+    """The router's overload vetoes: worker, seconds, what the poll read (waiting requests, KV usage)."""
+    return "; ".join(f"w{v['worker']} {v['seconds'] or 'to end'} s (waiting {v['waiting_requests']}, usage "
+                     f"{v['kv_pressure']:.2f})" for v in row["router"].get("vetoes") or []) or "-"
 
 
 def measure(kit_name: str, labelled: Sequence[tuple[str, dict[str, str]]], policies: Sequence[Policy],

@@ -13,7 +13,16 @@ ended: the bench samples it from the router's own gauge (:func:`sampled_loads`);
 :func:`loads_at` counts, from the workers' request logs (arrival and end-to-end latency), the
 requests in flight on each worker at a request's arrival (the request itself left out), which
 undercounts what the router holds while a response is still streaming or a request waits for the
-worker's HTTP server to read it. The holders of a request are the workers that served the earlier requests sharing
+worker's HTTP server to read it. Either way a request's loads are read at its arrival in the
+worker's log, which lags the router's dispatch while the worker's HTTP server is slow to read it
+(a loaded machine): a ``gated, stayed`` turn is usually one read after the router had chosen.
+
+A holder out of routing is the other way a turn leaves it: smg's worker overload veto
+(:class:`devkit.bench.fleet.gateway.Veto`) takes a worker out of routing, its cache holders
+included, from the poll that finds it over a threshold to the poll that finds it under (10 s
+apart by default); a turn sent away meanwhile is a ``veto``. smg's own ``spill`` branch count
+(``smg_cache_aware_policy_branch_total``) counts both: a tree match served by a worker that is not
+among the match's tenants. The holders of a request are the workers that served the earlier requests sharing
 its longest token prefix (the tree holds every request's text for the worker it went to: the
 deepest match's tenants), when that prefix is over ``cache_threshold`` of the prompt.
 :func:`turns` gives, per request, its holders, the loads, whether the gate was over on every holder
