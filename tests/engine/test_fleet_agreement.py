@@ -13,6 +13,12 @@ they may differ, the comparison names why (:func:`explain`):
 * ``partial block``: the trace carries one hash per 512-token block, so a prefix shared across
   conversations (the group's system prompt, about 640 tokens with the chat template) is known to
   the replay only up to its last full block: the served cache holds up to 511 tokens more.
+* ``dispatch order``: the trace orders requests as the workers received them; two requests sent
+  within a few milliseconds of each other (two conversations' next turns after their answers ended
+  in the same decode step) can reach the workers in the other order than the router dispatched
+  them. Requests less than :data:`TIE_MS` apart form a group; round robin gives a group the same
+  rotation slots in either order, so its workers agree as a set, and a request of a group whose
+  order was swapped is not compared on cached tokens (it ran on the other worker).
 * the client's routing key is one per group (``--gsp-send-routing-key``); the replay's key is one
   per conversation (its session), so for ``consistent_hashing`` only the worker is compared, by
   the replay's own ring (:class:`overlay_tools.simulate.gateway.router.HashRing`) over the keys the
@@ -40,6 +46,7 @@ TRAFFIC = {"groups": 2, "per_group": 2, "system": 512, "question": 64, "output":
 CALM_TRAFFIC = {**TRAFFIC, "groups": 2, "per_group": 3, "rate": 0.5}
 POOL = 32768
 BLOCK = 512
+TIE_MS = 50
 
 
 def serve(policies: list[Any], traffic: dict[str, Any], out: Path) -> tuple[Path, list[Any]]:
@@ -78,19 +85,45 @@ def explain(row: dict[str, Any], predicted: int, same_conversation_here: bool) -
     return f"unexplained: served {served}, replayed {predicted}"
 
 
-def compare(rows: list[dict[str, Any]], fleet: Any) -> list[dict[str, Any]]:
+def tie_groups(rows: list[dict[str, Any]]) -> list[list[int]]:
+    """Runs of requests each less than :data:`TIE_MS` after the one before (by index)."""
+    groups: list[list[int]] = []
+    for i, row in enumerate(rows):
+        if groups and row["timestamp"] - rows[i - 1]["timestamp"] < TIE_MS:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def compare(rows: list[dict[str, Any]], fleet: Any, relabel: dict[int, int] | None = None) -> list[dict[str, Any]]:
+    """Request by request; ``relabel`` maps the replay's worker indices onto the served ones."""
+    relabel = relabel or {}
     seen: dict[int, set[int]] = {}  # conversation -> workers that served one of its turns
     table = []
     for row, outcome in zip(rows, fleet.outcomes):
         here = row["worker"] in seen.get(row["session"], set())
-        table.append({"request": outcome.index, "session": row["session"], "served_worker": row["worker"],
-                      "replayed_worker": outcome.instance, "served_cached": row["cached_tokens"],
-                      "replayed_cached": outcome.cached_tokens,
+        table.append({"request": outcome.index, "t_ms": row["timestamp"], "session": row["session"],
+                      "served_worker": row["worker"], "replayed_worker": relabel.get(outcome.instance, outcome.instance),
+                      "served_cached": row["cached_tokens"], "replayed_cached": outcome.cached_tokens,
                       "why": explain(row, outcome.cached_tokens, here)})
         seen.setdefault(row["session"], set()).add(row["worker"])
+    for group in tie_groups(rows):
+        if any(table[i]["served_worker"] != table[i]["replayed_worker"] for i in group):
+            for i in group:
+                table[i]["why"] = "dispatch order"
     for line in table:
         print(line)
     return table
+
+
+def workers_agree(table: list[dict[str, Any]], rows: list[dict[str, Any]]) -> bool:
+    """Each tie group's workers agree as a set (in order outside ties)."""
+    return all(sorted(table[i]["served_worker"] for i in g) == sorted(table[i]["replayed_worker"] for i in g)
+               for g in tie_groups(rows))
+
+
+EXPLAINED = ("partial block", "dispatch order")
 
 
 @pytest.fixture(scope="module")
@@ -110,8 +143,9 @@ def test_round_robin_replay_predicts_each_requests_worker_and_its_cached_tokens(
     rows, fleet = replay(run, model, out, "round_robin")
     assert len(rows) == TRAFFIC["groups"] * TRAFFIC["per_group"] * TRAFFIC["turns"]
     table = compare(rows, fleet)
-    assert [t["replayed_worker"] for t in table] == [t["served_worker"] for t in table]
-    assert [t for t in table if t["why"] and not t["why"].startswith("partial block")] == []
+    assert workers_agree(table, rows)
+    assert [t for t in table if t["why"] and t["why"] not in EXPLAINED] == []
+    assert sum(t["why"] == "dispatch order" for t in table) <= len(table) // 2
 
 
 def test_consistent_hashing_ring_places_each_clients_key_on_the_worker_smg_chose(served_fleet):
@@ -138,10 +172,10 @@ def test_cache_aware_replay_agrees_on_worker_and_cache_while_loads_stay_balanced
     assert run.error is None, run.error
     assert "spill" not in (run.router.get("branches") or {}), "loads did not stay balanced"
     rows, fleet = replay(run, model, tmp_path, "cache_aware")
-    table = compare(rows, fleet)
     assert any(o.branch == "hit" for o in fleet.outcomes), "no request matched a holder"
     # a group's first request is a miss placed by expected wait (ties drawn): which worker index it
     # gets may differ, so the placements agree as a partition, one worker for another throughout
-    pairs = {(t["served_worker"], t["replayed_worker"]) for t in table}
-    assert len(pairs) == len({a for a, _ in pairs}) == len({b for _, b in pairs}), pairs
-    assert [t for t in table if t["why"] and not t["why"].startswith("partial block")] == []
+    relabel = {fleet.outcomes[0].instance: rows[0]["worker"], 1 - fleet.outcomes[0].instance: 1 - rows[0]["worker"]}
+    table = compare(rows, fleet, relabel)
+    assert workers_agree(table, rows)
+    assert [t for t in table if t["why"] and t["why"] not in EXPLAINED] == []

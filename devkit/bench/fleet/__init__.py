@@ -52,6 +52,7 @@ WORKERS = 2
 TRAFFIC = {"groups": 4, "per_group": 4, "system": 512, "question": 64, "output": 16, "turns": 3, "rate": 4.0}
 QUICK_TRAFFIC = {**TRAFFIC, "groups": 2}
 CLIENT_TIMEOUT_S = 900
+BOOT_TIMEOUT_S = 600.0  # two boots at once on a loaded 2-core machine: past the launcher's 300 s
 MELLUM = {"max_total_tokens": 8192, "chunk": 64, "swa_ratio": 0.05}
 DSV4_CHUNK = 256  # a page a chunk: chat prompts are multi-chunk prefills (bench chat-latency's choice)
 YIELD_PCT = "33"
@@ -115,7 +116,7 @@ class MellumFleet:
     def worker(self, model: Path, log: Path, profile: dict[str, str], extra: list[str]) -> launcher.Server:
         args = launcher.server_args(model, launcher.free_port(), max_total_tokens=self.max_total_tokens,
                                     chunk=self.chunk, swa_ratio=self.swa_ratio, extra=extra)
-        return launcher.Server(args, log, profile)
+        return launcher.Server(args, log, profile, ready_timeout_s=BOOT_TIMEOUT_S)
 
 
 @dataclass(frozen=True)
