@@ -13,6 +13,10 @@ they may differ, the comparison names why (:func:`explain`):
 * ``partial block``: the trace carries one hash per 512-token block, so a prefix shared across
   conversations (the group's system prompt, about 640 tokens with the chat template) is known to
   the replay only up to its last full block: the served cache holds up to 511 tokens more.
+* smg registers the workers in the background, in whichever order their registrations complete,
+  and its rotation follows that order, not ``--worker-urls``'; the replay's rotation starts at
+  worker 0. The replay's worker indices are relabelled once, by the first request (with two
+  workers: which one the rotation starts at); every later request must then agree.
 * ``dispatch order``: the trace orders requests as the workers received them; two requests sent
   within a few milliseconds of each other (two conversations' next turns after their answers ended
   in the same decode step) can reach the workers in the other order than the router dispatched
@@ -126,6 +130,12 @@ def workers_agree(table: list[dict[str, Any]], rows: list[dict[str, Any]]) -> bo
 EXPLAINED = ("partial block", "dispatch order")
 
 
+def first_request_relabel(rows: list[dict[str, Any]], fleet: Any) -> dict[int, int]:
+    """The replay's two worker indices mapped so that its first request's worker is the served one."""
+    first = fleet.outcomes[0].instance
+    return {first: rows[0]["worker"], 1 - first: 1 - rows[0]["worker"]}
+
+
 @pytest.fixture(scope="module")
 def served_fleet(tmp_path_factory):
     import devkit.bench.fleet as fl
@@ -142,7 +152,7 @@ def test_round_robin_replay_predicts_each_requests_worker_and_its_cached_tokens(
     assert run.error is None, run.error
     rows, fleet = replay(run, model, out, "round_robin")
     assert len(rows) == TRAFFIC["groups"] * TRAFFIC["per_group"] * TRAFFIC["turns"]
-    table = compare(rows, fleet)
+    table = compare(rows, fleet, first_request_relabel(rows, fleet))
     assert workers_agree(table, rows)
     assert [t for t in table if t["why"] and t["why"] not in EXPLAINED] == []
     assert sum(t["why"] == "dispatch order" for t in table) <= len(table) // 2
@@ -175,7 +185,6 @@ def test_cache_aware_replay_agrees_on_worker_and_cache_while_loads_stay_balanced
     assert any(o.branch == "hit" for o in fleet.outcomes), "no request matched a holder"
     # a group's first request is a miss placed by expected wait (ties drawn): which worker index it
     # gets may differ, so the placements agree as a partition, one worker for another throughout
-    relabel = {fleet.outcomes[0].instance: rows[0]["worker"], 1 - fleet.outcomes[0].instance: 1 - rows[0]["worker"]}
-    table = compare(rows, fleet, relabel)
+    table = compare(rows, fleet, first_request_relabel(rows, fleet))
     assert workers_agree(table, rows)
     assert [t for t in table if t["why"] and t["why"] not in EXPLAINED] == []
