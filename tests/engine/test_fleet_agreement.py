@@ -22,7 +22,8 @@ they may differ, the comparison names why (:func:`explain`):
   in the same decode step) can reach the workers in the other order than the router dispatched
   them. Requests less than :data:`TIE_MS` apart form a group; round robin gives a group the same
   rotation slots in either order, so its workers agree as a set, and a request of a group whose
-  order was swapped is not compared on cached tokens (it ran on the other worker).
+  order was swapped is not compared on cached tokens (it ran on the other worker), nor is a later
+  turn of its conversation (``after a swapped turn``: its history is on the other worker).
 * the client's routing key is one per group (``--gsp-send-routing-key``); the replay's key is one
   per conversation (its session), so for ``consistent_hashing`` only the worker is compared, by
   the replay's own ring (:class:`overlay_tools.simulate.gateway.router.HashRing`) over the keys the
@@ -112,10 +113,16 @@ def compare(rows: list[dict[str, Any]], fleet: Any, relabel: dict[int, int] | No
                       "served_cached": row["cached_tokens"], "replayed_cached": outcome.cached_tokens,
                       "why": explain(row, outcome.cached_tokens, here)})
         seen.setdefault(row["session"], set()).add(row["worker"])
+    swapped: set[int] = set()  # conversations with a turn in a swapped group
     for group in tie_groups(rows):
         if any(table[i]["served_worker"] != table[i]["replayed_worker"] for i in group):
             for i in group:
                 table[i]["why"] = "dispatch order"
+                swapped.add(table[i]["session"])
+        else:
+            for i in group:
+                if table[i]["why"] and table[i]["session"] in swapped:
+                    table[i]["why"] = "after a swapped turn"
     for line in table:
         print(line)
     return table
@@ -127,7 +134,7 @@ def workers_agree(table: list[dict[str, Any]], rows: list[dict[str, Any]]) -> bo
                for g in tie_groups(rows))
 
 
-EXPLAINED = ("partial block", "dispatch order")
+EXPLAINED = ("partial block", "dispatch order", "after a swapped turn")
 
 
 def first_request_relabel(rows: list[dict[str, Any]], fleet: Any) -> dict[int, int]:
