@@ -22,5 +22,6 @@ BENCHMARKS = {
     "chat-latency": "devkit.bench.chat_latency:run",
     "chat-latency-scripted": "devkit.bench.chat_scripted:run",
     "chat-latency-varied": "devkit.bench.chat_latency:run_varied",
+    "fleet": "devkit.bench.fleet:run",
     # -- end of benchmarks --
 }

@@ -31,7 +31,6 @@ runs, the client's imports done once while the first server boots
 from __future__ import annotations
 
 import json
-import os
 import re
 import statistics
 import time
@@ -41,7 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from devkit.engine_kit import metrics_page
-from devkit.engine_kit.serving_client import ServingClient
+from devkit.engine_kit.serving_client import ServingClient, client_args, client_env
+from devkit.gate.verdict import kit_profile as gate_profile
 
 OUT = Path(__file__).resolve().parents[2] / "build" / "bench-chat-latency"
 # The traffic (SGLang's generated-shared-prefix dataset, bench_serving's flags), seeded.
@@ -70,17 +70,6 @@ SWITCH_COUNTERS = {"unbounded": "dsv41_decode_yield_prompts_unbounded_total",
 SERVER_TIMES = {"server_ttft_ms": "sglang:time_to_first_token_seconds", "queue_ms": "sglang:queue_time_seconds"}
 
 
-def gate_profile(kit_name: str) -> dict[str, str]:
-    """The release gate's profile boot keys (without its calibration, which only shapes the first
-    windows of measured mode)."""
-    from devkit.gate import kits
-    from devkit.gate.verdict import build_profile
-
-    profile = build_profile()
-    profile.update({k: v for k, v in kits.kit(kit_name).profile_overrides().items() if k in profile})
-    return profile
-
-
 def rows(kit_name: str, quick: bool, varied: bool = False) -> list[tuple[str, dict[str, str]]]:
     """(label, profile) per row; the first is stock. ``varied``: stock, decode yield alone and the
     profile."""
@@ -106,30 +95,6 @@ def bound(profile: dict[str, str]) -> float | None:
     """The TTFT bound of a profile against stock: ``1 / (1 - pct)`` with decode yield, else None."""
     pct = profile.get("DSV41_DECODE_YIELD")
     return None if pct is None else round(100 / (100 - int(pct)), 3)
-
-
-def client_args(base_url: str, tokenizer: Path, out_file: Path, traffic: dict[str, Any], seed: int = 1) -> list[str]:
-    """SGLang's own benchmark client's arguments, multi-turn chat on the generated-shared-prefix
-    dataset (run by :class:`devkit.engine_kit.serving_client.ServingClient`)."""
-    return [
-        "--backend", "sglang-oai-chat", "--base-url", base_url,
-        "--model", str(tokenizer), "--tokenizer", str(tokenizer),
-        "--dataset-name", "generated-shared-prefix",
-        "--gsp-num-groups", str(traffic["groups"]), "--gsp-prompts-per-group", str(traffic["per_group"]),
-        "--gsp-system-prompt-len", str(traffic["system"]), "--gsp-question-len", str(traffic["question"]),
-        "--gsp-output-len", str(traffic["output"]), "--gsp-num-turns", str(traffic["turns"]),
-        "--request-rate", str(traffic["rate"]), "--seed", str(seed), "--warmup-requests", "0",
-        "--disable-tqdm", "--output-file", str(out_file), "--output-details",
-        *(("--gsp-range-ratio", str(traffic["range_ratio"])) if "range_ratio" in traffic else ()),
-    ]
-
-
-def client_env() -> dict[str, str]:
-    """No network: the tokenizer is the kit's folder, and the Hub is never asked."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DSV41_")}
-    env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-                "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"})
-    return env
 
 
 def figures_of(result: dict[str, Any]) -> dict[str, Any]:

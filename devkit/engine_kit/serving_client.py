@@ -67,6 +67,31 @@ class ServingClient:
         self.close()
 
 
+def client_args(base_url: str, tokenizer: Path, out_file: Path, traffic: dict[str, Any], seed: int = 1) -> list[str]:
+    """SGLang's own benchmark client's arguments, multi-turn chat on the generated-shared-prefix
+    dataset (``traffic``: groups, per_group, system, question, output, turns, rate, and
+    optionally range_ratio)."""
+    return [
+        "--backend", "sglang-oai-chat", "--base-url", base_url,
+        "--model", str(tokenizer), "--tokenizer", str(tokenizer),
+        "--dataset-name", "generated-shared-prefix",
+        "--gsp-num-groups", str(traffic["groups"]), "--gsp-prompts-per-group", str(traffic["per_group"]),
+        "--gsp-system-prompt-len", str(traffic["system"]), "--gsp-question-len", str(traffic["question"]),
+        "--gsp-output-len", str(traffic["output"]), "--gsp-num-turns", str(traffic["turns"]),
+        "--request-rate", str(traffic["rate"]), "--seed", str(seed), "--warmup-requests", "0",
+        "--disable-tqdm", "--output-file", str(out_file), "--output-details",
+        *(("--gsp-range-ratio", str(traffic["range_ratio"])) if "range_ratio" in traffic else ()),
+    ]
+
+
+def client_env() -> dict[str, str]:
+    """No network: the tokenizer is the kit's folder, and the Hub is never asked."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DSV41_")}
+    env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+                "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"})
+    return env
+
+
 def _readline(proc: subprocess.Popen, timeout_s: float) -> str:
     assert proc.stdout is not None
     with selectors.DefaultSelector() as sel:

@@ -96,6 +96,16 @@ def build_profile(extra: dict[str, str] | None = None, without: tuple[str, ...] 
     return profile
 
 
+def kit_profile(kit_name: str) -> dict[str, str]:
+    """The release gate's profile boot keys on the kit ``kit_name`` (without its calibration, which
+    only shapes the first windows of measured mode)."""
+    from devkit.gate import kits
+
+    profile = build_profile()
+    profile.update({k: v for k, v in kits.kit(kit_name).profile_overrides().items() if k in profile})
+    return profile
+
+
 def compare_outputs(a1: dict[str, list[int]], a2: dict[str, list[int]], b: dict[str, list[int]]) -> dict[str, Any]:
     """Per prompt: do the controls agree? Then B must match them. Streams (``stream*``, aborted at
     different lengths on each boot) are compared on the prefix all three generated."""

@@ -1,0 +1,84 @@
+"""bench fleet's reading of the workers' request logs (written here by SGLang's own RequestLogger in
+the JSON format the workers boot with) and the Mooncake trace it writes (read back by simulate's own
+trace reader)."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from devkit.bench.fleet import served
+
+pytest.importorskip("sglang.srt.utils.request_logger")
+
+_logger_ids = itertools.count()
+
+
+def _write_log(folder: Path, requests: list[dict]) -> str:
+    """SGLang's request logger (level 3, JSON, a file target) writes one finished line per request;
+    returns the file's text."""
+    from sglang.srt.managers.io_struct import GenerateReqInput
+    from sglang.srt.utils.request_logger import RequestLogger
+
+    target = folder / f"log{next(_logger_ids)}"
+    logger = RequestLogger(True, 3, "json", [str(target)])
+    for r in requests:
+        obj = GenerateReqInput(input_ids=r["ids"], rid=r["rid"], routing_key=r.get("key"))
+        meta = {"request_received_ts": r["t"], "prompt_tokens": len(r["ids"]), "cached_tokens": r["cached"],
+                "completion_tokens": r["out"], "first_token_latency": 0.05, "e2e_latency": 0.05 + 0.01 * (r["out"] - 1)}
+        logger.log_finished_request(obj, {"meta_info": meta})
+    for handler in [h for t in logger.targets for h in t.handlers]:
+        handler.flush()
+    return next(target.glob("*.log")).read_text()
+
+
+SYSTEM = list(range(100, 700))  # 600 tokens a group shares
+TURN1_A = [*SYSTEM, 1, 2, 3]
+TURN1_B = [*SYSTEM, 4, 5, 6]
+TURN2_A = [*TURN1_A, 9, 9, 7, 7]  # turn 1, its answer, the next message
+
+
+def _two_workers(tmp_path: Path) -> list[served.Served]:
+    w0 = _write_log(tmp_path, [{"rid": "a1", "ids": TURN1_A, "t": 10.0, "cached": 0, "out": 2, "key": "g0"},
+                               {"rid": "a2", "ids": TURN2_A, "t": 10.5, "cached": 603, "out": 2, "key": "g0"}])
+    w1 = _write_log(tmp_path, [{"rid": "b1", "ids": TURN1_B, "t": 10.2, "cached": 0, "out": 3, "key": "g0"}])
+    return served.read_served([w0, w1])
+
+
+def test_requests_of_all_workers_come_back_in_arrival_order_with_their_worker_and_cache(tmp_path):
+    records = _two_workers(tmp_path)
+    assert [(s.rid, s.worker, s.cached_tokens, s.routing_key) for s in records] == [
+        ("a1", 0, 0, "g0"), ("b1", 1, 0, "g0"), ("a2", 0, 603, "g0")]
+    assert records[2].input_ids == TURN2_A
+    assert records[1].itl_s == pytest.approx(0.01)
+
+
+def test_a_later_turn_joins_the_conversation_whose_prompt_it_extends_not_a_sibling_sharing_the_system_prompt(tmp_path):
+    records = _two_workers(tmp_path)
+    assert [s.session for s in records] == [0, 1, 0]
+    assert served.moved_turns(records) == 0
+    records[2].worker = 1
+    assert served.moved_turns(records) == 1
+
+
+def test_per_worker_figures_count_prefilled_as_prompt_minus_cached(tmp_path):
+    rows = served.per_worker(_two_workers(tmp_path), 2)
+    assert [(r["requests"], r["prompt_tokens"], r["cached_tokens"], r["prefilled_tokens"], r["conversations"])
+            for r in rows] == [(2, 603 + 607, 603, 607, 1), (1, 603, 0, 603, 1)]
+
+
+def test_the_trace_is_one_that_simulate_reads_with_shared_blocks_as_equal_ids(tmp_path):
+    from overlay_tools.simulate import trace
+
+    path = tmp_path / "fleet.trace.jsonl"
+    path.write_text("".join(line + "\n" for line in served.mooncake_lines(_two_workers(tmp_path))))
+    parsed = trace.read(path, session_key="session")
+    assert [(r.arrival_ms, r.input_length, r.output_length, r.session_id) for r in parsed] == [
+        (0, 603, 2, 0), (200, 603, 3, 1), (500, 607, 2, 0)]
+    # block 0 (the first 512 tokens: system prompt) is shared by all three; block 1 differs per conversation
+    # and turn 2's is a new prefix of its own
+    assert [r.hash_ids for r in parsed] == [[0, 1], [0, 2], [0, 3]]
+    links = trace.link_sessions(parsed, "session")
+    assert links.linked == 1
