@@ -20,7 +20,7 @@ The replay agrees because its admission reserves the running rows' future decode
 SGLang's ``PrefillAdder`` does: a replay whose adder ignores the running batch
 (:func:`_admission_without_running_batch`) admits the second wave at once and differs on 7 of 12.
 
-Stock runs in CI's lane (one boot, about 100 s here); SWA thin beside it is ``heavy``.
+Stock runs in CI's lane (one boot: 99 s and 145 s in two runs here); SWA thin beside it is ``heavy``.
 """
 
 from __future__ import annotations
