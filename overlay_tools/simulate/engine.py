@@ -24,8 +24,8 @@ events are costed at their middle context length). Decode takes KV a page at a t
 engine's paged decode allocation does: a request whose KV fills its last page needs a new one
 before its next step; when the pool cannot give the step's pages after eviction, requests are
 retracted in ``retract_decode``'s order (fewest output tokens first, then the longest prompt; one
-always stays) and queued last, as the scheduler's ``_add_request_to_queue`` appends them, to be prefilled again (prompt + whole pages of their output). A
-turn of a session becomes ready when it arrives and its parent has finished (an agent sends the
+always stays) and queued last (the scheduler's ``_add_request_to_queue`` appends them), to be
+prefilled again (prompt + whole pages of their output). A turn of a session becomes ready when it arrives and its parent has finished (an agent sends the
 next turn once it has the output). Running requests hold their pages (the admission lock) while
 others arrive.
 """
@@ -337,8 +337,8 @@ class Replay:
         (``check_decode_capacity``), requests are retracted in ``retract_decode``'s order (fewest
         output tokens first, then the longest prompt; at least one stays) and released as
         ``release_req`` does (no insert), and ``new_token_ratio`` is re-estimated from those left.
-        Returns the retracted, in ``retract_decode``'s order, to be queued last. Out-of-window SWA of the running requests is
-        released as ``maybe_evict_swa`` does."""
+        Returns the retracted, in ``retract_decode``'s order, to be queued last. Out-of-window SWA
+        of the running requests is released as ``maybe_evict_swa`` does."""
         from sglang.srt.environ import envs
         from sglang.srt.managers.scheduler_components.new_token_ratio_tracker import NewTokenRatioTracker
         from sglang.srt.mem_cache.common import release_kv_cache
