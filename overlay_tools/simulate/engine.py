@@ -25,9 +25,9 @@ engine's paged decode allocation does: a request whose KV fills its last page ne
 before its next step; when the pool cannot give the step's pages after eviction, requests are
 retracted in ``retract_decode``'s order (fewest output tokens first, then the longest prompt; one
 always stays) and queued last (the scheduler's ``_add_request_to_queue`` appends them), to be
-prefilled again (prompt + whole pages of their output). A turn of a session becomes ready when it arrives and its parent has finished (an agent sends the
-next turn once it has the output). Running requests hold their pages (the admission lock) while
-others arrive.
+prefilled again (prompt + whole pages of their output). A turn of a session becomes ready when it
+arrives and its parent has finished (an agent sends the next turn once it has the output). Running
+requests hold their pages (the admission lock) while others arrive.
 """
 
 from __future__ import annotations
