@@ -253,8 +253,11 @@ def _checkpoint_into_tree(wrapped: Any, cache: Any, args: tuple, kwargs: dict) -
     STATS.hooked += 1
     new_id = req.last_node
     moved = 0
-    # A finished turn's leaf is the session's resume point: nothing to demote on release.
-    if not finished and old_id is not None and new_id is not None and old_id != new_id and not core.is_root(old_id):
+    # A finished turn's leaf is the session's resume point: nothing to demote on release. A
+    # streaming session's slot stands in an object for its node (not a NodeId, not in the tree):
+    # nothing of the tree to demote either (is_root would raise KeyError and kill the scheduler).
+    tree_ids = isinstance(old_id, int) and isinstance(new_id, int)
+    if not finished and tree_ids and old_id != new_id and not core.is_root(old_id):
         prefill_done = up_to >= len(req.origin_input_ids)
         # Demoted: a one-pass prefill's prefix-match node, and a chunked prefill's previous chunk
         # checkpoint while more chunks follow. Kept: the first chunk's prefix-match node, and the

@@ -64,7 +64,7 @@ def start_turn(kit: CacheKit, tokens: Any, out_len: int, chunk: int | None = Non
                forward: Callable[[Any, int, int, dict[str, Any] | None], None] | None = None,
                rid: str | None = None, budget: int | None = None, running_batch: Any = None,
                new_token_ratio: float = 0.0, input_budget: int = 1 << 30,
-               session_id: str | None = None) -> ConeTurn | None:
+               session_id: str | None = None, defer: list[Callable[[], None]] | None = None) -> ConeTurn | None:
     """Match (the switch's plan), admission by a real ``PrefillAdder`` with ``budget`` chunk tokens
     left (default ``chunk``) and the first prefill pass (with the cone's copy). None when the adder
     does not admit the request (memory or budget): its row is freed, nothing is locked.
@@ -73,7 +73,7 @@ def start_turn(kit: CacheKit, tokens: Any, out_len: int, chunk: int | None = Non
     ``--max-prefill-tokens`` left (the adder's ``rem_input_tokens``; what is left after this request
     is ``rem_input_tokens`` of the turn); ``session_id``: with ``--enable-session-radix-cache``, the
     request's session, tagged as the scheduler tags it (``ensure_session_generation``; the finished
-    insert then registers the session's reference)."""
+    insert then registers the session's reference); ``defer``: see :func:`prefill_pass`."""
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -107,17 +107,18 @@ def start_turn(kit: CacheKit, tokens: Any, out_len: int, chunk: int | None = Non
         kit.pool.write((req.kv.req_pool_idx, slice(0, req.prefix_len)), kit.cache.prefix_device_indices(req))
     if plan is not None:
         turn.checks["anchor_locked"] = _full_lock_ref(kit, plan.anchor)
-    prefill_pass(kit, turn, req.extend_end, forward)  # the first pass: what the adder admitted
+    prefill_pass(kit, turn, req.extend_end, forward, defer)  # the first pass: what the adder admitted
     return turn
 
 
 def prefill_pass(kit: CacheKit, turn: ConeTurn, end: int,
-                 forward: Callable[[Any, int, int, dict[str, Any] | None], None] | None = None) -> None:
+                 forward: Callable[[Any, int, int, dict[str, Any] | None], None] | None = None,
+                 defer: list[Callable[[], None]] | None = None) -> None:
     """One prefill pass ``[turn.pos, end)``: alloc + row write [+ the cone's copy on the first
-    pass] [+ forward(req, start, end, rows)] + checkpoint."""
-    import torch
-    from sglang.srt.mem_cache.common import checkpoint_kv_cache
-
+    pass] [+ forward(req, start, end, rows)] + checkpoint. ``defer``: the checkpoint is appended
+    to it instead, for the caller to run once the pass's batch is complete (the scheduler publishes
+    a chunk after the forward: the final one in ``process_batch_result_prefill``, a middle one at
+    the next pass's ``stash_chunked_request``; a request admitted in the same pass never matches it)."""
     req, plan, pos = turn.req, turn.plan, turn.pos
     first = turn.passes == 0
     row = req.kv.req_pool_idx
@@ -131,6 +132,20 @@ def prefill_pass(kit: CacheKit, turn: ConeTurn, end: int,
         forward(req, pos, end, rows)
     req.extend_end = end
     req.kv.kv_committed_len = req.kv.kv_allocated_len = end
+    turn.pos, turn.passes = end, turn.passes + 1
+    if defer is None:
+        _checkpoint(kit, turn, req, end, first, row)
+    else:
+        defer.append(lambda: _checkpoint(kit, turn, req, end, first, row))
+
+
+def _checkpoint(kit: CacheKit, turn: ConeTurn, req: Any, end: int, first: bool, row: int) -> None:
+    """The pass's checkpoint (and the cone's checks after its first)."""
+    import torch
+    from sglang.srt.mem_cache.common import checkpoint_kv_cache
+
+    plan = turn.plan
+    req.extend_end = end
     checkpoint_kv_cache(req, kit.cache)
     kit.sync_hicache()  # HiCache: the backups the checkpoint queued (the scheduler's next pass)
     if first and plan is not None:
@@ -143,7 +158,6 @@ def prefill_pass(kit: CacheKit, turn: ConeTurn, end: int,
             leak_after_first_checkpoint=_held_leak(kit, req),
             window_holes=kit.resume_state(list(req.origin_input_ids[: plan.F]))["swa_window_holes"],
         )
-    turn.pos, turn.passes = end, turn.passes + 1
 
 
 def end_turn(kit: CacheKit, turn: ConeTurn, out_len: int,

@@ -7,7 +7,8 @@ SGLang's ``NewTokenRatioTracker`` at its defaults, decayed every decode step, re
 re-estimated after a retraction; with cone replay installed, its wrapped
 ``_select_prefill_admission``), every chunk checkpoint and the finished-turn release, eviction when a
 pool runs short, the decode's capacity check (``check_decode_capacity``) and its sliding-window
-release (``evict_sliding_windows``), the retracted request's release (``release_kv_cache`` without
+release (``evict_sliding_windows`` at ``maybe_evict_swa``'s trigger: every ``SGLANG_SWA_EVICTION_INTERVAL``
+tokens), the retracted request's release (``release_kv_cache`` without
 insert, ``evict_from_tree_cache`` of its retract steps, ``reset_for_retract``), the eviction before an
 allocation (``evict_from_tree_cache`` by SGLang's over-estimate: a prefill pass's extend plus a page per
 request, a page per decoding request each decode step; :attr:`.cache_kit.CacheKit.alloc_headroom`),
@@ -24,7 +25,7 @@ events are costed at their middle context length). Decode takes KV a page at a t
 engine's paged decode allocation does: a request whose KV fills its last page needs a new one
 before its next step; when the pool cannot give the step's pages after eviction, requests are
 retracted in ``retract_decode``'s order (fewest output tokens first, then the longest prompt; one
-always stays) and queued first, to be prefilled again (prompt + whole pages of their output). A
+always stays) and queued last, as the scheduler's ``_add_request_to_queue`` appends them, to be prefilled again (prompt + whole pages of their output). A
 turn of a session becomes ready when it arrives and its parent has finished (an agent sends the
 next turn once it has the output). Running requests hold their pages (the admission lock) while
 others arrive.
@@ -291,11 +292,14 @@ class Replay:
         # Eviction before each allocation of this pass as SGLang's alloc_paged_token_slots_extend
         # over-estimates it: the pass's extend plus a page for each of its requests so far.
         kit.alloc_headroom = self.page
+        # The pass's chunks are published (checkpointed) after its admissions, as the scheduler
+        # inserts them after the forward: a request admitted now never matches them.
+        checkpoints: list[Callable[[], None]] = []
         if chunked is not None:
             x = chunked
             start = x.ct.pos
             end = min(x.prompt_len, start + budget)
-            cone.prefill_pass(kit, x.ct, end)
+            cone.prefill_pass(kit, x.ct, end, defer=checkpoints)
             rows.append((end - start, start))
             x.turn.prefill_fs += cost_model.chunk_cost([(end - start, start)], self.coef)
             budget -= end - start
@@ -322,7 +326,7 @@ class Replay:
                                  rid=f"t{r.index}" + (f"r{self.retractions}" if again else ""),
                                  running_batch=ScheduleBatch(reqs=batch), new_token_ratio=self.ratio.current,
                                  input_budget=input_left,
-                                 session_id=session_id(r) if self.sessions else None)
+                                 session_id=session_id(r) if self.sessions else None, defer=checkpoints)
             if ct is None:
                 if decoding or pending_done or rows:
                     break  # memory: wait for running requests to finish
@@ -354,12 +358,14 @@ class Replay:
             x = Running(r, ct, turn, len(tokens), decoded, self.out_len[r.index], readmitted=again is not None)
             if again is not None and self.kv_park:  # the restore puts every page back at once
                 while ct.pos < len(tokens):
-                    cone.prefill_pass(kit, ct, min(len(tokens), ct.pos + self.chunk))
+                    cone.prefill_pass(kit, ct, min(len(tokens), ct.pos + self.chunk), defer=checkpoints)
             if ct.pos < len(tokens):
                 chunked = x
             else:
                 pending_done.append(x)
         kit.alloc_headroom = 0
+        for publish in checkpoints:
+            publish()
         if rows or pending_done:
             cost = cost_model.chunk_cost(rows, self.coef) if rows else 0
             t += cost
@@ -378,8 +384,9 @@ class Replay:
             # with a chunked request the loop always prefills. Nothing else can stall here.
             raise RuntimeError("simulate: no progress (waiting requests but no batch)")
         for x in self._grow(decoding):  # a page for each request at a page boundary, or retraction
-            waiting.appendleft((x.turn.ready_fs, x.r))
-        steps = min(min(x.left for x in decoding), min(x.room for x in decoding))
+            waiting.append((x.turn.ready_fs, x.r))  # behind the waiting, as _add_request_to_queue does
+        steps = min(min(x.left for x in decoding), min(x.room for x in decoding),
+                    min(self._swa_due_in(x) for x in decoding))
         step_fs = self._step_fs(decoding, 0)
         until = [] if horizon is None else [horizon]  # decode no further than the next arrival or event
         if ready and not waiting:
@@ -406,16 +413,18 @@ class Replay:
         (``check_decode_capacity``), requests are retracted in ``retract_decode``'s order (fewest
         output tokens first, then the longest prompt; at least one stays) and released as
         ``release_req`` does (no insert), and ``new_token_ratio`` is re-estimated from those left.
-        Returns the retracted, to be queued first. Out-of-window SWA of the running requests is
+        Returns the retracted, in ``retract_decode``'s order, to be queued last. Out-of-window SWA of the running requests is
         released as ``maybe_evict_swa`` does."""
         from sglang.srt.environ import envs
         from sglang.srt.managers.scheduler_components.new_token_ratio_tracker import NewTokenRatioTracker
         from sglang.srt.mem_cache.common import release_kv_cache
 
         kit, page = self.kit, self.page
+        due = self._swa_trigger()
         for x in decoding:
             x.sync_output()
-            kit.cache.evict_sliding_windows(x.ct.req, x.ct.req.seqlen - 1, eviction_interval=1)
+            if due(x.ct.req):
+                kit.cache.evict_sliding_windows(x.ct.req, x.ct.req.seqlen - 1, eviction_interval=1)
         retracted: list[Running] = []
 
         def need(batch: list[Running]) -> int:
@@ -451,6 +460,25 @@ class Replay:
                 kit.pool.write((req.kv.req_pool_idx, slice(x.page_end, x.page_end + page)), kit.alloc_pages(page))
                 x.page_end += page
         return retracted
+
+    def _swa_trigger(self) -> Callable[[Any], bool]:
+        """``maybe_evict_swa``'s per-request trigger (SGLang's own): a decoding request's
+        out-of-window SWA is freed once ``SGLANG_SWA_EVICTION_INTERVAL`` tokens have slid out."""
+        from sglang.srt.environ import envs
+        from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+        interval = max(1, envs.SGLANG_SWA_EVICTION_INTERVAL.get())
+        return ScheduleBatch._swa_eviction_trigger(None, self.kit.cache.swa_retain_window, interval)
+
+    def _swa_due_in(self, x: Running) -> int:
+        """Decode steps until the trigger fires for ``x`` (a batch of steps stops there)."""
+        from sglang.srt.environ import envs
+        from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
+
+        req = x.ct.req
+        interval = max(1, envs.SGLANG_SWA_EVICTION_INTERVAL.get())
+        fires_at = req.kv.get_evicted_seqlen(ComponentType.SWA) + interval + self.kit.cache.swa_retain_window + 1
+        return fires_at - req.seqlen
 
     def _finish_ready(self, decoding: list[Running], finished: Callable[[Request, int], None], t: int) -> None:
         from overlay_tools.simulate import cone_turn as cone
