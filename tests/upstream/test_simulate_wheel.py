@@ -49,7 +49,7 @@ def test_the_installed_wheel_replays_a_trace_and_hicaches_host_tier_without_the_
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["sessions"]["linked"] == 1 and result["geometry"]["page"] == 256
-    assert tuple(result["policies"]) == ("stock", "thin", "thin+cone")
+    assert tuple(result["policies"]) == ("stock", "thin", "thin+cone", "session", "thin+session")
     history = (20224 + 300 - 1) // 256 * 256
     for policy, row in result["policies"].items():
         assert row["leak"] == 0 and row["resume_hit_rate"] == 1.0, policy
