@@ -84,7 +84,8 @@ def _admission_without_running_batch(monkeypatch) -> None:
 
     real = cone_turn._prefill_adder
     monkeypatch.setattr(cone_turn, "_prefill_adder",
-                        lambda kit, chunk, running_batch=None, new_token_ratio=0.0: real(kit, chunk, None, 0.0))
+                        lambda kit, chunk, running_batch=None, new_token_ratio=0.0, input_budget=1 << 30:
+                        real(kit, chunk, None, 0.0, input_budget))
 
 
 def _compare(kit_model, tmp_path, policy):
