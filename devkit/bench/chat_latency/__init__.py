@@ -25,7 +25,9 @@ floor: each stock boot's requests past the run's tightest bound x the other stoc
 
 ``--quick``: stock and the gate's profile, one round, fewer conversations: two boots and two client
 runs, the client's imports done once while the first server boots
-(:class:`devkit.engine_kit.serving_client.ServingClient`). The last line printed is one JSON object.
+(:class:`devkit.engine_kit.serving_client.ServingClient`). ``--sweep``: traffic that loads the kit at
+offered loads up to its stock capacity (:mod:`devkit.bench.chat_latency.sweep`). The last line printed
+is one JSON object.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from typing import Any
 from devkit.engine_kit import metrics_page
 from devkit.engine_kit.serving_client import ServingClient
 
-OUT = Path(__file__).resolve().parents[2] / "build" / "bench-chat-latency"
+OUT = Path(__file__).resolve().parents[3] / "build" / "bench-chat-latency"
 # The traffic (SGLang's generated-shared-prefix dataset, bench_serving's flags), seeded.
 TRAFFIC = {"groups": 4, "per_group": 6, "system": 512, "question": 64, "output": 16, "turns": 3, "rate": 4.0}
 QUICK_TRAFFIC = {**TRAFFIC, "groups": 2, "per_group": 4}
@@ -144,6 +146,8 @@ def figures_of(result: dict[str, Any]) -> dict[str, Any]:
         "p99_ttft_ms": _r(result.get("p99_ttft_ms")),
         "mean_itl_ms": _r(result.get("mean_itl_ms")),
         "p99_itl_ms": _r(result.get("p99_itl_ms")),
+        "median_itl_ms": _r(result.get("median_itl_ms")),
+        "request_throughput": None if result.get("request_throughput") is None else round(result["request_throughput"], 3),
         "median_e2e_ms": _r(result.get("median_e2e_latency_ms")),
         "max_ttft_ms": _r(max(ttfts)) if ttfts else None,
         "ttfts_ms": per_request,
@@ -411,7 +415,12 @@ def measure(kit_name: str, labelled: list[tuple[str, dict[str, str]]], rounds: i
     return boots
 
 
-def run(quick: bool = False, model: str = "mellum", rounds: int | None = None, varied: bool = False) -> dict[str, Any]:
+def run(quick: bool = False, model: str = "mellum", rounds: int | None = None, varied: bool = False,
+        sweep: bool = False) -> dict[str, Any]:
+    if sweep:  # --sweep: stock, yield and the shipped profile at loads up to the kit's capacity
+        from devkit.bench.chat_latency import sweep as load_sweep
+
+        return load_sweep.run(quick, model)
     t0 = time.monotonic()
     traffic = {**(QUICK_TRAFFIC if quick else TRAFFIC), **(VARIED if varied else {})}
     labelled = rows(model, quick, varied)
