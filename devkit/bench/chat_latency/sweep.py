@@ -54,15 +54,19 @@ def run(quick: bool = False, model: str = "mellum") -> dict[str, Any]:
           f"(answers up to {traffic['output']} tokens), loads {', '.join(map(str, fractions))} of stock's burst "
           f"throughput; logs in {out}")
     schedule: list[dict[str, float]] | None = None
+    stock_capacity = 0.0
     results: list[dict[str, Any]] = []
+    bursts: dict[str, Any] = {}  # each row's request throughput with every conversation at once
     with ServingClient(client_env(), out) as client:
         for label, profile in labelled:
             with chat_load.Session(kit, kit_model, label, profile, out, client) as session:
                 saturated = session.send("burst", chat_load.burst(traffic))
+                bursts[label] = saturated.figures.get("request_throughput")
                 if schedule is None:  # the stock row: its burst is the capacity
                     if saturated.error:
                         raise ValueError(f"the stock burst failed ({saturated.error}): no capacity to sweep from")
-                    schedule = chat_load.load_schedule(chat_load.capacity(saturated.figures), traffic["turns"], fractions)
+                    stock_capacity = chat_load.capacity(saturated.figures)
+                    schedule = chat_load.load_schedule(stock_capacity, traffic["turns"], fractions)
                 for point in schedule:
                     r = session.send(f"load {point['fraction']}", {**traffic, "rate": point["rate"]})
                     results.append({"row": label, **point, **{k: r.figures.get(k) for k in COLUMNS},
@@ -73,9 +77,10 @@ def run(quick: bool = False, model: str = "mellum") -> dict[str, Any]:
         x["ttft_ratio"] = round(ttft / base, 2) if ttft is not None and base else None
     print_table(results)
     wall = round(time.monotonic() - t0, 1)
-    print(f"chat-latency --sweep: {wall:.0f} s")
-    assert schedule is not None
-    return {"model": model, "sweep": True, "traffic": traffic, "capacity_req_s": schedule[0]["offered_req_s"] / fractions[0],
+    print("burst request throughput (every conversation at once): "
+          + ", ".join(f"{label} {value}" for label, value in bursts.items()))
+    print(f"chat-latency --sweep: stock capacity {stock_capacity} req/s; {wall:.0f} s")
+    return {"model": model, "sweep": True, "traffic": traffic, "capacity_req_s": stock_capacity, "bursts": bursts,
             "schedule": schedule, "rows": results, "wall_s": wall}
 
 
