@@ -147,14 +147,14 @@ def run(quick: bool = True, model_kit: str = "mellum", out: str | Path | None = 
     if errors:
         result["verdict"], result["fails"] = "FAIL" if boots["B-profile"]["error"] else "INVALID", errors + result["fails"]
     firsts = result["first_turns_past"]
-    header = ["boot", *SHOWN_KEYS, "burst req/s", "windows", "cut", "first turns past", "counted"]
+    header = ["boot", *SHOWN_KEYS, "burst req/s", "windows", "cut", "guarded", "first turns past", "counted"]
     rows = [[label, *(str(x["figures"].get(k, "-")) for k in SHOWN_KEYS), str(x["capacity_req_s"] or "-"),
-             str(x["counters"].get("windows", "-")), str(x["counters"].get("windows_cut", "-")),
+             *(str(x["counters"].get(k, "-")) for k in ("windows", "windows_cut", "windows_guarded")),
              str(firsts.get(label.partition("-")[0], "-")), str(x["counters"].get("unbounded", "-") if label.startswith("B") else "-")]
             for label, x in boots.items()]
     limit_row = {k: result["limits"].get(k, "-") for k in SHOWN_KEYS}
     rows.append(["limit (B)", *(("≥ " if k == "request_throughput" and v != "-" else "") + str(v)
-                                for k, v in limit_row.items()), "", "", "", f"≤ {firsts['floor']}", ""])
+                                for k, v in limit_row.items()), "", "", "", "", f"≤ {firsts['floor']}", ""])
     say(render(header, rows, align="left"))
     say(f"offered {rate} conversations/s; bound {result['bound']} (pct {pct}); slack {result['slack_ms']} ms "
         f"({WINDOW_STEPS} steps x {result['step_ms']} ms, the controls' median ITL)")

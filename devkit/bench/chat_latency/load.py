@@ -38,6 +38,7 @@ FULL_SCALE = 2  # the full (not --quick) traffic: this many times the quick one'
 YIELD_COUNTERS = {
     "windows": "dsv41_decode_yield_windows_total",
     "windows_cut": "dsv41_decode_yield_windows_cut_total",
+    "windows_guarded": "dsv41_decode_yield_windows_guarded_total",  # armed below pct by the load guard
     "steps_given": "dsv41_decode_yield_steps_given_total",
     "steps_cut": "dsv41_decode_yield_steps_cut_total",
     "bursts": "dsv41_decode_yield_bursts_total",

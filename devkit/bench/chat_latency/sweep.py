@@ -7,8 +7,8 @@ each boot first serves a burst (every conversation at once); the stock row's bur
 the capacity, and every row then serves the same schedule (:func:`load.load_schedule` of
 :data:`FRACTIONS`), lowest load first, each run from an empty cache. Per row and load: mean / p99
 TTFT, mean / p99 ITL, request throughput, the TTFT over stock's at that load against the bound
-``1 / (1 - pct)``, and from the switch's counters the windows given and cut, the steps given and cut,
-and the prompts it counted past their bound. One boot of each row (no second stock boot): the
+``1 / (1 - pct)``, and from the switch's counters the windows given, cut by the prompts' bound and armed
+below pct by the load guard, the steps given and cut, and the prompts it counted past their bound. One boot of each row (no second stock boot): the
 figures carry this machine's noise, which the gate's latency leg measures with its two controls.
 """
 
@@ -24,7 +24,7 @@ from devkit.engine_kit.serving_client import ServingClient
 FRACTIONS = (0.25, 0.5, 0.75, 1.0)
 QUICK_FRACTIONS = (0.25, 1.0)
 COLUMNS = ("mean_ttft_ms", "p99_ttft_ms", "mean_itl_ms", "p99_itl_ms", "request_throughput")
-COUNTERS = ("windows", "windows_cut", "steps_given", "steps_cut", "unbounded")
+COUNTERS = ("windows", "windows_cut", "windows_guarded", "steps_given", "steps_cut", "unbounded")
 
 
 def rows(kit_name: str, quick: bool) -> list[tuple[str, dict[str, str]]]:
@@ -88,7 +88,7 @@ def print_table(results: list[dict[str, Any]]) -> None:
     from adapter.ops.table import render
 
     header = ["row", "load", "offered req/s", "mean TTFT ms", "p99 TTFT", "mean ITL", "p99 ITL", "req/s",
-              "TTFT / stock", "bound", "windows", "cut", "steps given", "steps cut", "counted"]
+              "TTFT / stock", "bound", "windows", "cut", "guarded", "steps given", "steps cut", "counted"]
 
     def cell(value: Any) -> str:
         return "-" if value is None else str(value)
