@@ -11,8 +11,9 @@ Limits come from the configuration and the controls, never from B (:func:`judge`
 profile's ``DSV41_DECODE_YIELD``, bound ``1 / (1 - pct)``, slack one window (:data:`WINDOW_STEPS`)
 of the step the controls measured (their median ITL):
 
-* the controls agree: mean TTFT and request throughput within :data:`CONTROL_FACTOR` of each other,
-  else INVALID (the machine moved under the run);
+* the controls agree: mean TTFT and request throughput, and the throughput of their bursts (the
+  capacity the load was set from), within :data:`CONTROL_FACTOR` of each other, else INVALID (the
+  machine moved under the run);
 * B's mean TTFT at most bound x the controls' mean plus the slack;
 * B's first turns past bound x that request's TTFT in the controls plus the slack at most the
   stock-vs-stock floor (each control's first turns against the other's); first turns because each
@@ -41,7 +42,8 @@ LOAD_FRACTION = 0.9  # the judged run's offered load: this fraction of the stock
 # Not the switch's cap of 128 steps: at the controls' step that is 0.6-11 s on the Mellum kit, 2-40x
 # stock's mean TTFT there, and no limit plus it could fail.
 WINDOW_STEPS = 8
-AGREE_KEYS = ("mean_ttft_ms", "request_throughput")
+# the controls' figures that must agree: the judged run's, and the burst's (the capacity the load is set from)
+AGREE_KEYS = ("mean_ttft_ms", "request_throughput", "burst_request_throughput")
 SHOWN_KEYS = ("mean_ttft_ms", "p99_ttft_ms", "mean_itl_ms", "p99_itl_ms", "request_throughput")
 
 
@@ -139,6 +141,7 @@ def run(quick: bool = True, model_kit: str = "mellum", out: str | Path | None = 
                 if rate is None and not saturated.error:
                     rate = load.load_schedule(load.capacity(saturated.figures), traffic["turns"], [LOAD_FRACTION])[0]["rate"]
                 judged = session.send("load", {**traffic, "rate": rate}) if rate else load.Run("load", traffic, error="no capacity")
+            judged.figures["burst_request_throughput"] = saturated.figures.get("request_throughput")
             boots[label] = {"figures": judged.figures, "counters": judged.counters, "error": judged.error,
                             "capacity_req_s": saturated.figures.get("request_throughput"), "windows": session.windows}
     a1, b, a2 = (boots[k]["figures"] for k in ("A1-stock", "B-profile", "A2-stock"))

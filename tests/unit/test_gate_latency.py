@@ -15,9 +15,11 @@ TURNS = 2
 # Two stock boots on the loading traffic (figures as bench_serving reports them; first turns are every
 # TURNS-th TTFT): mean TTFT 300 / 320 ms, 4.0 / 4.2 requests a second, p99 ITL 200 / 220 ms, a step of 10 ms.
 A1 = {"mean_ttft_ms": 300.0, "p99_ttft_ms": 900.0, "mean_itl_ms": 14.0, "median_itl_ms": 10.0, "p99_itl_ms": 200.0,
-      "request_throughput": 4.0, "ttfts_ms": [100.0, 50.0, 200.0, 60.0, 300.0, 40.0, 400.0, 70.0]}
+      "request_throughput": 4.0, "burst_request_throughput": 5.0,
+      "ttfts_ms": [100.0, 50.0, 200.0, 60.0, 300.0, 40.0, 400.0, 70.0]}
 A2 = {"mean_ttft_ms": 320.0, "p99_ttft_ms": 950.0, "mean_itl_ms": 15.0, "median_itl_ms": 10.0, "p99_itl_ms": 220.0,
-      "request_throughput": 4.2, "ttfts_ms": [110.0, 55.0, 190.0, 65.0, 310.0, 45.0, 420.0, 75.0]}
+      "request_throughput": 4.2, "burst_request_throughput": 5.5,
+      "ttfts_ms": [110.0, 55.0, 190.0, 65.0, 310.0, 45.0, 420.0, 75.0]}
 BOUND = 100 / 67  # pct 33
 SLACK = WINDOW_STEPS * 10.0
 TTFT_LIMIT = BOUND * 310.0 + SLACK
@@ -34,6 +36,7 @@ def _with(base, **changes):
     (A1, _with(A2, mean_ttft_ms=300.0 * 1.31), GOOD, "INVALID", "controls_disagree: mean_ttft_ms"),
     (A1, _with(A2, request_throughput=4.0 * 1.31), GOOD, "INVALID", "controls_disagree: request_throughput"),
     (A1, _with(A2, mean_ttft_ms=None), GOOD, "INVALID", "controls_disagree: mean_ttft_ms"),
+    (A1, _with(A2, burst_request_throughput=5.0 * 1.31), GOOD, "INVALID", "controls_disagree: burst_request_throughput"),
     (A1, A2, _with(GOOD, mean_ttft_ms=TTFT_LIMIT + 1), "FAIL", "mean_ttft_ms"),
     (A1, A2, _with(GOOD, mean_ttft_ms=TTFT_LIMIT - 1), "PASS", None),
     (A1, A2, _with(GOOD, request_throughput=4.0 / 1.05 - 0.01), "FAIL", "request_throughput"),
@@ -41,6 +44,7 @@ def _with(base, **changes):
     (A1, A2, _with(GOOD, ttfts_ms=[900.0, 50.0, 220.0, 60.0, 330.0, 40.0, 450.0, 70.0]), "FAIL", "first turns"),
     (A1, A2, {}, "FAIL", "profile boot has no"),
 ], ids=["within-every-limit", "controls-ttft-apart", "controls-throughput-apart", "control-without-figures",
+        "controls-capacity-apart",
         "ttft-over-bound-plus-window", "ttft-just-within", "throughput-below-floor", "p99-itl-over-the-worse-control",
         "a-first-turn-past-its-bound", "no-figures"])
 def test_the_verdict_of_the_profile_boot_against_two_stock_controls(a1, a2, b, verdict, why):
