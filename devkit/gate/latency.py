@@ -136,9 +136,13 @@ def run(quick: bool = True, model_kit: str = "mellum", out: str | Path | None = 
     rate: float | None = None
     with ServingClient(cl.client_env(), out) as client:
         for label, keys in (("A1-stock", {}), ("B-profile", profile), ("A2-stock", {})):
+            if label != "A1-stock" and rate is None:  # A1 measured no capacity: nothing to offer the others
+                boots[label] = {"figures": {}, "counters": {}, "error": "not run: A1 measured no capacity",
+                                "capacity_req_s": None, "windows": {}}
+                continue
             with load.Session(kit, model, label, keys, out, client, say) as session:
                 saturated = session.send("burst", load.burst(traffic))
-                if rate is None and not saturated.error:
+                if label == "A1-stock" and not saturated.error:  # the stock capacity sets every boot's load
                     rate = load.load_schedule(load.capacity(saturated.figures), traffic["turns"], [LOAD_FRACTION])[0]["rate"]
                 judged = session.send("load", {**traffic, "rate": rate}) if rate else load.Run("load", traffic, error="no capacity")
             judged.figures["burst_request_throughput"] = saturated.figures.get("request_throughput")

@@ -126,7 +126,8 @@ class Session:
         """One client run of ``traffic`` from an empty cache; its figures and counters."""
         run = Run(name, traffic)
         if self.error:
-            run.error = self.error
+            run.error = f"boot failed: {self.error}"
+            self.say(f"  {self.label} {name}: {run.error}")
             return run
         stem = self.out / f"{self.safe}-{re.sub(r'[^A-Za-z0-9]+', '-', name).strip('-')}"
         out_file, client_log = stem.with_suffix(".json"), stem.with_suffix(".client.txt")
