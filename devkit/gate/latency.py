@@ -152,7 +152,8 @@ def run(quick: bool = True, model_kit: str = "mellum", out: str | Path | None = 
     result = judge(a1, a2, b, pct, traffic["turns"])
     errors = [f"{label}: {x['error']}" for label, x in boots.items() if x["error"]]
     if errors:
-        result["verdict"], result["fails"] = "FAIL" if boots["B-profile"]["error"] else "INVALID", errors + result["fails"]
+        b_failed = boots["B-profile"]["error"] and not boots["B-profile"]["error"].startswith("not run")
+        result["verdict"], result["fails"] = "FAIL" if b_failed else "INVALID", errors + result["fails"]
     firsts = result["first_turns_past"]
     header = ["boot", *SHOWN_KEYS, "burst req/s", "windows", "cut", "guarded", "first turns past", "counted"]
     rows = [[label, *(str(x["figures"].get(k, "-")) for k in SHOWN_KEYS), str(x["capacity_req_s"] or "-"),
