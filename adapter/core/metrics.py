@@ -96,9 +96,6 @@ METRICS: tuple[Metric, ...] = (
     Metric("dsv41_decode_yield_steps_planned_total", "decode_yield", "window",
            "Decode steps the ended windows planned before the next prefill chunk (n; a re-planned window's "
            "re-planned total).", amount=_num("n")),
-    Metric("dsv41_decode_yield_windows_replanned_total", "decode_yield", "window",
-           "Measured mode: ended windows whose rest was planned again after their first half (planned).",
-           amount=_present("planned")),
     Metric("dsv41_decode_yield_steps_given_total", "decode_yield", "window",
            "Decode steps the ended windows gave before the next prefill chunk (given).", amount=_num("given")),
     Metric("dsv41_decode_yield_cycle_seconds_total", "decode_yield", "window",
@@ -113,6 +110,13 @@ METRICS: tuple[Metric, ...] = (
     Metric("dsv41_decode_yield_steps_cut_total", "decode_yield", "window",
            "Decode steps the share asked for that the prompts' bound cut (cut): the streams' shortfall.",
            amount=_num("cut")),
+    Metric("dsv41_decode_yield_load", "decode_yield", "window",
+           "The load guard's measurement at the last ended window (load): prefill arriving into a backlog "
+           "over the prefill rate; the share given is pct x (1 - load).", "gauge", _num("load")),
+    # decode yield: one `guard` line per window the load guard gave less than pct (a line at most every 10 s)
+    Metric("dsv41_decode_yield_windows_guarded_total", "decode_yield", "guard",
+           "Windows the load guard armed below pct: prefill arriving into the backlog neared the prefill rate, "
+           "so the share given shrank to pct x (1 - load) (each `guard` event, logged or not)."),
     # decode yield: one `burst` line per prefill backlog whose windows the bound cut
     Metric("dsv41_decode_yield_bursts_total", "decode_yield", "burst",
            "Prefill backlogs in which the share could not be given without holding a prompt beyond its "

@@ -203,6 +203,10 @@ SWITCHES: tuple[Switch, ...] = (
                 "measured: windows from this boot's measured iteration times, closed on the share the streams got; "
                 "model: the open-loop integer cost model alone (the keys below; the previous behaviour)",
                 default="measured"),
+            Key("DSV41_DECODE_YIELD_LOAD_GUARD", env.flag(),
+                "a diagnostic, not a tuning knob: 0 turns off the load guard (the share given shrinks to none as "
+                "prefill arriving into the backlog nears the prefill rate), so the gate can show what it prevents",
+                default="1"),
             *(Key(f"DSV41_DECODE_YIELD_{name}", env.integer(0, 10**12, unit=unit),
                 f"decode-yield cost model (model mode; the first windows of a boot in measured mode): {unit}")
             for name, unit in (  # defaults and their provenance: adapter/switches/decode_yield/cost_model.py DEFAULTS

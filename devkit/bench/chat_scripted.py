@@ -91,7 +91,8 @@ class Result:
         return {"requests": len(ttfts), "mean_ttft_ms": round(statistics.fmean(ttfts), 2),
                 "p99_ttft_ms": round(_pct(ttfts, 99), 2), "max_ttft_ms": round(ttfts[-1], 2),
                 "mean_itl_ms": round(statistics.fmean(itls), 2) if itls else None,
-                "p99_itl_ms": round(_pct(itls, 99), 2) if itls else None, "wall_ms": round(self.wall_ms, 1)}
+                "p99_itl_ms": round(_pct(itls, 99), 2) if itls else None, "wall_ms": round(self.wall_ms, 1),
+                "req_per_s": round(len(ttfts) / self.wall_ms * 1000, 2) if self.wall_ms else None}
 
 
 def _pct(ordered: list[float], p: float) -> float:
@@ -108,24 +109,23 @@ def run_traffic(traffic: Traffic = Traffic(), costs: Callable[[Any], int] = Cost
     """Drive the real scheduler (a fresh :func:`devkit.testkit.scheduler.build_scheduler` unless
     ``harness`` is given; ``pool``: more of its keywords, a hybrid SWA pool) through the traffic;
     the switch acts if it is installed."""
-    from adapter.switches.decode_yield import bound, controller
+    from adapter.switches.decode_yield import clock as yield_clock
+    from adapter.switches.decode_yield.observe import Observer
     from devkit.testkit.scheduler import SIM_TOKEN, ScriptedClock, build_scheduler
 
     h = harness or build_scheduler(**{"page_size": 1, "pool_tokens": 1 << 16, "chunked_prefill_size": chunk,
                                       "max_reqs": 64, **(pool or {})})
     clock = ScriptedClock(costs)
     h.on_forward = clock.forward
-    saved_now, saved_unbounded = controller.now, bound.Bound.unbounded
-    controller.now = clock.now
+    saved_now, saved_late = yield_clock.now, Observer.late
+    yield_clock.now = clock.now
     result = Result()
 
-    def unbounded(ledger: Any, t: int, served: tuple[Any, ...]) -> Any:
-        found = saved_unbounded(ledger, t, served)
-        if found is not None:  # the prompt the ledger counts (its line and metric carry no more)
-            result.unbounded.add(served[0].rid)
-        return found
+    def late(observer: Any, t: int, found: list[Any], waiting: int) -> None:
+        result.unbounded.update(x.req.rid for x in found)  # the prompts the switch counts (its lines carry no rid)
+        saved_late(observer, t, found, waiting)
 
-    bound.Bound.unbounded = unbounded
+    Observer.late = late  # type: ignore[method-assign]
     rng = random.Random(traffic.seed)
     vocab = h.vocab_size - 10
     base = 100
@@ -193,7 +193,7 @@ def run_traffic(traffic: Traffic = Traffic(), costs: Callable[[Any], int] = Cost
                         heapq.heappush(arrivals, (clock.t, c, turn, nxt))
         result.wall_ms = clock.t / 1e6
     finally:
-        controller.now, bound.Bound.unbounded = saved_now, saved_unbounded
+        yield_clock.now, Observer.late = saved_now, saved_late  # type: ignore[method-assign]
     return result
 
 
@@ -226,7 +226,7 @@ def _with_switch(environ: dict[str, str], traffic: Traffic, pool: dict[str, Any]
 
     importlib.import_module("sglang.srt.managers.scheduler")
     boot.uninstall()
-    counts = {"windows": 0, "cut": 0, "bursts": 0}
+    counts = {"windows": 0, "cut": 0, "guarded": 0, "bursts": 0}
 
     class Count(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
@@ -234,6 +234,7 @@ def _with_switch(environ: dict[str, str], traffic: Traffic, pool: dict[str, Any]
             if "decode_yield window" in text:
                 counts["windows"] += 1
                 counts["cut"] += " cut=" in text
+                counts["guarded"] += " guard=" in text
             elif "decode_yield burst" in text:
                 counts["bursts"] += 1
 
@@ -281,6 +282,26 @@ def compare(traffic: Traffic, rows: tuple[tuple[str, dict[str, str]], ...] = ROW
     return table
 
 
+# The load guard: open-loop chat at rising offered load, 48 conversations of 3 turns, turns 1 s apart.
+LOAD_RATES = (4.0, 8.0, 16.0, 24.0)  # conversations per second
+LOAD_ROWS = (("stock", {}), ("yield 33", {"DSV41_DECODE_YIELD": "33"}),
+             ("yield 33, guard off", {"DSV41_DECODE_YIELD": "33", "DSV41_DECODE_YIELD_LOAD_GUARD": "0"}))
+
+
+def load_sweep(rates: tuple[float, ...] = LOAD_RATES) -> list[dict[str, Any]]:
+    """Each rate: stock, yield 33 and yield 33 with the guard off on the same arrivals; per row the
+    mean TTFT over stock's (the contract: at most 1 / (1 - pct) plus one window), requests a second
+    over stock's, p99 ITL, and the windows the guard shrank."""
+    found = []
+    for rate in rates:
+        table = compare(Traffic(groups=8, per_group=6, rate=rate, turn_gap_s=1.0), LOAD_ROWS)
+        stock = table[0]
+        for r in table:
+            found.append({"rate": rate, **r, "ttft_x": round(r["mean_ttft_ms"] / stock["mean_ttft_ms"], 3),
+                          "throughput_x": round(r["req_per_s"] / stock["req_per_s"], 3)})
+    return found
+
+
 def run(quick: bool = False) -> dict[str, Any]:
     """``python -m adapter bench chat-latency-scripted``: open-loop turns (each prompt's TTFT compares
     with stock's), and with ``--quick`` nothing else; the full run adds bench_serving's closed loop."""
@@ -300,11 +321,17 @@ def run(quick: bool = False) -> dict[str, Any]:
                   DSV4_SHAPE, DSV4_COSTS)]
     cols = ["row", "mean_ttft_ms", "p99_ttft_ms", "p90_ratio", "worst_excess_ms", "window_ms", "over", "unbounded",
             "lost_hit",
-            "mean_itl_ms", "p99_itl_ms", "windows", "cut", "bursts"]
+            "mean_itl_ms", "p99_itl_ms", "windows", "cut", "guarded", "bursts"]
     figures: dict[str, Any] = {}
     for key, title, traffic, rows, pool, costs in legs:
         table = compare(traffic, rows, pool, costs)
         print(title)
         print(render(cols, [[r[c] for c in cols] for r in table]))
         figures[key] = table
+    sweep = load_sweep(LOAD_RATES[1::2] if quick else LOAD_RATES)
+    load_cols = ["rate", "row", "mean_ttft_ms", "ttft_x", "p99_ttft_ms", "req_per_s", "throughput_x", "mean_itl_ms",
+                 "p99_itl_ms", "windows", "guarded", "cut", "unbounded"]
+    print("the load guard: open loop, 48 conversations of 3 turns 1 s apart, at rising conversations/s")
+    print(render(load_cols, [[r[c] for c in load_cols] for r in sweep]))
+    figures["load_sweep"] = sweep
     return figures

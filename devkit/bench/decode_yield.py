@@ -29,6 +29,7 @@ import importlib
 import statistics
 import time
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 from adapter.core import boot
@@ -147,12 +148,12 @@ def run_case(prompt: int, streams: int, pct: int) -> dict[str, Any]:
 
 def _modelled_clock(h: Any) -> None:
     """The harness's forwards take the cost model's time, and the closed loop reads that clock."""
-    from adapter.switches.decode_yield import controller
+    from adapter.switches.decode_yield import clock as yield_clock
     from devkit.testkit.scheduler import ScriptedClock
 
     clock = ScriptedClock(modelled_ns)
     h.on_forward = clock.forward
-    controller.now = clock.now
+    yield_clock.now = clock.now
 
 
 def _ab(a: Any, b: Any, reset: Any, reps: int) -> tuple[float, float]:
@@ -168,15 +169,19 @@ def _ab(a: Any, b: Any, reset: Any, reps: int) -> tuple[float, float]:
     return statistics.median(times[0]), statistics.median(times[1])
 
 
-def _bound_ledger_copy(ledger: dict[str, Any]) -> dict[str, Any]:
-    """A copy of decode yield's bound ledger (its slots) that later passes cannot change."""
-    return {name: dict(v) if isinstance(v, dict) else list(v) if isinstance(v, list)
-            else copy.deepcopy(v) if hasattr(v, "samples") else v
-            for name, v in ledger.items()}
+def _recorded(y: Any) -> tuple[Any, ...]:
+    """What decode yield's per-scheduler state holds (decision state, open window, clock, backlog
+    ledger), copied so that later passes cannot change it (requests shared, not copied)."""
+    backlog = copy.copy(y.backlog)
+    backlog.stamps, backlog._served, backlog.work = dict(y.backlog.stamps), list(y.backlog._served), \
+        copy.deepcopy(y.backlog.work)
+    return y.state, copy.copy(y.open), copy.deepcopy(y.clock), backlog
 
 
-def _bound_ledger(bound: Any) -> dict[str, Any]:
-    return _bound_ledger_copy({name: getattr(bound, name) for name in bound.__slots__})
+def _restore(y: Any, recorded: tuple[Any, ...]) -> None:
+    state, opened, clock, backlog = recorded
+    y.state, y.open, y.clock, y.backlog = _recorded(SimpleNamespace(state=state, open=opened, clock=clock,
+                                                                    backlog=backlog))
 
 
 def measure_overhead(reps: int, streams: int = 16) -> dict[str, float]:
@@ -219,29 +224,26 @@ def measure_overhead(reps: int, streams: int = 16) -> dict[str, float]:
         while s._prefill_decode_interval_remaining > 0:  # to the end of the open window: the next pass arms
             h.step()
         rb, lb = s.running_batch, s.last_batch
-        carry = (state.carry, state.carry_req)
-        ledger = _bound_ledger(state.bound)  # the prompts' bound as recorded: a replay must not feed it
+        recorded = _recorded(state)  # the switch's state as recorded: a replay must not feed it
         chunk_plan = s.get_next_batch_to_run(running_batch=rb, last_batch=lb)  # a real arming pass
-        window, counter = state.window, s._prefill_decode_interval_remaining
+        window, counter = state.open, s._prefill_decode_interval_remaining
         if window is None or counter == 0:
             raise RuntimeError("overhead bench: the recorded pass did not arm a window")
 
         def reset() -> None:
-            state.window = window
+            state.open = window
             s._prefill_decode_interval_remaining = counter
             s.chunked_req = window.req
 
         def reset_unarmed() -> None:
-            state.window = None
-            state.carry, state.carry_req = carry
-            for name, value in _bound_ledger_copy(ledger).items():
-                setattr(state.bound, name, value)
+            _restore(state, recorded)
+            state.open = None
             s._prefill_decode_interval_remaining = 0
 
         # get_next_batch_to_run on a non-final chunk: the switch computes N and arms a window
         measure("arm", lambda self, running_batch, last_batch: chunk_plan, gnb._self_wrapper, (rb, lb), reset_unarmed)
         # the bound reads the clock, so a replay may arm a window of another length: it must arm one
-        if state.window is None or s._prefill_decode_interval_remaining == 0:
+        if state.open is None or s._prefill_decode_interval_remaining == 0:
             raise RuntimeError("overhead bench: the replayed arming pass did not arm")
         # _should_defer_prefill before the chunk ran: no window open (passes through)
         measure("defer_plain", original_defer, dfp._self_wrapper, (rb,), reset_unarmed)

@@ -3,8 +3,8 @@ take the same windows, and what the agreement costs per broadcast.
 
 Two processes, each a real SGLang ``Scheduler`` on the CPU harness with decode yield in measured
 mode, joined by a torch.distributed gloo group that stands where SGLang's ``Scheduler.tp_cpu_group``
-stands (``tp_size`` 2): the switch broadcasts rank 0's window on it, and the re-planned rest of a
-window of 4 steps or more (:mod:`adapter.switches.decode_yield.agreement`). Each rank's forwards take scripted wall times,
+stands (``tp_size`` 2): the switch broadcasts rank 0's window on it, once per window
+(:mod:`adapter.switches.decode_yield.agreement`). Each rank's forwards take scripted wall times,
 and rank 1's differ (its decode steps 30 % slower, its chunks 20 % faster), as two ranks' clocks
 never agree. Rows: with the agreement (the switch as it is) and without it (each rank keeps its own
 window, what a clock-reading controller would do alone): the windows of each rank and whether

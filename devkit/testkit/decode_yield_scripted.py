@@ -73,7 +73,7 @@ def run(pct: int | None, script: Script, *, mode: str = "measured", interval: in
     ``interval``: ``--prefill-decode-interval``). ``on_built(h)`` runs on the harness before any
     request (a rank's process group, say); ``on_ready()`` once the streams decode, right before the
     long prompt arrives."""
-    from adapter.switches.decode_yield import controller
+    from adapter.switches.decode_yield import clock as yield_clock
     from devkit.testkit.scheduler import ScriptedClock, build_scheduler
 
     install(pct, {"DSV41_DECODE_YIELD_MODE": mode, **(env or {})} if pct is not None else None)
@@ -81,7 +81,7 @@ def run(pct: int | None, script: Script, *, mode: str = "measured", interval: in
                         prefill_decode_interval=interval)
     clock = ScriptedClock(script)
     h.on_forward = clock.forward
-    saved, controller.now = controller.now, clock.now
+    saved, yield_clock.now = yield_clock.now, clock.now
     if on_built is not None:
         on_built(h)
     try:
@@ -96,7 +96,7 @@ def run(pct: int | None, script: Script, *, mode: str = "measured", interval: in
         start = len(h.trace)
         h.run_until(long.finished, max_passes=50_000)
     finally:
-        controller.now = saved
+        yield_clock.now = saved
     return cycles(h.trace[start:], long.rid, script, final)
 
 

@@ -1,4 +1,4 @@
-"""Decode yield's bound on the prompts (adapter/switches/decode_yield/bound.py) on the real SGLang
+"""Decode yield's bound on the prompts (adapter/switches/decode_yield/decision.py's bound, backlog.py's ledger) on the real SGLang
 scheduler (devkit.testkit.scheduler) with scripted wall times: a prompt waiting behind the chunked
 one is not held beyond what the share allows it, the streams keep their share where the bound
 allows it, a cut window leaves no debt, a backlog the share cannot serve says so, and a prompt that
@@ -13,7 +13,7 @@ import itertools
 import pytest
 
 from adapter.core import boot, receipts
-from adapter.switches.decode_yield import controller
+from adapter.switches.decode_yield import clock as yield_clock
 from devkit.bench.chat_scripted import Costs
 from devkit.testkit.scheduler import ScriptedClock, build_scheduler
 
@@ -25,7 +25,7 @@ ATTR = "_dsv41_decode_yield"
 
 @pytest.fixture(autouse=True)
 def _clock_restored(monkeypatch):
-    monkeypatch.setattr(controller, "now", controller.now)
+    monkeypatch.setattr(yield_clock, "now", yield_clock.now)
 
 
 
@@ -38,7 +38,7 @@ def _streams_decoding(pct: int | None):
     h = build_scheduler(page_size=1, pool_tokens=1 << 15, chunked_prefill_size=CHUNK, max_reqs=16)
     clock = ScriptedClock(COSTS)
     h.on_forward = clock.forward
-    controller.now = clock.now
+    yield_clock.now = clock.now
     streams = [h.add_request(32, max_new_tokens=4000) for _ in range(2)]
     h.drain()
     h.run(8)
@@ -115,8 +115,8 @@ def test_a_window_cut_by_the_bound_leaves_no_debt_for_later_windows():
 
     def check(h):
         state = h.scheduler.__dict__.get(ATTR)
-        if state is not None and state.window is None and state.bound.bursting:
-            seen.append(state.ctl.balance)
+        if state is not None and state.open is None and state.observe.bursting:
+            seen.append(state.state.balance)
 
     _run(50, 12, check)
     assert seen and min(seen) >= 0
@@ -128,8 +128,8 @@ def test_the_lag_is_forgotten_once_no_prompt_waits():
     *_, h = _run(50, 12)
     h.run_until(lambda: h.scheduler.chunked_req is None and not h.scheduler.waiting_queue)
     h.run(2)
-    bound = h.scheduler.__dict__[ATTR].bound
-    assert bound.lag == 0 and not bound.bursting and not bound.stamps
+    state = h.scheduler.__dict__[ATTR]
+    assert state.backlog.lag == 0 and not state.observe.bursting and not state.backlog.stamps
 
 
 @pytest.mark.parametrize("pct", [None, 50])
@@ -179,7 +179,7 @@ def _run_at(pct: int | None, after_ms: int):
         if short is None and clock.t - t0 >= after_ms * 10**6:
             short, arrived, at = h.add_request(40, max_new_tokens=4), clock.t, len(h.trace) - start
             state = h.scheduler.__dict__.get(ATTR)
-            lag = state.bound.lag if state is not None else 0
+            lag = state.backlog.lag if state is not None else 0
     ttft = clock.t - arrived
     h.step()  # the pass after its first token: the ledger weighs the prompt it served
     return h.trace[start:], long, ttft, lag, at, h
@@ -195,7 +195,7 @@ def _against_stock(pct: int, after_ms: int):
     gaps = [_decodes_between(steps, a, b) for a, b in itertools.pairwise(chunks)]
     window_ns = max(gaps) * COSTS(steps[chunks[0] + 1])
     after = [_decodes_between(steps, a, b) for a, b in itertools.pairwise(chunks) if a >= at]
-    return ttft, stock_ttft, window_ns, lag, after, h.scheduler.__dict__[ATTR].bound
+    return ttft, stock_ttft, window_ns, lag, after, h.scheduler.__dict__[ATTR].observe
 
 
 @pytest.mark.parametrize("after_ms", [30, 50, 210])
@@ -204,10 +204,10 @@ def test_a_prompt_arriving_into_a_lagged_backlog_within_its_share_keeps_its_boun
     finds), but the long prompt's rest ahead of it is long enough that the lag is within its
     share (at 210 ms it arrives in the last window: the lag it finds is that rest, not the
     ledger's): its TTFT stays within 1 / (1 - pct) of stock's plus one window, and nothing counts it."""
-    ttft, stock_ttft, window_ns, lag, _, bound = _against_stock(50, after_ms)
+    ttft, stock_ttft, window_ns, lag, _, seen = _against_stock(50, after_ms)
     assert lag > 0  # it arrived into a backlog the windows had lengthened
     assert ttft <= stock_ttft / (1 - 0.50) + window_ns, (ttft, stock_ttft, window_ns)
-    assert bound.late == 0
+    assert seen.unbounded == 0
     assert not [line for line in debug_lines if "decode_yield unbounded" in line]
 
 
@@ -219,9 +219,9 @@ def test_a_prompt_that_inherits_more_lag_than_its_share_allows_is_counted_and_st
     one chunked prompt at a time, so it cannot go first). Its TTFT is past 1 / (1 - pct) of stock's
     plus one window: the ledger counts it (``unbounded`` line with its TTFT and lag, the metric's
     count), and no window is given while it waits, so the lag it pays is only what it found."""
-    ttft, stock_ttft, window_ns, _, after, bound = _against_stock(50, after_ms)
+    ttft, stock_ttft, window_ns, _, after, seen = _against_stock(50, after_ms)
     assert ttft > stock_ttft / (1 - 0.50) + window_ns, (ttft, stock_ttft, window_ns)
-    assert bound.late == 1
+    assert seen.unbounded == 1
     lines = [receipts.parse_line(line) for line in debug_lines if "decode_yield unbounded" in line]
     assert len(lines) == 1 and lines[0].params["share"] == "50"
     assert abs(float(lines[0].params["ttft_ms"]) * 1e6 - ttft) <= 0.1e6  # stamped on the pass it arrived at

@@ -1,6 +1,6 @@
 """Decode yield's read of a waiting prompt's cache hit (adapter/switches/decode_yield/cache_hit.py) on
 the real hybrid SWA cache, and the bound charging a hit lost while the windows held the prompt
-(adapter/switches/decode_yield/bound.py) on the real scheduler with scripted wall times."""
+(adapter/switches/decode_yield/backlog.py) on the real scheduler with scripted wall times."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import importlib
 import pytest
 
 from adapter.core import boot, receipts
-from adapter.switches.decode_yield import cache_hit, controller
+from adapter.switches.decode_yield import cache_hit
+from adapter.switches.decode_yield import clock as yield_clock
 from devkit.bench.chat_scripted import Costs
 from devkit.testkit.scheduler import ScriptedClock, build_scheduler
 
@@ -20,7 +21,7 @@ SWA = {"hybrid_swa": True, "swa_pool_tokens": 1 << 14, "sliding_window": 32}
 
 @pytest.fixture(autouse=True)
 def _clock_restored(monkeypatch):
-    monkeypatch.setattr(controller, "now", controller.now)
+    monkeypatch.setattr(yield_clock, "now", yield_clock.now)
 
 
 def _next_turn(h, before, question: int = 40):
@@ -106,7 +107,7 @@ def _wait_behind_windows(evict: bool, debug_lines: list[str]):
     h = build_scheduler(page_size=1, pool_tokens=1 << 15, chunked_prefill_size=CHUNK, max_reqs=16, **SWA)
     clock = ScriptedClock(Costs())
     h.on_forward = clock.forward
-    controller.now = clock.now
+    yield_clock.now = clock.now
     earlier = h.add_request(1000, max_new_tokens=3)
     h.drain()
     streams = [h.add_request(32, max_new_tokens=4000) for _ in range(2)]
@@ -115,29 +116,29 @@ def _wait_behind_windows(evict: bool, debug_lines: list[str]):
     long = h.add_request(16 * CHUNK, max_new_tokens=2)
     h.run_until(lambda: long.rid in h.trace[-1].rids)
     turn = h.add_request(_next_turn(h, earlier))
-    bound = h.scheduler.__dict__[ATTR].bound
-    h.run_until(lambda: id(turn) in bound.stamps)
-    stamp = bound.stamps[id(turn)]
+    state = h.scheduler.__dict__[ATTR]
+    h.run_until(lambda: id(turn) in state.backlog.stamps)
+    stamp = state.backlog.stamps[id(turn)]
     if evict:
         h.scheduler.tree_cache.evict(EvictParams(num_tokens=1 << 30, swa_num_tokens=1 << 30))
     h.run_until(lambda: bool(turn.output_ids))
     h.run(1)  # the ledger weighs a served prompt on the next pass
     assert all(not s.finished() for s in streams)
-    return stamp, turn, bound.late, [line for line in debug_lines if "decode_yield unbounded" in line]
+    return stamp, turn, state.observe.unbounded, [line for line in debug_lines if "decode_yield unbounded" in line]
 
 
 def test_a_turn_that_loses_its_cached_prefix_while_windows_hold_it_is_counted_with_what_it_lost(debug_lines):
     stamp, turn, late, lines = _wait_behind_windows(True, debug_lines)
-    assert stamp[4] >= 1000  # it could resume its earlier turns when first seen waiting ...
+    assert stamp.hit >= 1000  # it could resume its earlier turns when first seen waiting ...
     assert turn.cached_tokens == 0  # ... and prefilled them again
     assert late == 1 and len(lines) == 1
     fields = receipts.parse_line(lines[0]).params
-    assert int(fields["lost_hit_tokens"]) == stamp[4]
+    assert int(fields["lost_hit_tokens"]) == stamp.hit
 
 
 def test_a_turn_that_keeps_its_cached_prefix_behind_the_same_windows_is_within_its_bound(debug_lines):
     stamp, turn, late, lines = _wait_behind_windows(False, debug_lines)
-    assert turn.cached_tokens == stamp[4] >= 1000
+    assert turn.cached_tokens == stamp.hit >= 1000
     assert late == 0 and not lines
 
 

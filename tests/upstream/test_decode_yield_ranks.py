@@ -15,9 +15,9 @@ def test_ranks_that_measure_differently_take_rank_zeros_windows_and_make_every_d
     agreed = ranks.two_ranks(agree=True)
     assert agreed[0]["windows"] == agreed[1]["windows"] and len(agreed[0]["windows"]) == 39
     assert agreed[0]["decisions"] == agreed[1]["decisions"]
-    # one broadcast per window, and one more for each window armed at 4 steps or more (its rest
-    # re-planned after half of them): both ranks take part in each
-    assert 39 < len(agreed[0]["agree_ns"]) == len(agreed[1]["agree_ns"]) < 2 * 39
+    # one broadcast per window (the long prompt's 39 and the few of the streams' own chunked
+    # admission): both ranks take part in each
+    assert 39 <= len(agreed[0]["agree_ns"]) == len(agreed[1]["agree_ns"]) <= 39 + 4
     assert abs(agreed[0]["share"] - ranks.PCT / 100) <= 0.03  # rank 0's clock: its loop holds the share
     # the control: each rank on its own clock decides other windows (why the broadcast is needed)
     alone = ranks.two_ranks(agree=False)

@@ -1,0 +1,216 @@
+"""Decode yield's decision, as pure functions: facts in, window and next state out.
+
+:func:`decide` runs once per non-final chunk, on :class:`Facts` the hook gathers from the
+scheduler and the pass clock; :func:`close` ends the window's cycle when the next chunk runs. The
+arithmetic of the share lives here only. Each window is three limits, in this order:
+
+1. **the load guard** (:func:`guarded_share`): the share given is ``pct * (1 - load)``, ``load`` the
+   measured rate at which prefill arrives into a backlog over the prefill rate. A window defers
+   every waiting prompt, so the prefill queue drains at ``(1 - share)`` of the prefill rate;
+   ``1 - share - load = (1 - pct)(1 - load) > 0`` whenever stock drains, and in the M/G/1 queue
+   (exponential service) the mean response is then ``(1 - load) / (1 - share - load) = 1 / (1 - pct)``
+   of stock's: the switch gives its share when there is room and none as load nears capacity;
+2. **the share** (measured mode): the smallest ``N`` that brings the prompt's balance (what the
+   streams got beyond their share over its served cycles) back to zero after this cycle, the
+   cycle's overhead estimated per chunk token (model mode: the integer cost model's ``N``);
+3. **the bound** (:func:`allowed`): no waiting prompt is held beyond ``1 / (1 - pct)`` of its stock
+   TTFT: ``lag + D <= pct/100 * (wait + D + R)`` for each, ``R`` the chunked prompt's prefill still to
+   run (every waiting prompt is behind it), so ``D <= min (pct*(wait+R) - 100*lag) / (100-pct)``.
+
+A window the guard or the bound reduced carries no debt: the balance is not allowed below zero
+after it, so no later window repays the steps it did not give.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from adapter.switches.decode_yield import cost_model
+
+
+@dataclass(frozen=True)
+class Config:
+    pct: int
+    cap: int = cost_model.MAX_YIELD_STEPS
+    measured: bool = True  # the closed loop (False: the open-loop cost model)
+    guard: bool = True  # DSV41_DECODE_YIELD_LOAD_GUARD (a diagnostic: 0 turns it off)
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A prompt waiting for its first token (the chunked one included), as the backlog ledger saw it."""
+
+    wait_ns: int  # since first seen waiting
+    lag_ns: int  # the lag it paid: found on arrival, plus every window's wall time since
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What one arming pass knows: a non-final chunk runs now, decode rows wait for the next."""
+
+    t: int
+    prompt: int  # the chunked prompt's id: a new one starts its own balance
+    tokens: int  # prefill tokens this pass runs (the chunk's and any prompt's admitted beside it)
+    floor: int  # the configured interval (what the engine's own arm wrote)
+    model: tuple[int, int]  # the cost model's (chunk + switch, step) fs at this window
+    rode_along: int = 0  # --enable-mixed-chunk: the rows decoded one token inside the chunk
+    final_tokens: int = 0  # the prompt's final chunk, ``windows_left`` windows from now (1: next)
+    windows_left: int = 1
+    step_ns: int | None = None  # the streams' step alone (or a recent decode step when not fresh)
+    fresh: bool = True
+    need_run: int = 2  # decode steps a window needs to hold a step alone (a probe's length)
+    per_token_ps: int | None = None  # a cycle's overhead per chunk token (measured)
+    alternation_ns: int = 0  # what a window costs beyond its steps alone (measured)
+    rest_ns: int = 0  # the chunked prompt's prefill still to run, this chunk's included, at stock rate
+    waiting: tuple[Waiting, ...] = ()
+    load: int | None = None  # permille: prefill arriving into the backlog over the prefill rate
+
+
+@dataclass(frozen=True)
+class Cycle:
+    """The open cycle: a chunk and its window, until the next chunk runs."""
+
+    start: int
+    tokens: int
+    rode_along: int
+    final_part: int  # ns of the final chunk's overhead this cycle owes the share of
+    share: int  # the share this window was planned for (after the guard)
+    forgive: bool  # the guard or the bound gave less than the share: no debt after it
+
+
+@dataclass(frozen=True)
+class State:
+    """One scheduler's decision state: the prompt's balance, across its windows."""
+
+    prompt: int = 0
+    balance: int = 0  # ns scaled by 100: sum((100-share)*streams - share*overhead) over served cycles
+    windows: int | None = None  # the prompt's windows, counted at its first
+    final_paid: int = 0  # thousandths of the final chunk's tokens its windows owed so far
+    carry: int = 0  # model mode: the rounding surplus of the prompt's earlier windows
+    cycle: Cycle | None = None
+    windows_ns: int = 0  # the prompt's served cycles: its windows' wall time and the whole
+    elapsed_ns: int = 0
+
+
+@dataclass(frozen=True)
+class Window:
+    n: int  # steps to give (before the TP broadcast)
+    share: int  # the share planned (pct, or less under the guard)
+    asked: int  # what the share asked for, before the bound
+    cut: int  # steps the bound cut
+    source: str  # measured | model_ratio | model (nothing measured) | model_mode
+    step_ns: int | None = None
+    overhead_ns: int | None = None
+
+
+@dataclass(frozen=True)
+class Served:
+    """A closed cycle, as the ``window`` line reports it."""
+
+    elapsed_ns: int
+    window_ns: int  # the window's wall time, whole: the streams' steps and the alternation
+    overhead_ns: int
+    share: float
+    prompt_share: float
+
+
+def final_span(windows: int) -> int:
+    """How many of a prompt's last windows pay its final chunk's share: those of its last quarter
+    (no window follows the final chunk, its first token does), at least one."""
+    return max(1, (windows + 1) // 4 - 1)
+
+
+def guarded_share(cfg: Config, load: int | None) -> int:
+    if not cfg.guard or load is None:
+        return cfg.pct
+    return cfg.pct * (1000 - min(max(load, 0), 1000)) // 1000
+
+
+def allowed(pct: int, facts: Facts, step_ns: int | None) -> int | None:
+    """The most steps no waiting prompt's bound forbids (None: nothing measured to bound with)."""
+    if not step_ns or not facts.waiting:
+        return None
+    room = min(pct * (w.wait_ns + facts.rest_ns) - 100 * w.lag_ns for w in facts.waiting)
+    return 0 if room <= 0 else -(-room // ((100 - pct) * step_ns))
+
+
+def decide(cfg: Config, facts: Facts, state: State) -> tuple[Window, State]:
+    if facts.prompt != state.prompt:
+        state = State(prompt=facts.prompt)
+    share = guarded_share(cfg, facts.load)
+    step = facts.step_ns
+    if not cfg.measured:
+        chunk_fs, step_fs = facts.model
+        n, carry = cost_model.yield_window(share, chunk_fs, step_fs, facts.floor, state.carry, cfg.cap,
+                                           facts.rode_along) if share else (facts.floor, 0)
+        window, state = Window(n, share, n, 0, "model_mode"), replace(state, carry=carry)
+    else:
+        window, state = _closed_loop(cfg, facts, state, share)
+    bound = allowed(cfg.pct, facts, step)
+    cut = window.n - max(facts.floor, bound) if bound is not None and bound < window.n else 0
+    window = replace(window, n=window.n - cut, cut=cut)
+    if state.cycle is not None and (cut or share < cfg.pct):
+        state = replace(state, cycle=replace(state.cycle, forgive=True))
+    return window, state
+
+
+def _closed_loop(cfg: Config, facts: Facts, state: State, share: int) -> tuple[Window, State]:
+    windows = state.windows or facts.windows_left
+    extra = 0  # this window's part of the final chunk, in thousandths of a token
+    if facts.final_tokens and facts.windows_left <= final_span(windows):
+        extra = (facts.final_tokens * 1000 - state.final_paid) // max(facts.windows_left, 1)
+    state = replace(state, windows=windows, final_paid=state.final_paid + extra)
+    step, per_token, (chunk_fs, step_fs) = facts.step_ns, facts.per_token_ps, facts.model
+    if step is None:  # nothing measured: the cost model's window
+        n = cost_model.yield_window(share, chunk_fs, step_fs, facts.floor, 0, cfg.cap, facts.rode_along)[0]
+        cycle = Cycle(facts.t, facts.tokens, facts.rode_along, 0, share, False)
+        return Window(n, share, n, 0, "model"), replace(state, cycle=cycle)
+    if per_token is None:  # a step but no cycle yet: the model's chunk-to-step ratio
+        overhead, source = step * chunk_fs // max(step_fs, 1), "model_ratio"
+        final_part = overhead * extra // max(facts.tokens * 1000, 1)
+    else:
+        overhead, source = per_token * facts.tokens // 1000, "measured"
+        final_part = per_token * extra // 1_000_000
+    cycle = Cycle(facts.t, facts.tokens, facts.rode_along, final_part, share, False)
+    overhead += final_part
+    rest = 100 - share
+    owed = share * overhead - state.balance - rest * facts.rode_along * step
+    # a window of n steps takes n steps and the alternation: the smallest n whose wall time pays what is owed
+    need = max(1, -(-(owed - rest * facts.alternation_ns) // (rest * step))) if share and owed > 0 else 0
+    if 0 < need < facts.need_run and not facts.fresh:
+        need = facts.need_run  # a probe: its last step is a fresh step alone; the balance repays it
+    n = max(facts.floor, min(cfg.cap, need))
+    return Window(n, share, n, 0, source, step, overhead), replace(state, cycle=cycle)
+
+
+def close(state: State, t: int, given: int, window_ns: int, step_ns: int | None, per_token_ps: int | None,
+          need_run: int = 2) -> tuple[Served | None, tuple[int, int | None] | None, State]:
+    """The open cycle ends at ``t`` (the next chunk runs) after ``given`` window steps that took
+    ``window_ns`` of wall time, whole. Returns the cycle, its samples for the clock (the overhead per
+    chunk token in ps, the window's alternation in ns) and the state with the balance closed."""
+    cycle = state.cycle
+    state = replace(state, cycle=None)
+    elapsed = t - cycle.start if cycle is not None else 0
+    if cycle is None or step_ns is None or elapsed <= 0:
+        return None, None, state
+    overhead = max(0, elapsed - window_ns)  # the chunk: what the window's share is owed on
+    samples = (overhead * 1000 // max(cycle.tokens, 1), max(0, window_ns - given * step_ns) if given else None)
+    s = cycle.share
+    balance = state.balance + (100 - s) * window_ns - s * (overhead + cycle.final_part)
+    # one cycle's overhead plus a probe's steps either way: a floor, a cap or a spike runs up no debt
+    # or credit that later windows would pay for minutes; rounding and a probe are carried in full
+    typical = max(overhead, (per_token_ps or samples[0]) * cycle.tokens // 1000)
+    limit = s * (typical + cycle.final_part) + (100 - s) * step_ns * need_run
+    balance = max(-limit, min(limit, balance))
+    if cycle.forgive:
+        balance = max(0, balance)
+    state = replace(state, balance=balance, windows_ns=state.windows_ns + window_ns,
+                    elapsed_ns=state.elapsed_ns + elapsed)
+    served = Served(elapsed, window_ns, overhead, round(window_ns / elapsed, 4),
+                    round(state.windows_ns / state.elapsed_ns, 4))
+    return served, samples, state
+
+
+def abandoned(state: State) -> State:
+    """A window that did not give what it planned is no cycle: the prompt's balance starts over."""
+    return State()
