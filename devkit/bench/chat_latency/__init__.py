@@ -58,6 +58,7 @@ VARIED = {"range_ratio": 0.5}
 MELLUM_MAX_TOTAL_TOKENS = 32768
 MELLUM_SWA_RATIO = 0.05
 CLIENT_TIMEOUT_S = 900
+BOOT_TIMEOUT_S = 600  # a chat boot may take 5 minutes on a 2-core machine other work loads (the launcher's 300 s lost boots there)
 YIELD_PCT = "33"
 CONE = {"DSV41_SWA_CONE_REPLAY": "1", "DSV41_SWA_CONE_TOKENS": "64"}
 THIN = {"DSV41_SWA_THIN": "1"}
@@ -367,7 +368,9 @@ class MellumChat:
 
         args = launcher.server_args(model, launcher.free_port(), max_total_tokens=MELLUM_MAX_TOTAL_TOKENS, chunk=64,
                                     swa_ratio=MELLUM_SWA_RATIO, extra=extra)
-        return launcher.Server(args, log, profile)
+        server = launcher.Server(args, log, profile)
+        server.ready_timeout_s = BOOT_TIMEOUT_S
+        return server
 
 
 # DSV4 kit: one page a chunk, so every chat prompt (500-970 tokens) is a multi-chunk prefill, as on the
@@ -392,7 +395,9 @@ class Dsv4Chat:
     def server(self, model: Path, log: Path, profile: dict[str, str], extra: list[str]) -> Any:
         from devkit.gate import kits
 
-        return kits.kit("dsv4").server(model, log, profile, extra, chunk=DSV4_CHAT_CHUNK)
+        server = kits.kit("dsv4").server(model, log, profile, extra, chunk=DSV4_CHAT_CHUNK)
+        server.ready_timeout_s = BOOT_TIMEOUT_S
+        return server
 
 
 CHAT_KITS = {"mellum": MellumChat(), "dsv4": Dsv4Chat()}
