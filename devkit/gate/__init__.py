@@ -211,8 +211,8 @@ def with_latency(verdict: str, why: str, latency_verdict: str) -> tuple[str, str
 
 def add_arguments(parser: Any) -> None:
     parser.add_argument("--quick", action="store_true",
-                        help="the short workload (about 4-5 minutes on a quiet 2-core machine, the latency leg included, "
-                        "estimated; --model dsv4: longer)")
+                        help="the short workload (about 4-5 minutes on a quiet 2-core machine, the latency leg included; "
+                        "--model dsv4: longer)")
     parser.add_argument("--out", help=f"folder for logs and the model (default {DEFAULT_OUT}/<model>)")
     parser.add_argument("--model", default="mellum", choices=("mellum", "dsv4"),
                         help="the model kit: the tiny hybrid SWA Mellum (default) or the tiny DeepSeek-V4.1")
