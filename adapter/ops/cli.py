@@ -60,6 +60,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     kwargs = {"device": args.device} if args.device is not None else {}
     if args.model is not None:
         kwargs["model"] = args.model
+    if args.sweep:
+        kwargs["sweep"] = True
     figures = getattr(importlib.import_module(module_name), function)(quick=args.quick, **kwargs)
     print(json.dumps({"bench": args.name, "quick": args.quick, **figures}, sort_keys=False))
     return 0
@@ -90,6 +92,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     p.add_argument("--quick", action="store_true")
     p.add_argument("--device", help="where the benchmark's device tensors live (e.g. cuda); only benchmarks that take it")
     p.add_argument("--model", choices=("mellum", "dsv4"), help="the model kit; only benchmarks that take it")
+    p.add_argument("--sweep", action="store_true", help="offered loads up to the kit's stock capacity; only "
+                   "benchmarks that take it (chat-latency)")
     p.set_defaults(run=cmd_bench)
     from adapter.ops import fit_cost_model  # light: no engine import until it reads a log
 

@@ -12,17 +12,20 @@ one at a time; all share the model, the seed, the server arguments and the workl
 4. boot B, the profile: every switch whose registry record's ``gate_role`` acts on this engine
    (its ``profile`` keys); its receipts are checked with :func:`adapter.core.receipts.audit`;
 5. boot A2, stock again;
-6. the latency leg (:mod:`devkit.gate.latency`): SGLang's ``bench_serving`` multi-turn chat against
-   three more boots, stock / the same profile / stock, TTFT and ITL against decode yield's bound;
-   the gate's verdict is the worse of the two legs' (FAIL over INVALID over PASS). Run with the
-   import hook and the gate's whole profile only (not under ``--hicache``, ``--via plugin``,
-   ``--without`` or ``--drop-key``, whose runs judge the switch rows); ``--no-latency`` skips it.
+6. the latency leg (:mod:`devkit.gate.latency`): SGLang's ``bench_serving`` multi-turn chat that
+   loads the kit, against three more boots, stock / the shipped profile's switch keys / stock: TTFT,
+   throughput and ITL against decode yield's bound; the gate's verdict is the worse of the two legs'
+   (FAIL over INVALID over PASS). Run with the import hook and the whole profile only (not under
+   ``--hicache``, ``--via plugin``, ``--without`` or ``--drop-key``, whose runs judge the switch
+   rows); ``--no-latency`` skips it.
 
 ``--hicache``: every boot (A1, B, A2) runs with the datacenter profile's HiCache flags and churn that
 outruns its host tier (:mod:`devkit.gate.hicache_leg`), so each row judges a switch beside HiCache
 against stock beside HiCache, on a workload where stock + HiCache loses the idle session.
 ``--drop-key KEY``: the profile boot runs without KEY while every row is still judged (a row seen
-failing when its switch is off); ``--without SWITCH`` leaves the switch and its row out.
+failing when its switch is off); ``--without SWITCH`` leaves the switch and its row out;
+``--set-key KEY=VALUE``: both legs' profile boots run with KEY set (a registry key, its value
+checked), e.g. a switch's guard turned off to see the latency leg fail without it.
 
 It reads SGLang's own reports: ``cached_tokens`` (``--enable-cache-report``), the scheduler log
 (``Prefill batch`` / ``Decode batch`` lines, ``--decode-log-interval 1``) and client-side stream
@@ -78,16 +81,18 @@ DEFAULT_OUT = Path(__file__).resolve().parents[2] / "build" / "gate"
 
 def run(quick: bool = True, out: str | Path | None = None, say: Callable[[str], None] = print,
         without: tuple[str, ...] = (), model_kit: str = "mellum", via: str = "import-hook",
-        hicache: bool = False, drop: tuple[str, ...] = (), latency: bool = True) -> dict[str, Any]:
+        hicache: bool = False, drop: tuple[str, ...] = (), latency: bool = True,
+        set_keys: tuple[str, ...] = ()) -> dict[str, Any]:
     """Build, boot A1 / B / A2, judge; then the latency leg (``latency``, where it applies: see
     :func:`latency_skipped`); returns the figures (the CLI prints them as the last line)."""
     from adapter.core import receipts
-    from devkit.gate import kits, ways
+    from devkit.gate import kits, shipped, ways
 
     t0 = time.monotonic()
     kit = kits.kit(model_kit)  # a bad --model fails before any boot
     ways.check(via, kit.name)  # so does a way this kit cannot boot
     drop_keys(build_profile(without=without), drop)  # a bad --without or --drop-key fails before any boot
+    shipped.with_set_keys({}, set_keys)  # so does a bad --set-key
     launch_extra = hicache_leg.launch_args() if hicache else ()
     workload = kit.workload(quick, hicache_leg.host_ratio(launch_extra) if hicache else None)
     workload.validate()
@@ -107,9 +112,10 @@ def run(quick: bool = True, out: str | Path | None = None, say: Callable[[str], 
             say(f"  | {line}")
         profile = build_profile(calibration["keys"], without)
         profile.update({k: v for k, v in kit.profile_overrides().items() if k in profile})
-        profile = drop_keys(profile, drop)
+        profile = shipped.with_set_keys(drop_keys(profile, drop), set_keys)
         say("profile: " + (" ".join(f"{k}={v}" for k, v in profile.items()) or "(empty: no switch available)")
-            + (f"; dropped with --drop-key (rows still judged): {' '.join(drop)}" if drop else ""))
+            + (f"; dropped with --drop-key (rows still judged): {' '.join(drop)}" if drop else "")
+            + (f"; set with --set-key: {' '.join(set_keys)}" if set_keys else ""))
         b = run_boot(Boot("B-profile", profile, out / "B-profile.log"), model, workload, out, say=say, kit=kit,
                      plugin=plugin, launch_extra=launch_extra)
         a2 = run_boot(Boot("A2-stock", {}, out / "A2-stock.log"), model, workload, out, say=say, kit=kit,
@@ -136,7 +142,7 @@ def run(quick: bool = True, out: str | Path | None = None, say: Callable[[str], 
     if skipped is None:
         from devkit.gate import latency as latency_leg
 
-        latency_figures = latency_leg.run(quick=quick, model_kit=kit.name, say=say, profile=profile,
+        latency_figures = latency_leg.run(quick=quick, model_kit=kit.name, say=say, set_keys=set_keys,
                                           out=out.parent / f"{out.name}-latency")
         verdict, verdict_why = with_latency(verdict, verdict_why, latency_figures["verdict"])
     else:
@@ -171,6 +177,7 @@ def run(quick: bool = True, out: str | Path | None = None, say: Callable[[str], 
         "quick": quick,
         "without": list(without),
         "drop_keys": list(drop),
+        "set_keys": list(set_keys),
         "churn_requests": workload.churn_requests,
         "latency": latency_figures,
         "wall_s": round(time.monotonic() - t0, 1),
@@ -204,8 +211,8 @@ def with_latency(verdict: str, why: str, latency_verdict: str) -> tuple[str, str
 
 def add_arguments(parser: Any) -> None:
     parser.add_argument("--quick", action="store_true",
-                        help="the short workload (about 2.5 minutes on a quiet 2-core machine, the latency leg included; --model dsv4: "
-                        "about 4.5)")
+                        help="the short workload (about 4-5 minutes on a quiet 2-core machine, the latency leg included; "
+                        "--model dsv4: longer)")
     parser.add_argument("--out", help=f"folder for logs and the model (default {DEFAULT_OUT}/<model>)")
     parser.add_argument("--model", default="mellum", choices=("mellum", "dsv4"),
                         help="the model kit: the tiny hybrid SWA Mellum (default) or the tiny DeepSeek-V4.1")
@@ -217,9 +224,12 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--drop-key", action="append", default=[], metavar="KEY",
                         help="run the profile boot without this key of the gate's profile (repeatable); every row "
                         "is still judged, so the switch's row shows what the boot without it measured")
+    parser.add_argument("--set-key", action="append", default=[], metavar="KEY=VALUE",
+                        help="run the profile boots (both legs) with KEY set to VALUE (repeatable; a registry key), "
+                        "e.g. DSV41_DECODE_YIELD_LOAD_GUARD=0 to see the latency leg without decode yield's load guard")
     parser.add_argument("--latency", action="store_true",
-                        help="the latency leg alone (devkit/gate/latency.py): bench_serving multi-turn chat against "
-                        "stock / profile / stock boots, TTFT and ITL against the bound")
+                        help="the latency leg alone (devkit/gate/latency.py): bench_serving multi-turn chat that loads "
+                        "the kit against stock / shipped profile / stock boots: TTFT, throughput and ITL against the bound")
     parser.add_argument("--no-latency", action="store_true",
                         help="the switch legs only: skip the latency leg that follows them (three more boots)")
     parser.add_argument("--hicache", action="store_true",
@@ -235,7 +245,7 @@ def main(args: Any) -> int:
     try:
         figures = run(quick=args.quick, out=args.out, without=tuple(args.without), model_kit=args.model,
                       via=args.via, hicache=getattr(args, "hicache", False), drop=tuple(getattr(args, "drop_key", ())),
-                      latency=not getattr(args, "no_latency", False))
+                      latency=not getattr(args, "no_latency", False), set_keys=tuple(getattr(args, "set_key", ())))
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -25,7 +25,9 @@ floor: each stock boot's requests past the run's tightest bound x the other stoc
 
 ``--quick``: stock and the gate's profile, one round, fewer conversations: two boots and two client
 runs, the client's imports done once while the first server boots
-(:class:`devkit.engine_kit.serving_client.ServingClient`). The last line printed is one JSON object.
+(:class:`devkit.engine_kit.serving_client.ServingClient`). ``--sweep``: traffic that loads the kit at
+offered loads up to its stock capacity (:mod:`devkit.bench.chat_latency.sweep`). The last line printed
+is one JSON object.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from devkit.engine_kit import metrics_page
 from devkit.engine_kit.serving_client import ServingClient, client_args, client_env
 from devkit.gate.verdict import kit_profile as gate_profile
 
-OUT = Path(__file__).resolve().parents[2] / "build" / "bench-chat-latency"
+OUT = Path(__file__).resolve().parents[3] / "build" / "bench-chat-latency"
 # The traffic (SGLang's generated-shared-prefix dataset, bench_serving's flags), seeded.
 TRAFFIC = {"groups": 4, "per_group": 6, "system": 512, "question": 64, "output": 16, "turns": 3, "rate": 4.0}
 QUICK_TRAFFIC = {**TRAFFIC, "groups": 2, "per_group": 4}
@@ -56,6 +58,7 @@ VARIED = {"range_ratio": 0.5}
 MELLUM_MAX_TOTAL_TOKENS = 32768
 MELLUM_SWA_RATIO = 0.05
 CLIENT_TIMEOUT_S = 900
+BOOT_TIMEOUT_S = 600  # a chat boot may take 5 minutes on a 2-core machine other work loads (the launcher's 300 s lost boots there)
 YIELD_PCT = "33"
 CONE = {"DSV41_SWA_CONE_REPLAY": "1", "DSV41_SWA_CONE_TOKENS": "64"}
 THIN = {"DSV41_SWA_THIN": "1"}
@@ -109,6 +112,8 @@ def figures_of(result: dict[str, Any]) -> dict[str, Any]:
         "p99_ttft_ms": _r(result.get("p99_ttft_ms")),
         "mean_itl_ms": _r(result.get("mean_itl_ms")),
         "p99_itl_ms": _r(result.get("p99_itl_ms")),
+        "median_itl_ms": _r(result.get("median_itl_ms")),
+        "request_throughput": None if result.get("request_throughput") is None else round(result["request_throughput"], 3),
         "median_e2e_ms": _r(result.get("median_e2e_latency_ms")),
         "max_ttft_ms": _r(max(ttfts)) if ttfts else None,
         "ttfts_ms": per_request,
@@ -328,7 +333,9 @@ class MellumChat:
 
         args = launcher.server_args(model, launcher.free_port(), max_total_tokens=MELLUM_MAX_TOTAL_TOKENS, chunk=64,
                                     swa_ratio=MELLUM_SWA_RATIO, extra=extra)
-        return launcher.Server(args, log, profile)
+        server = launcher.Server(args, log, profile)
+        server.ready_timeout_s = BOOT_TIMEOUT_S
+        return server
 
 
 # DSV4 kit: one page a chunk, so every chat prompt (500-970 tokens) is a multi-chunk prefill, as on the
@@ -353,7 +360,9 @@ class Dsv4Chat:
     def server(self, model: Path, log: Path, profile: dict[str, str], extra: list[str]) -> Any:
         from devkit.gate import kits
 
-        return kits.kit("dsv4").server(model, log, profile, extra, chunk=DSV4_CHAT_CHUNK)
+        server = kits.kit("dsv4").server(model, log, profile, extra, chunk=DSV4_CHAT_CHUNK)
+        server.ready_timeout_s = BOOT_TIMEOUT_S
+        return server
 
 
 CHAT_KITS = {"mellum": MellumChat(), "dsv4": Dsv4Chat()}
@@ -376,7 +385,12 @@ def measure(kit_name: str, labelled: list[tuple[str, dict[str, str]]], rounds: i
     return boots
 
 
-def run(quick: bool = False, model: str = "mellum", rounds: int | None = None, varied: bool = False) -> dict[str, Any]:
+def run(quick: bool = False, model: str = "mellum", rounds: int | None = None, varied: bool = False,
+        sweep: bool = False) -> dict[str, Any]:
+    if sweep:  # --sweep: stock, yield and the shipped profile at loads up to the kit's capacity
+        from devkit.bench.chat_latency import sweep as load_sweep
+
+        return load_sweep.run(quick, model)
     t0 = time.monotonic()
     traffic = {**(QUICK_TRAFFIC if quick else TRAFFIC), **(VARIED if varied else {})}
     labelled = rows(model, quick, varied)
