@@ -80,11 +80,21 @@ def test_first_turns_are_judged_against_the_stock_versus_stock_floor():
     noisy = _with(A2, ttfts_ms=[900.0, 55.0, 190.0, 65.0, 310.0, 45.0, 420.0, 75.0], mean_ttft_ms=330.0)
     b = _with(GOOD, ttfts_ms=[120.0, 50.0, 990.0, 60.0, 330.0, 40.0, 450.0, 70.0])
     result = judge(A1, noisy, b, 33, TURNS)
-    assert result["first_turns_past"] == {"A1": 0, "A2": 1, "B": 1, "floor": 1}
+    assert result["first_turns_past"] == {"A1": 0, "A2": 1, "B": 1, "floor": 1, "uncounted": 1}
     assert result["verdict"] == "PASS", result
     # later turns (every second TTFT here) are not judged: each follows its own answer in each boot
     later = _with(GOOD, ttfts_ms=[120.0, 900.0, 220.0, 900.0, 330.0, 40.0, 450.0, 70.0])
     assert judge(A1, A2, later, 33, TURNS)["first_turns_past"]["B"] == 0
+
+
+def test_a_first_turn_past_the_floor_passes_only_when_the_switch_counted_it_itself():
+    """The contract: first turns past the bound within the stock-vs-stock floor, or counted by the switch."""
+    b = _with(GOOD, ttfts_ms=[120.0, 50.0, 990.0, 60.0, 330.0, 40.0, 450.0, 70.0])
+    uncounted = judge(A1, A2, b, 33, TURNS)
+    assert uncounted["first_turns_past"]["floor"] == 0 and uncounted["first_turns_past"]["uncounted"] == 1
+    assert uncounted["verdict"] == "FAIL" and "not counted by the switch 1" in uncounted["fails"][0]
+    counted = judge(A1, A2, b, 33, TURNS, counted=1)
+    assert counted["first_turns_past"]["uncounted"] == 0 and counted["verdict"] == "PASS", counted
 
 
 def test_without_decode_yield_the_bound_is_stock():
