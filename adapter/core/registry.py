@@ -205,7 +205,7 @@ SWITCHES: tuple[Switch, ...] = (
                 default="measured"),
             Key("DSV41_DECODE_YIELD_LOAD_GUARD", env.flag(),
                 "a diagnostic, not a tuning knob: 0 turns off the load guard (the share given shrinks to none as "
-                "prefill arriving into the backlog nears the prefill rate), so the gate can show what it prevents",
+                "prefill arriving into the backlog nears the prefill rate), so the release gate can show what it prevents",
                 default="1"),
             *(Key(f"DSV41_DECODE_YIELD_{name}", env.integer(0, 10**12, unit=unit),
                 f"decode-yield cost model (model mode; the first windows of a boot in measured mode): {unit}")

@@ -19,7 +19,7 @@ BENCHMARKS = {
     "metrics-overhead": "devkit.bench.metrics_overhead:run",
     "hicache": "devkit.bench.hicache:run",
     "swa-host-demote": "devkit.bench.swa_host_demote:run",
-    "chat-latency": "devkit.bench.chat_latency:run",
+    "chat-latency": "devkit.bench.chat_latency.entry:run",
     "chat-latency-scripted": "devkit.bench.chat_scripted:run",
     "chat-latency-varied": "devkit.bench.chat_latency:run_varied",
     "fleet": "devkit.bench.fleet:run",

@@ -28,7 +28,14 @@ import sys
 import time
 from typing import Any
 
-QUICK_REQUESTS = 200  # --quick: whole sessions in order of their first request, up to this many requests
+from overlay_tools.simulate.inputs import (
+    QUICK_REQUESTS,
+    check_time_scale,
+    coefficients,
+    describe_coefficients,
+    first_sessions,
+)
+
 SWEEP_TAILS = (128, 256, 384, 512)
 SWEEP_N = (2048, 4096, 8192)
 
@@ -184,7 +191,7 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
         policies = list(fleet.POLICIES if args.hicache else geo.default_policies())
     trace.TokenBuilder(geo.page).build(requests, {r.index: r for r in requests})
     if args.quick:
-        requests = _first_sessions(requests, QUICK_REQUESTS)
+        requests = first_sessions(requests, QUICK_REQUESTS)
     ideal = engine.ideal_prefixes(requests, geo.page)
     coef = coefficients(geo.profile)
     print(f"simulate {args.trace}: {len(requests)} requests ({sum(r.parent is None for r in requests)} sessions, "
@@ -196,7 +203,7 @@ def simulate(args: argparse.Namespace) -> dict[str, Any]:
         print(f"profile: {warning}")
     pd = pd_bandwidths(args, geo)
     left_out = report.left_out(geo.kv_park, geo.dsv4) + ([pd_price.LEFT_OUT] if pd else [])
-    print(f"cost model: {_describe(coef)}")
+    print(f"cost model: {describe_coefficients(coef)}")
     print("left out (the replay's simplifications):")
     for item in left_out:
         print(f"  - {item}")
@@ -250,19 +257,6 @@ def pd_bandwidths(args: argparse.Namespace, geo: Any) -> tuple[float, float] | N
     return bandwidths
 
 
-def check_time_scale(requests: list[Any], time_scale: float) -> None:
-    """The last arrival, scaled, within the clock's range (:data:`.trace.MAX_TIMESTAMP_MS`): else a
-    ``ConfigError`` naming ``--time-scale``, its value and the largest factor this trace allows."""
-    from adapter.core import env
-    from overlay_tools.simulate.trace import MAX_TIMESTAMP_MS, TIMESTAMP_LIMIT
-
-    last = max(r.arrival_ms for r in requests)
-    if last * time_scale > MAX_TIMESTAMP_MS:
-        raise env.ConfigError("--time-scale", str(time_scale), f"a factor of at most {MAX_TIMESTAMP_MS / last:.6g} "
-                              f"for this trace (its last timestamp {last:,} ms, scaled, within 2**53: "
-                              f"{TIMESTAMP_LIMIT})")
-
-
 def sweep(args: argparse.Namespace, geo: Any, requests: list[Any], coef: Any) -> dict[str, Any]:
     """Stock and thin over --swa-prefix-tails, thin + cone over N: recomputed tokens each, and per
     policy the smallest setting within 1 % of its best."""
@@ -290,38 +284,6 @@ def sweep(args: argparse.Namespace, geo: Any, requests: list[Any], coef: Any) ->
         picks[knob] = pick = min((int(v) for v, r in values.items() if r <= best * 1.01), default=None)
         print(f"  {knob}: smallest within 1 % of the best ({best:,} recomputed): {pick}")
     return {"runs": rows, "smallest_within_1pct": picks}
-
-
-def _first_sessions(requests: list[Any], limit: int) -> list[Any]:
-    """Whole sessions in trace order until ``limit`` requests."""
-    sessions: dict[int, int] = {}
-    for r in requests:
-        sessions[r.session] = sessions.get(r.session, 0) + 1
-    keep, n = set(), 0
-    for s, count in sessions.items():
-        if n + count > limit and keep:
-            continue
-        keep.add(s)
-        n += count
-    return [r for r in requests if r.session in keep]
-
-
-def coefficients(profile: str) -> Any:
-    """The decode-yield cost model's coefficients the profile sets (``DSV41_DECODE_YIELD_*``, e.g.
-    the line ``fit-cost-model`` printed), the defaults for the rest."""
-    from adapter.ops import check
-    from adapter.switches.decode_yield import cost_model
-    from overlay_tools.simulate.fleet import profile_switches
-
-    names = {cost_model.key_name(name) for name, _ in cost_model.DEFAULTS.items()}
-    parsed = profile_switches(check.profile_environ(profile)).values  # the registry's parsers
-    return cost_model.from_config({key: value for key, value in parsed.items() if key in names})
-
-
-def _describe(coef: Any) -> str:
-    from adapter.switches.decode_yield import cost_model
-
-    return f"{coef.source} coefficients: " + cost_model.profile_line(coef)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -385,12 +385,7 @@ def measure(kit_name: str, labelled: list[tuple[str, dict[str, str]]], rounds: i
     return boots
 
 
-def run(quick: bool = False, model: str = "mellum", rounds: int | None = None, varied: bool = False,
-        sweep: bool = False) -> dict[str, Any]:
-    if sweep:  # --sweep: stock, yield and the shipped profile at loads up to the kit's capacity
-        from devkit.bench.chat_latency import sweep as load_sweep
-
-        return load_sweep.run(quick, model)
+def run(quick: bool = False, model: str = "mellum", rounds: int | None = None, varied: bool = False) -> dict[str, Any]:
     t0 = time.monotonic()
     traffic = {**(QUICK_TRAFFIC if quick else TRAFFIC), **(VARIED if varied else {})}
     labelled = rows(model, quick, varied)

@@ -2,7 +2,7 @@
 front of two kit servers, SGLang's own multi-turn chat client through it; stock fleet against profile
 fleets, router policy against router policy, side by side in one run.
 
-A fleet is two workers booted together with one profile (the Mellum kit at the issue's geometry:
+A fleet is two workers booted together with one profile (the Mellum kit at the reference geometry:
 ``--max-total-tokens 8192``, chunk 64, ``--swa-full-tokens-ratio 0.05``; the DSV4 kit at the gate's
 pool with a page a chunk). Against each fleet every policy runs once (:data:`POLICIES`): a fresh
 router (:mod:`.gateway`) with that policy, the client's seeded traffic through it
@@ -48,7 +48,7 @@ from devkit.engine_kit.serving_client import ServingClient, client_args, client_
 
 OUT = Path(__file__).resolve().parents[3] / "build" / "bench-fleet"
 WORKERS = 2
-# 16 conversations x 3 turns (the issue's traffic), Poisson arrivals; --quick: 8 conversations
+# 16 conversations x 3 turns (the reference traffic), Poisson arrivals; --quick: 8 conversations
 TRAFFIC = {"groups": 4, "per_group": 4, "system": 512, "question": 64, "output": 16, "turns": 3, "rate": 4.0}
 QUICK_TRAFFIC = {**TRAFFIC, "groups": 2}
 CLIENT_TIMEOUT_S = 900
@@ -86,7 +86,7 @@ FULL_POLICIES = (*POLICIES, NO_VETO, NO_VETO_NO_SPILL)
 
 def fleets(kit_name: str, quick: bool) -> list[tuple[str, dict[str, str]]]:
     """(label, profile) per fleet; the first is stock. Full runs add thin + cone alone and decode
-    yield 33 + thin + cone (the issue's rows)."""
+    yield 33 + thin + cone (the reference rows)."""
     from devkit.gate.verdict import kit_profile
 
     profile = kit_profile(kit_name)
@@ -101,7 +101,7 @@ def fleets(kit_name: str, quick: bool) -> list[tuple[str, dict[str, str]]]:
 
 @dataclass(frozen=True)
 class MellumFleet:
-    """The Mellum kit's workers at a pool geometry (default: the issue's, :data:`MELLUM`)."""
+    """The Mellum kit's workers at a pool geometry (default: :data:`MELLUM`)."""
 
     name: str = "mellum"
     max_total_tokens: int = MELLUM["max_total_tokens"]

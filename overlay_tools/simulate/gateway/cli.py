@@ -48,8 +48,7 @@ def simulate_fleet(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from adapter.core import env
-    from overlay_tools import simulate
-    from overlay_tools.simulate import engine, fleet, trace
+    from overlay_tools.simulate import engine, fleet, inputs, trace
     from overlay_tools.simulate import report as single
     from overlay_tools.simulate.gateway import report, router
     from overlay_tools.simulate.gateway.replay import LEFT_OUT, page_keys, run_fleet
@@ -72,7 +71,7 @@ def simulate_fleet(args: argparse.Namespace) -> dict[str, Any]:
     geo = fleet.resolve(args.env_file, args.model, args.kv_tokens, args.swa_prefix_tails, args.cone_tokens,
                         args.hicache_ratio)
     parsed = trace.read(args.trace, args.session_key, geo.context_len)  # every length within the model's context
-    simulate.check_time_scale(parsed, args.time_scale)
+    inputs.check_time_scale(parsed, args.time_scale)
     links = trace.link_sessions(parsed, args.session_key)
     # The session radix cache behind a router is not modelled: which instance a client's close reaches,
     # and a session whose turns land on several instances, are the router's business.
@@ -88,10 +87,10 @@ def simulate_fleet(args: argparse.Namespace) -> dict[str, Any]:
     requests = parsed
     trace.TokenBuilder(geo.page).build(requests, {r.index: r for r in requests})
     if args.quick:
-        requests = simulate._first_sessions(requests, simulate.QUICK_REQUESTS)
+        requests = inputs.first_sessions(requests, inputs.QUICK_REQUESTS)
     ideal = engine.ideal_prefixes(requests, geo.page)
     keys = page_keys(requests, geo.page)
-    coef = simulate.coefficients(geo.profile)
+    coef = inputs.coefficients(geo.profile)
     left_out = single.left_out(geo.kv_park, geo.dsv4)[:-1] + LEFT_OUT + router.left_out(cfg)
     print(f"simulate {args.trace} behind smg {router.SMG_VERSION}: {len(requests)} requests "
           f"({sum(r.parent is None for r in requests)} sessions){', --quick sample' if args.quick else ''}, time scale {args.time_scale:g}, seed {args.seed}")
@@ -100,7 +99,7 @@ def simulate_fleet(args: argparse.Namespace) -> dict[str, Any]:
     for warning in geo.profile_warnings:
         print(f"profile: {warning}")
     print(f"router settings: {_settings(cfg)}")
-    print(f"cost model: {simulate._describe(coef)}; the modelled clock (TTFT, overload, sizing) scales with these "
+    print(f"cost model: {inputs.describe_coefficients(coef)}; the modelled clock (TTFT, overload, sizing) scales with these "
           "coefficients: fit your own GPU's with fit-cost-model and put them in the profile")
     print("left out (the replay's simplifications):")
     for item in left_out:

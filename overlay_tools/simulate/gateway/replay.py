@@ -246,9 +246,10 @@ def replay_trace(trace: str, instances: int, router: str = "cache_aware", router
     :class:`Outcome` per request in trace order (instance, predicted and cached tokens, TTFT)."""
     import torch
 
-    from overlay_tools.simulate import coefficients, fleet
+    from overlay_tools.simulate import fleet
     from overlay_tools.simulate import trace as trace_mod
     from overlay_tools.simulate.gateway.router import config_from_args
+    from overlay_tools.simulate.inputs import coefficients
 
     pairs = [f"{k}={v}" for k, v in router_args.items()] if isinstance(router_args, dict) else router_args
     cfg = config_from_args(pairs)
