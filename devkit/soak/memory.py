@@ -10,10 +10,13 @@ that applies:
   big prefill do not count, a leak lifts the floor) in the third and the fourth quarter of the run,
   and the requests served between the two quarters' middles; growth per 1,000 requests above
   :data:`LEAK_MIB_PER_1000` is a leak. Needs :data:`MIN_WINDOW_SAMPLES` samples a quarter and
-  :data:`MIN_PLATEAU_REQUESTS` requests between them.
-* control (too short for the plateau): the profile's growth over the stock control's minutes (both
-  from the sample at :data:`WARM_FRACTION` of those minutes) against the stock's growth over the
-  same minutes; more than :data:`CONTROL_MARGIN_PCT` points above it is a leak.
+  :data:`MIN_PLATEAU_REQUESTS` requests between them. When the stock control is long enough for
+  the same test (``--stock-minutes`` equal to ``--minutes``), what is judged is the profile's rate
+  above the stock's: a warm-up both boots share cancels out.
+* control (too short for the plateau): the profile's floor growth over the stock control's minutes
+  (the floor of the window after the sample at :data:`WARM_FRACTION` of those minutes to the floor
+  of their last fifth) against the stock's over the same minutes; more than
+  :data:`CONTROL_MARGIN_PCT` points above it is a leak.
 
 Neither applies (a soak of a minute, no control): ``unjudged``, said as such.
 """
@@ -47,6 +50,7 @@ class MemoryVerdict:
     reason: str
     mib_per_1000_requests: float | None = None  # plateau: floor growth over the second half
     requests_between: int | None = None  # plateau: requests between the two quarters' middles
+    stock_mib_per_1000_requests: float | None = None  # plateau: the stock control's own, when long enough
     profile_growth_pct: float | None = None  # control: over the stock's minutes
     stock_growth_pct: float | None = None
 
@@ -63,11 +67,33 @@ def _floor(window: list[RssSample]) -> float:
     return quantiles([s.kib for s in window], n=4, method="inclusive")[0]
 
 
-def plateau(samples: list[RssSample]) -> MemoryVerdict | None:
-    """The second-half rule; None when the run is too short or too thin for it."""
+def plateau(samples: list[RssSample], stock: list[RssSample] | None = None) -> MemoryVerdict | None:
+    """The second-half rule, above the stock control's own rate when it has one; None when the run
+    is too short or too thin for it."""
+    rate_between = _plateau_rate(samples)
+    if rate_between is None:
+        return None
+    rate, between = rate_between
+    end = samples[-1].t_s
+    # The control counts only over the same minutes: a stock boot that ran as long (within a tenth).
+    theirs = _plateau_rate(stock, end) if stock and stock[-1].t_s >= 0.9 * end else None
+    excess = rate - (theirs[0] if theirs else 0.0)
+    leak = excess > LEAK_MIB_PER_1000
+    control_note = f", stock control {theirs[0]:.1f}" if theirs else ""
+    return MemoryVerdict(
+        "leak" if leak else "pass", "plateau",
+        f"RSS floor moved {rate:.1f} MiB per 1,000 requests over the second half ({between} requests between "
+        f"its quarters{control_note}; a leak above {LEAK_MIB_PER_1000:g})",
+        mib_per_1000_requests=round(rate, 2), requests_between=between,
+        stock_mib_per_1000_requests=round(theirs[0], 2) if theirs else None)
+
+
+def _plateau_rate(samples: list[RssSample], end: float | None = None) -> tuple[float, int] | None:
+    """MiB per 1,000 requests between the floors of the last two quarters of ``[0, end]`` (default:
+    the last sample), and the requests served between them."""
     if not samples:
         return None
-    end = samples[-1].t_s
+    end = samples[-1].t_s if end is None else end
     third = [s for s in samples if end / 2 <= s.t_s < end * 3 / 4]
     fourth = [s for s in samples if s.t_s >= end * 3 / 4]
     if min(len(third), len(fourth)) < MIN_WINDOW_SAMPLES:
@@ -75,22 +101,18 @@ def plateau(samples: list[RssSample]) -> MemoryVerdict | None:
     between = int(median(s.served for s in fourth) - median(s.served for s in third))
     if between < MIN_PLATEAU_REQUESTS:
         return None
-    rate = (_floor(fourth) - _floor(third)) / 1024 / between * 1000
-    leak = rate > LEAK_MIB_PER_1000
-    return MemoryVerdict(
-        "leak" if leak else "pass", "plateau",
-        f"RSS floor {'grew' if rate > 0 else 'moved'} {rate:.1f} MiB per 1,000 requests over the second half "
-        f"({between} requests between its quarters; a leak above {LEAK_MIB_PER_1000:g})",
-        mib_per_1000_requests=round(rate, 2), requests_between=between)
+    return (_floor(fourth) - _floor(third)) / 1024 / between * 1000, between
 
 
 def growth_pct(samples: list[RssSample], span_s: float) -> float | None:
-    """Growth from the sample at ``WARM_FRACTION`` of ``span_s`` to the last one within it."""
-    inside = [s for s in samples if s.t_s <= span_s]
-    warm = next((s for s in inside if s.t_s >= span_s * WARM_FRACTION), None)
-    if warm is None or len(inside) < MIN_WINDOW_SAMPLES or inside[-1] is warm:
+    """Floor growth over ``span_s``: from the window after the sample at ``WARM_FRACTION`` of it (a
+    fifth of it long) to its last fifth."""
+    fifth = span_s / 5
+    first = [s for s in samples if span_s * WARM_FRACTION <= s.t_s < span_s * WARM_FRACTION + fifth]
+    last = [s for s in samples if span_s - fifth <= s.t_s <= span_s]
+    if min(len(first), len(last)) < MIN_WINDOW_SAMPLES:
         return None
-    return (inside[-1].kib - warm.kib) / warm.kib * 100
+    return (_floor(last) - _floor(first)) / _floor(first) * 100
 
 
 def control(profile: list[RssSample], stock: list[RssSample]) -> MemoryVerdict | None:
@@ -112,7 +134,7 @@ def control(profile: list[RssSample], stock: list[RssSample]) -> MemoryVerdict |
 def judge(profile: list[Any], stock: list[Any]) -> MemoryVerdict:
     """The verdict on the profile's RSS series, with the stock control's beside it."""
     ours, theirs = samples_of(profile), samples_of(stock)
-    verdict = plateau(ours) or control(ours, theirs)
+    verdict = plateau(ours, theirs) or control(ours, theirs)
     if verdict is not None:
         return verdict
     return MemoryVerdict("unjudged", None,

@@ -48,6 +48,14 @@ CASES = [
      series(1, 53, 1400, warm_mib=350, noise_mib=10, seed=7), "pass", "control"),
     ("short_run_growing_past_its_control", series(1.5, 53, 1400, warm_mib=350, noise_mib=10, leak_kib=4096, seed=6),
      series(1, 53, 1400, warm_mib=350, noise_mib=10, seed=7), "leak", "control"),
+    ("a_warm_up_past_half_time_cancels_against_a_control_as_long",
+     series(10, 53, 1400, warm_mib=600, warm_min=12, noise_mib=20, peaks_mib=600, seed=9),
+     series(10, 53, 1400, warm_mib=600, warm_min=12, noise_mib=20, peaks_mib=600, seed=10), "pass", "plateau"),
+    ("the_same_warm_up_alone_reads_as_growth",
+     series(10, 53, 1400, warm_mib=600, warm_min=12, noise_mib=20, peaks_mib=600, seed=9), [], "leak", "plateau"),
+    ("a_leak_past_a_control_as_long",
+     series(10, 53, 1400, warm_mib=600, warm_min=12, noise_mib=20, peaks_mib=600, leak_kib=256, seed=9),
+     series(10, 53, 1400, warm_mib=600, warm_min=12, noise_mib=20, peaks_mib=600, seed=10), "leak", "plateau"),
     ("short_run_without_a_control", series(1.5, 53, 1400, noise_mib=10, seed=8), [], "unjudged", None),
     ("no_samples", [], [], "unjudged", None),
 ]
@@ -110,3 +118,32 @@ def test_the_planted_leak_keeps_its_kib_in_the_scheduler_for_every_generate_requ
     assert out.returncode == 0, out.stderr[-2000:]
     kept, grew_kib = map(int, out.stdout.split()[-2:])
     assert kept == 20 and 20 * 1024 * 0.9 <= grew_kib <= 20 * 1024 * 1.5, (kept, grew_kib)
+
+
+def _recorded(leg: str) -> list[list[float]]:
+    import json
+    from pathlib import Path
+
+    return json.loads((Path(__file__).parent / "soak_rss" / f"dsv4_10min_{leg}.json").read_text())["t_s_served_kib"]
+
+
+def _planted(rows: list[list[float]], kib_per_request: int) -> list[tuple]:
+    return [(t, served, kib + kib_per_request * served) for t, served, kib in rows]
+
+
+def test_a_leak_planted_on_a_recorded_dsv4_soak_fails_it_by_the_rule_that_applies():
+    """The DSV4 kit's 10-minute soak on the loaded machine (recorded): 135 requests, 38 between the
+    second half's quarters, too few for the plateau, so the stock control (3 minutes) judges it.
+    The same series with 1 MiB kept a request fails by that rule; with 256 KiB kept a request and
+    the served counts four times higher (an unloaded machine's throughput) the plateau judges it."""
+    profile, stock = _recorded("profile"), _recorded("stock")
+    recorded = memory.judge(profile, stock)
+    assert recorded.rule == "control" and recorded.requests_between is None
+    leaked = memory.judge(_planted(profile, 1024), stock)
+    assert (leaked.rule, leaked.verdict) == ("control", "leak"), leaked.reason
+    assert leaked.profile_growth_pct > recorded.profile_growth_pct
+    busier = [(t, 4 * served, kib) for t, served, kib in profile]
+    assert memory.judge(_planted(busier, 256), stock).verdict == "leak"
+    rate = memory.judge(_planted(busier, 256), stock).mib_per_1000_requests
+    base = memory.judge(busier, stock).mib_per_1000_requests
+    assert rate - base == pytest.approx(256 * 1000 / 1024, rel=0.15)  # the planted amount, read back (floors: noise)
