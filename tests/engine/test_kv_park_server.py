@@ -116,6 +116,8 @@ def test_beside_hicache_the_cpu_engine_parks_only_tails_and_resumes_with_the_tok
     lines = server.log_lines()
     assert len([line for line in lines if "[dsv41] kv_park pool carved_from=hicache" in line]) == 1
     assert any("Python TreeCore" in line or "Tree Core: UnifiedTreeCore" in line for line in lines)
+    armed = [line for line in lines if "[kit_seam] park_probe armed" in line]
+    assert armed and all("outer=True" in line for line in armed), armed  # it reads before kv_park parks
     parks = _probes_and_parks(lines)
     restores = [line for line in lines if "[dsv41] kv_park restored" in line]
     covered = [line for line in lines if "[dsv41] kv_park dropped" in line and "reason=tree_holds_it" in line]

@@ -55,7 +55,10 @@ def _probe(wrapped, instance, args, kwargs):
 
 def _plant(module):
     batch = sys.modules["sglang.srt.managers.schedule_batch"]
+    # Outside the overlay's wrapper (KV parking's), so the tree is read before it parks.
+    outer = isinstance(batch.release_req, wrapt.ObjectProxy)
     wrapt.wrap_function_wrapper(batch, "release_req", _probe)
+    print(f"[kit_seam] park_probe armed outer={outer}", file=sys.stderr, flush=True)
 
 
 wrapt.register_post_import_hook(_plant, "sglang.srt.managers.scheduler")
