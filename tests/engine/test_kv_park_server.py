@@ -110,7 +110,7 @@ def test_beside_hicache_the_cpu_engine_parks_only_tails_and_resumes_with_the_tok
     args = launcher.server_args(tiny_model, launcher.free_port(), max_total_tokens=POOL_TOKENS,
                                 extra=hicache_flags(2, write_policy="write_back"))
     server = launcher.Server(args, tmp_path / "hicache.log", profile)
-    server.env = launcher.with_seams(server.env, "park_probe")
+    server.env = launcher.with_seams(server.env, "park_probe", "hicache_reserve")
     with server:
         got = _run_streams(server, _prompts(), NEW_TOKENS)
     lines = server.log_lines()

@@ -6,7 +6,9 @@ overlay's own ``sitecustomize`` runs as it would have:
 * ``planted_leak``: the scheduler keeps ``SOAK_PLANTED_LEAK_KIB`` KiB for every generate request
   (``python -m adapter soak --plant-leak-kib``);
 * ``park_probe``: on every retraction, one line with what the tree holds of the row's tokens, read
-  from its nodes before the row is released (``tests/engine/test_kv_park_server.py``).
+  from its nodes before the row is released (``tests/engine/test_kv_park_server.py``);
+* ``hicache_reserve``: HiCache's 10 GiB host-memory reserve lowered for a kit's tiny host pools, so
+  a HiCache boot does not fail on a busy machine.
 """
 
 import importlib
