@@ -147,3 +147,19 @@ def test_a_leak_planted_on_a_recorded_dsv4_soak_fails_it_by_the_rule_that_applie
     rate = memory.judge(_planted(busier, 256), stock).mib_per_1000_requests
     base = memory.judge(busier, stock).mib_per_1000_requests
     assert rate - base == pytest.approx(256 * 1000 / 1024, rel=0.15)  # the planted amount, read back (floors: noise)
+
+
+def test_a_real_soak_with_the_planted_leak_fails_on_it_and_passes_with_it_taken_back_out():
+    """Recorded: the Mellum kit's profile boot with the ``planted_leak`` seam keeping 4096 KiB per
+    generate request (5 minutes, 412 requests). The plateau reads about the planted 4,000 MiB per
+    1,000 requests and fails it; the same series less 4096 KiB per served request is flat and passes."""
+    import json
+    from pathlib import Path
+
+    rows = json.loads((Path(__file__).parent / "soak_rss" / "mellum_5min_planted_4096kib_profile.json").read_text())
+    planted = rows["t_s_served_kib"]
+    judged = memory.judge(planted, [])
+    assert (judged.verdict, judged.rule) == ("leak", "plateau"), judged.reason
+    assert judged.mib_per_1000_requests == pytest.approx(4096 * 1000 / 1024, rel=0.15)
+    taken_out = [(t, served, kib - 4096 * served) for t, served, kib in planted]
+    assert memory.judge(taken_out, []).verdict == "pass"
