@@ -9,8 +9,8 @@ One boot at a time (every server started and stopped by :mod:`devkit.engine_kit.
    ``gate_role`` keys; decode yield on its default cost model) plus ``DSV41_KV_PARK=ram``, with
    SGLang's own retraction hook forcing retractions (``SGLANG_TEST_RETRACT``, every
    :data:`RETRACT_INTERVAL` decode steps, on both boots): probes, ``M`` minutes of traffic, probes;
-3. only when the profile's soak fails: one short boot per switch of the profile (that switch
-   alone), to name the culprit.
+3. only when the profile's soak fails (and no leak was planted): one short boot per switch of the
+   profile (that switch alone), to name the culprit.
 
 The traffic (:func:`traffic`; one seeded ``random.Random``, so the same seed gives the same order
 of scenarios and the same token ids): idle sessions resumed after churn, sub-agent turns sharing a
