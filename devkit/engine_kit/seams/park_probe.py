@@ -5,9 +5,10 @@ Python tree core's nodes (not through ``match_prefix``, whose answer KV parking 
     [kit_seam] park_probe rid=.. prompt=.. committed=.. full_device=.. full_held=..
 
 ``full_device``: the tokens from the start whose Full KV the tree holds on the device;
-``full_held``: on the device or on HiCache's host tier (a node with a host copy). Wrapped on the
-import of the scheduler module, after the overlay wrapped ``release_req``: this wrapper runs
-first, so the tree is read before KV parking decides what to park.
+``full_held``: on the device or on HiCache's host tier (a node with a host copy). Wrapped when the
+scheduler is built, after the overlay wrapped ``release_req`` (on the scheduler module's import the
+overlay may not have yet): this wrapper runs first, so the tree is read before KV parking decides
+what to park; its ``armed outer=..`` line says so.
 """
 
 import sys
@@ -53,12 +54,19 @@ def _probe(wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs)
 
 
-def _plant(module):
+def _arm(wrapped, instance, args, kwargs):
     batch = sys.modules["sglang.srt.managers.schedule_batch"]
-    # Outside the overlay's wrapper (KV parking's), so the tree is read before it parks.
-    outer = isinstance(batch.release_req, wrapt.ObjectProxy)
-    wrapt.wrap_function_wrapper(batch, "release_req", _probe)
-    print(f"[kit_seam] park_probe armed outer={outer}", file=sys.stderr, flush=True)
+    if not isinstance(batch.release_req, wrapt.FunctionWrapper) or batch.release_req._self_wrapper is not _probe:
+        # Outside the overlay's wrapper (KV parking's, in place once a scheduler is built), so the
+        # tree is read before it parks.
+        outer = isinstance(batch.release_req, wrapt.ObjectProxy)
+        wrapt.wrap_function_wrapper(batch, "release_req", _probe)
+        print(f"[kit_seam] park_probe armed outer={outer}", file=sys.stderr, flush=True)
+    return wrapped(*args, **kwargs)
+
+
+def _plant(module):
+    wrapt.wrap_function_wrapper(module, "Scheduler.__init__", _arm)
 
 
 wrapt.register_post_import_hook(_plant, "sglang.srt.managers.scheduler")
