@@ -5,10 +5,10 @@ Python tree core's nodes (not through ``match_prefix``, whose answer KV parking 
     [kit_seam] park_probe rid=.. prompt=.. committed=.. full_device=.. full_held=..
 
 ``full_device``: the tokens from the start whose Full KV the tree holds on the device;
-``full_held``: on the device or on HiCache's host tier (a node with a host copy). Wrapped when the
-scheduler is built, after the overlay wrapped ``release_req`` (on the scheduler module's import the
-overlay may not have yet): this wrapper runs first, so the tree is read before KV parking decides
-what to park; its ``armed outer=..`` line says so.
+``full_held``: on the device or on HiCache's host tier (a node with a host copy). Both this wrapper
+and KV parking's run before the stock ``release_req`` frees anything, so either order reads the
+tree KV parking read; ``outer=1`` says this one runs first (its line precedes KV parking's for the
+same retraction), ``outer=0`` that it runs inside KV parking's (its line follows).
 """
 
 import sys
@@ -49,24 +49,16 @@ def _probe(wrapped, instance, args, kwargs):
     if req is not None and core is not None and hasattr(core, "root_node") and not req.finished() and req.kv.holds_kv:
         tokens = (list(req.origin_input_ids) + list(req.output_ids))[: int(req.kv.kv_committed_len)]
         device, held = _held(core, tokens)
+        # outer=1: KV parking's wrapper runs inside this one (its line follows), else before it.
+        outer = int(isinstance(wrapped, wrapt.ObjectProxy))
         print(f"[kit_seam] park_probe rid={req.rid} prompt={len(req.origin_input_ids)} committed={len(tokens)} "
-              f"full_device={device} full_held={held}", file=sys.stderr, flush=True)
-    return wrapped(*args, **kwargs)
-
-
-def _arm(wrapped, instance, args, kwargs):
-    batch = sys.modules["sglang.srt.managers.schedule_batch"]
-    if not isinstance(batch.release_req, wrapt.FunctionWrapper) or batch.release_req._self_wrapper is not _probe:
-        # Outside the overlay's wrapper (KV parking's, in place once a scheduler is built), so the
-        # tree is read before it parks.
-        outer = isinstance(batch.release_req, wrapt.ObjectProxy)
-        wrapt.wrap_function_wrapper(batch, "release_req", _probe)
-        print(f"[kit_seam] park_probe armed outer={outer}", file=sys.stderr, flush=True)
+              f"full_device={device} full_held={held} outer={outer}", file=sys.stderr, flush=True)
     return wrapped(*args, **kwargs)
 
 
 def _plant(module):
-    wrapt.wrap_function_wrapper(module, "Scheduler.__init__", _arm)
+    batch = sys.modules["sglang.srt.managers.schedule_batch"]
+    wrapt.wrap_function_wrapper(batch, "release_req", _probe)
 
 
 wrapt.register_post_import_hook(_plant, "sglang.srt.managers.scheduler")
