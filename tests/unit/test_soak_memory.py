@@ -30,7 +30,7 @@ def series(minutes: float, per_min: float, base_mib: float, *, warm_mib: float =
     return rows
 
 
-# The DSV4 kit's soak (issue 59): stock grew 25 % in its first 3 minutes, the profile 18 % over 10
+# A DSV4 kit soak on an unloaded machine: stock grew 25 % in its first 3 minutes, the profile 18 % over 10
 # (warm 1,703 MiB, peak 2,335, final 2,015) at about 53 requests a minute.
 DSV4_STOCK = series(3, 53, 1400, warm_mib=350, noise_mib=20, peaks_mib=300, seed=1)
 DSV4_PROFILE = series(10, 53, 1400, warm_mib=600, warm_min=5, noise_mib=20, peaks_mib=600, seed=2)
