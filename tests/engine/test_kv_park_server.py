@@ -81,29 +81,22 @@ def test_the_cpu_engine_resumes_retracted_rows_from_ram_with_the_tokens_of_an_un
 
 def _probes_and_parks(lines: list[str]) -> list[tuple[dict[str, int], int]]:
     """Each ``kv_park parked`` line's pages with the tree's holdings of that row at the same
-    retraction (the ``park_probe`` seam's line for the request: just before KV parking's line when
-    the probe's wrapper is the outer one, ``outer=1``, just after it otherwise)."""
-    before: dict[str, dict[str, int]] = {}  # outer probes waiting for KV parking's line
-    waiting: dict[str, int] = {}  # parks waiting for an inner probe's line
-    pairs = []
-    for line in lines:
+    retraction: the ``park_probe`` seam's line for the request nearest to it in the log (the two are
+    written at one retraction, next to each other; which comes first depends on which wrapper of
+    ``release_req`` is outermost, and either reads the tree before the row is released)."""
+    probes: list[tuple[int, str, dict[str, int]]] = []
+    parks: list[tuple[int, str, int]] = []
+    for i, line in enumerate(lines):
         if "[kit_seam] park_probe rid=" in line:
             fields = dict(re.findall(r" (\w+)=(\S+)", line))
-            rid, probe = fields.pop("rid"), {k: int(v) for k, v in fields.items()}
-            if probe["outer"]:
-                before[rid] = probe
-            elif rid in waiting:
-                pairs.append((probe, waiting.pop(rid)))
+            probes.append((i, fields.pop("rid"), {k: int(v) for k, v in fields.items()}))
         elif "[dsv41] kv_park parked" in line:
-            rid = re.search(r" rid=(\S+)", line).group(1)
-            pages = int(re.search(r" pages=(\d+)", line).group(1))
-            if rid in before:
-                pairs.append((before.pop(rid), pages))
-            else:
-                waiting[rid] = pages
-        elif "[dsv41] kv_park" in line and (m := re.search(r" rid=(\S+)", line)):
-            before.pop(m.group(1), None)  # dropped, restored, ...: that retraction's probe is spent
-    assert not waiting, f"parks with no tree probe: {waiting}"
+            parks.append((i, re.search(r" rid=(\S+)", line).group(1), int(re.search(r" pages=(\d+)", line).group(1))))
+    pairs = []
+    for i, rid, pages in parks:
+        near = min(((abs(j - i), probe) for j, r, probe in probes if r == rid), key=lambda x: x[0], default=None)
+        assert near is not None and near[0] <= 5, f"no tree probe next to the park of {rid} (line {i})"
+        pairs.append((near[1], pages))
     return pairs
 
 

@@ -6,9 +6,8 @@ Python tree core's nodes (not through ``match_prefix``, whose answer KV parking 
 
 ``full_device``: the tokens from the start whose Full KV the tree holds on the device;
 ``full_held``: on the device or on HiCache's host tier (a node with a host copy). Both this wrapper
-and KV parking's run before the stock ``release_req`` frees anything, so either order reads the
-tree KV parking read; ``outer=1`` says this one runs first (its line precedes KV parking's for the
-same retraction), ``outer=0`` that it runs inside KV parking's (its line follows).
+and KV parking's run before the stock ``release_req`` frees anything, so in either order this
+reads the tree KV parking read; the two lines of one retraction sit next to each other in the log.
 """
 
 import sys
@@ -49,10 +48,8 @@ def _probe(wrapped, instance, args, kwargs):
     if req is not None and core is not None and hasattr(core, "root_node") and not req.finished() and req.kv.holds_kv:
         tokens = (list(req.origin_input_ids) + list(req.output_ids))[: int(req.kv.kv_committed_len)]
         device, held = _held(core, tokens)
-        # outer=1: KV parking's wrapper runs inside this one (its line follows), else before it.
-        outer = int(isinstance(wrapped, wrapt.ObjectProxy))
         print(f"[kit_seam] park_probe rid={req.rid} prompt={len(req.origin_input_ids)} committed={len(tokens)} "
-              f"full_device={device} full_held={held} outer={outer}", file=sys.stderr, flush=True)
+              f"full_device={device} full_held={held}", file=sys.stderr, flush=True)
     return wrapped(*args, **kwargs)
 
 
