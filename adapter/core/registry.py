@@ -356,6 +356,7 @@ SWITCHES: tuple[Switch, ...] = (
             # cone's own load-back goes through it, after the adder's load-back budget, and the copy
             # waits for the batch's load event (LayerLoadingEvent.wait).
             "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.init_load_back",
+            "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore.is_full_device_evicted",
             "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.load_back",
             "sglang.srt.mem_cache.prefill_budget:PrefillBudget.prepare_load_back",
             "sglang.srt.mem_cache.prefill_budget:SharedSWAPrefillBudget.prepare_load_back",

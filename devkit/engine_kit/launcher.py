@@ -96,6 +96,19 @@ def child_env(profile: Mapping[str, str], base: Mapping[str, str] | None = None)
     return env
 
 
+SEAMS_PATH = Path(__file__).resolve().parent / "seams"
+
+
+def with_seams(env: Mapping[str, str], *seams: str, **settings: str) -> dict[str, str]:
+    """``env`` with the kit's test seams ``seams`` (modules of ``seams/``, see its ``sitecustomize``)
+    put first on ``PYTHONPATH``, and their settings."""
+    out = dict(env)
+    out["PYTHONPATH"] = os.pathsep.join([str(SEAMS_PATH), out.get("PYTHONPATH") or str(REPO_ROOT)])
+    out["KIT_SEAMS"] = ",".join(seams)
+    out.update(settings)
+    return out
+
+
 def _proc_ids(pid: int) -> tuple[int, int] | None:
     """(process group, session) of ``pid`` from /proc, None when it is gone."""
     try:

@@ -9,8 +9,8 @@ One boot at a time (every server started and stopped by :mod:`devkit.engine_kit.
    ``gate_role`` keys; decode yield on its default cost model) plus ``DSV41_KV_PARK=ram``, with
    SGLang's own retraction hook forcing retractions (``SGLANG_TEST_RETRACT``, every
    :data:`RETRACT_INTERVAL` decode steps, on both boots): probes, ``M`` minutes of traffic, probes;
-3. only when the profile's soak fails: one short boot per switch of the profile (that switch
-   alone), to name the culprit.
+3. only when the profile's soak fails (and no leak was planted): one short boot per switch of the
+   profile (that switch alone), to name the culprit.
 
 The traffic (:func:`traffic`; one seeded ``random.Random``, so the same seed gives the same order
 of scenarios and the same token ids): idle sessions resumed after churn, sub-agent turns sharing a
@@ -24,8 +24,11 @@ default ``SGLANG_ENABLE_STRICT_MEM_CHECK_DURING_IDLE``, and the tree sanity chec
 What it reads: HTTP outcomes (served / failed, with the first errors), the server log (``ERROR``
 lines, tracebacks, ``memory leak detected``, sanity-check failures, overlay receipts), the
 scheduler process's RSS (``/proc/<pid>/status``, sampled every :data:`RSS_EVERY_S`), the
-``kv_park`` DEBUG lines (parks, restores, refusals, ``disabled``). The last line printed is one JSON
-object (:func:`run`).
+``kv_park`` DEBUG lines (parks, restores, refusals, ``disabled``). The RSS series of each boot is
+written beside its log (``<leg>.rss.json``) and judged by :mod:`.memory` (a plateau over the
+profile's second half, else growth against the stock control over the same minutes);
+``--plant-leak-kib K`` makes the profile's scheduler keep K KiB a request (the kit's ``planted_leak`` seam, :func:`devkit.engine_kit.launcher.with_seams`), to
+show that judgement fail. The last line printed is one JSON object (:func:`run`).
 """
 
 from __future__ import annotations
@@ -42,11 +45,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from devkit.soak import memory
+
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "build" / "soak"
 RETRACT_INTERVAL = 25  # SGLANG_TEST_RETRACT_INTERVAL: a forced retraction every N decode steps
 RSS_EVERY_S = 2.0
-WARMUP_FRACTION = 0.2  # RSS growth is measured from the sample at this share of the soak
-RSS_GROWTH_LIMIT_PCT = 5.0
+WARMUP_FRACTION = 0.2  # the reported RSS growth is from the sample at this share of the soak (the verdict: .memory)
 MAX_REQUESTS = 100_000  # the traffic loop's hard cap, whatever the deadline
 MODELS = ("mellum", "dsv4")
 SOAK_ENV = {
@@ -432,6 +436,8 @@ class Leg:
     profile: dict[str, str]
     minutes: float
     figures: dict[str, Any] = field(default_factory=dict)
+    rss: list[tuple[float, int, int]] = field(default_factory=list)  # the scheduler's (t_s, served, KiB)
+    planted_leak_kib: int = 0
 
     @property
     def clean(self) -> bool:
@@ -440,7 +446,8 @@ class Leg:
                 and f.get("probes_stable") is True and f.get("alive_at_end") is True and not f.get("receipt_gaps"))
 
 
-def _server(model_kind: str, model: Path, log: Path, profile: dict[str, str], max_total_tokens: int, life_s: int):
+def _server(model_kind: str, model: Path, log: Path, profile: dict[str, str], max_total_tokens: int, life_s: int,
+            planted_leak_kib: int = 0):
     from devkit.engine_kit import launcher
 
     if model_kind == "dsv4":
@@ -452,6 +459,8 @@ def _server(model_kind: str, model: Path, log: Path, profile: dict[str, str], ma
         args = launcher.server_args(model, launcher.free_port(), max_total_tokens=max_total_tokens, swa_ratio=0.25)
         server = launcher.Server(args, log, profile, max_life_s=life_s)
     server.env.update(SOAK_ENV)
+    if planted_leak_kib:
+        server.env = launcher.with_seams(server.env, "planted_leak", SOAK_PLANTED_LEAK_KIB=str(planted_leak_kib))
     return server
 
 
@@ -462,7 +471,7 @@ def run_leg(leg: Leg, model_kind: str, model: Path, out: Path, seed: int, max_to
 
     seconds = leg.minutes * 60
     server = _server(model_kind, model, out / f"{leg.label}.log", leg.profile, max_total_tokens,
-                     life_s=int(seconds) + 900)
+                     life_s=int(seconds) + 900, planted_leak_kib=leg.planted_leak_kib)
     traffic = None
     sampler = None
     f: dict[str, Any] = {"label": leg.label, "minutes": leg.minutes}
@@ -496,6 +505,8 @@ def run_leg(leg: Leg, model_kind: str, model: Path, out: Path, seed: int, max_to
     f.update(served=tally.served, failed=tally.failed, aborted_on_purpose=tally.aborted, by_scenario=tally.by_scenario,
              request_errors=tally.errors[:8], wall_s=round(time.monotonic() - t0, 1), latency=tally.latency())
     f.update(sampler.figures(seconds) if sampler is not None else RssSampler(None, tally).figures(seconds))
+    leg.rss = list(sampler.samples) if sampler is not None else []
+    (out / f"{leg.label}.rss.json").write_text(json.dumps({"t_s_served_kib": leg.rss}))
     lines = server.log_lines()
     f.update(read_log(lines))
     # Every switch of the leg's profile installed on the scheduler and none refused (a refused
@@ -545,14 +556,18 @@ def switch_profiles(profile: dict[str, str]) -> dict[str, dict[str, str]]:
 
 
 def run(minutes: float = 5.0, model: str = "mellum", seed: int = 1, out: str | Path | None = None,
-        stock_minutes: float = 1.0, bisect: bool = True, say: Callable[[str], None] = print) -> dict[str, Any]:
-    """Stock, then the profile; on a failed profile soak, each switch alone. Returns the figures."""
+        stock_minutes: float = 1.0, bisect: bool = True, say: Callable[[str], None] = print,
+        plant_leak_kib: int = 0) -> dict[str, Any]:
+    """Stock, then the profile (``plant_leak_kib``: its scheduler keeps that many KiB a request);
+    on a failed profile soak, each switch alone. Returns the figures."""
     if model not in MODELS:
         raise ValueError(f"--model={model!r} is invalid: expected one of {', '.join(MODELS)}")
     if not 0 < minutes <= 240:
         raise ValueError(f"--minutes={minutes!r} is invalid: expected 0 < minutes <= 240")
     if not 0 <= stock_minutes <= 240:
         raise ValueError(f"--stock-minutes={stock_minutes!r} is invalid: expected 0 <= minutes <= 240")
+    if not 0 <= plant_leak_kib <= 1 << 20:
+        raise ValueError(f"--plant-leak-kib={plant_leak_kib!r} is invalid: expected 0 <= KiB <= {1 << 20}")
     from devkit.engine_kit import model as mk
 
     t0 = time.monotonic()
@@ -572,15 +587,17 @@ def run(minutes: float = 5.0, model: str = "mellum", seed: int = 1, out: str | P
     say(f"soak: model {model} ({model_dir}); {minutes} min of traffic, seed {seed}; logs in {out}")
     say("profile: " + " ".join(f"{k}={v}" for k, v in profile.items()))
     stock = run_leg(Leg("stock", {}, max(stock_minutes, 0.05)), model, model_dir, out, seed, max_total_tokens, say)
-    prof = run_leg(Leg("profile", profile, minutes), model, model_dir, out, seed, max_total_tokens, say)
+    prof = run_leg(Leg("profile", profile, minutes, planted_leak_kib=plant_leak_kib), model, model_dir, out, seed,
+                   max_total_tokens, say)
     ps, ss = prof.figures, stock.figures
     probes_equal = (ps.get("probes_stable") is True and ss.get("probes_before") is not None
                     and ps.get("probes_before") == ss.get("probes_before"))
     growth = ps.get("rss_growth_pct")
     budget = parked_budget(ps, bound)
-    passed = prof.clean and probes_equal and growth is not None and growth < RSS_GROWTH_LIMIT_PCT and budget["respected"]
+    mem = memory.judge(prof.rss, stock.rss)
+    passed = prof.clean and probes_equal and mem.verdict != "leak" and budget["respected"]
     culprits: dict[str, Any] = {}
-    if not passed and bisect:
+    if not passed and bisect and not plant_leak_kib:
         say("soak: the profile's soak failed; each switch alone ...")
         for name, keys in switch_profiles(profile).items():
             leg = run_leg(Leg(f"only-{name}", keys, min(minutes, 2.0)), model, model_dir, out, seed, max_total_tokens, say)
@@ -595,6 +612,8 @@ def run(minutes: float = 5.0, model: str = "mellum", seed: int = 1, out: str | P
         "leak_reports": ps.get("leak_reports"),
         "log_errors": ps.get("log_errors"),
         "probe_outputs_equal": probes_equal,
+        "memory": mem.as_dict(),
+        "planted_leak_kib": plant_leak_kib,
         "rss_growth_pct": growth,
         "rss_warm_mib": ps.get("rss_warm_mib"),
         "rss_peak_mib": ps.get("rss_peak_mib"),
@@ -624,7 +643,7 @@ def run(minutes: float = 5.0, model: str = "mellum", seed: int = 1, out: str | P
         "wall_s": round(time.monotonic() - t0, 1),
     }
     say(f"soak: {figures['verdict']}: served {figures['served']}, failed {figures['failed']}, leak reports "
-        f"{figures['leak_reports']}, RSS growth {growth} %, probes equal to stock: {probes_equal}")
+        f"{figures['leak_reports']}, memory {mem.verdict} ({mem.reason}), probes equal to stock: {probes_equal}")
     return figures
 
 
@@ -645,12 +664,14 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--seed", type=int, default=1, help="document order and token ids (default 1)")
     parser.add_argument("--out", help=f"folder for logs (default {DEFAULT_OUT})")
     parser.add_argument("--no-bisect", action="store_true", help="on a failed soak, do not boot each switch alone")
+    parser.add_argument("--plant-leak-kib", type=int, default=0,
+                        help="the profile's scheduler keeps this many KiB per request (shows the memory judgement fail)")
 
 
 def main(args: Any) -> int:
     try:
         figures = run(minutes=args.minutes, model=args.model, seed=args.seed, out=args.out,
-                      stock_minutes=args.stock_minutes, bisect=not args.no_bisect)
+                      stock_minutes=args.stock_minutes, bisect=not args.no_bisect, plant_leak_kib=args.plant_leak_kib)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -274,3 +274,93 @@ def test_beside_hicache_a_cone_with_full_kv_loaded_from_host_is_bit_identical_to
             assert torch.equal(a.view(torch.uint8), b.view(torch.uint8)), (layer, get)
     _sane(kit_a)
     _sane(kit_b)
+
+
+def _uncapped_then_capped_adder(kit: rc.CacheKit, cap: int, first: Any) -> Any:
+    """A real ``PrefillAdder`` without chunking whose input cap refuses any request of ``cap`` input
+    tokens or more once ``first`` (a short fresh request) is admitted: "allow the first request
+    even above the input cap", not the second."""
+    from sglang.srt.managers.schedule_policy import PrefillAdder
+
+    adder = PrefillAdder(kit.geometry.page, kit.cache, kit.allocator, running_batch=None, new_token_ratio=0.0,
+                         rem_input_tokens=cap, rem_chunk_tokens=None)
+    first.init_next_round_input(kit.cache)
+    adder.add_one_req(first, has_chunked_req=False, truncation_align_size=None)
+    assert adder.can_run_list == [first]
+    return adder
+
+
+def test_a_request_whose_cone_load_back_fell_back_runs_stock_when_matched_again_and_names_why_once(capfd):
+    """A request left waiting is matched again on every scheduler pass. Once its cone load-back fell
+    back (HiCache's ``load_back_threshold`` here), the request runs stock from then on: no second
+    plan, no second load-back try, one fallback line, however often it is matched."""
+    from array import array
+
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    install(N)
+    kit = rc.build(rc.SMALL, hicache=rc.HiCache(ratio=0.5, write_policy="write_back"))
+    toks = rc.Tokens()
+    history = kit.run_turn(toks.fresh(400), out_len=16).history
+    _lose_window_and_full_kv(kit, toks, history)
+    kit.cache.load_back_threshold = 1 << 20
+    prompt = history + toks.fresh(64)
+
+    def req(rid: str, tokens: list[int]) -> Any:
+        r = Req(rid=rid, origin_input_text="", origin_input_ids=array("q", tokens),
+                sampling_params=SamplingParams(temperature=0, max_new_tokens=17))
+        kit.pool.alloc([r])
+        return r
+
+    waiting = req("waiting", prompt)
+    waiting.init_next_round_input(kit.cache)  # pass 1: the cone plans a load of [D, F)
+    plan = getattr(waiting, cone_replay.REQ_ATTR)
+    assert plan is not None and plan.load > 0, cone_replay.FALLBACKS
+    # The cone's pass [s, L) fits under the cap, the stock pass [B, L) does not: once the cone falls
+    # back, the stock selection leaves the request waiting.
+    cap = len(prompt) - plan.B
+    assert len(prompt) - plan.s < cap
+    firsts = []
+    for pass_no in range(3):
+        firsts.append(req(f"first{pass_no}", toks.fresh(16)))
+        adder = _uncapped_then_capped_adder(kit, cap, firsts[-1])
+        if pass_no:
+            waiting.init_next_round_input(kit.cache)  # matched again, as the scheduler does each pass
+            assert getattr(waiting, cone_replay.REQ_ATTR, None) is None  # stock: no plan
+        adder.add_one_req(waiting, has_chunked_req=False, truncation_align_size=None)
+        assert adder.can_run_list == [firsts[-1]]  # still waiting
+        assert cone_replay.FALLBACKS == {"load_back_threshold": 1}, (pass_no, cone_replay.FALLBACKS)
+        assert cone_replay.COUNTERS.plans == 1 and cone_replay.COUNTERS.loads == 0
+        kit.cache.unlock(firsts[-1].lock)
+        kit.pool.free(firsts[-1])
+    err = capfd.readouterr().err
+    assert len(re.findall(rf"DSV41_SWA_CONE fallback rid={waiting.rid} reason=load_back_threshold", err)) == 1, err
+    assert len(re.findall(rf"DSV41_SWA_CONE plan rid={waiting.rid} ", err)) == 1, err
+    kit.pool.free(waiting)
+    _sane(kit)
+
+
+LOAD_VERDICTS = [
+    # (what init_load_back left: loaded, F's node on device, spec tokens seen, threshold) -> verdict
+    pytest.param(48, True, 48, 1, None, id="the_planned_load"),
+    pytest.param(80, True, 80, 1, None, id="more_than_planned_goes_on"),
+    pytest.param(16, True, 16, 1, None, id="fewer_than_planned_goes_on"),
+    pytest.param(0, True, 0, 1, None, id="another_load_brought_F_back"),
+    pytest.param(32, False, 48, 1, "load_back_partial", id="pages_committed_but_not_F"),
+    pytest.param(0, False, None, 1, "load_back_pinned", id="spec_never_built"),
+    pytest.param(0, False, 0, 1, "load_back_pinned", id="empty_spec"),
+    pytest.param(0, False, 48, 64, "load_back_threshold", id="under_threshold"),
+    pytest.param(0, False, 48, 0, "load_back_refused", id="no_room"),
+]
+
+
+@pytest.mark.parametrize("loaded, anchor_on_device, spec_tokens, threshold, verdict", LOAD_VERDICTS)
+def test_the_cone_goes_on_whenever_f_is_on_device_after_its_load_back_and_never_raises(
+        loaded, anchor_on_device, spec_tokens, threshold, verdict):
+    """Stock raises ``RuntimeError`` on ``0 < loaded < promised``; the cone needs F's node on device,
+    not a count: it goes on with what it got, and a load that committed pages short of F is a
+    fallback (``load_back_partial``), never an exception on the scheduler thread."""
+    from adapter.switches.cone_replay.hicache import load_verdict
+
+    assert load_verdict(loaded, anchor_on_device, spec_tokens, threshold) == verdict

@@ -248,12 +248,15 @@ PINS: dict[str, str] = {
     ),
     # cone_replay (pinned, not wrapped: F's definition, the fields a fallback restores, the anchor lock)
     # Beside HiCache: B, the stock resume point after load-back (init_load_back splices up to
-    # best_match_node), read through collect_path_info.
+    # best_match_node), read through collect_path_info; whether the load left F's node on device.
     "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.init_load_back": (
         "93968501bc8782f0b5305bc41a563955ed5cf59e8f08f29978d8e721cc247b22"
     ),
     "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore.collect_path_info": (
         "b6443bb10f9ef444b4772c6806e6a9c8161e85b73265fb94e843ba5ab9e927fc"
+    ),
+    "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore.is_full_device_evicted": (
+        "9e88f96dd87b0b31bdb998c4fb20794713276c2395ed7a3fda809c988d57cc51"
     ),
     "sglang.srt.mem_cache.unified_cache.components.swa:SWAComponent.finalize_match_result_in_tree_core": (
         "e680eab5d5c255cae6ef9a6dcbb14b32ca172ca371c3d6f1b7c63f36462531bf"

@@ -31,6 +31,9 @@ When HiCache cannot give the pages, the request runs stock (its own load-back, i
   (write-back; HiCache's spec comes back empty);
 * ``load_back_threshold``: fewer tokens than ``load_back_threshold`` (page 1 only);
 * ``load_back_refused``: no device room after eviction, or the controller refused the copies;
+* ``load_back_partial``: the load committed pages but not F's Full KV (:func:`load_verdict`; not
+  reachable on 0.5.23's ``UnifiedRadixCache`` without a linker, kept for its subclasses): stock, not
+  a ``RuntimeError`` on the scheduler thread;
 * at plan time (:func:`.plan.load_unsupported`): ``load_back_rust_core`` (the Rust tree core builds its
   load-back spec in Rust, with no per-component seam; ``DSV41_SWA_THIN=1`` selects the Python
   core), ``load_back_buffer_mode`` (HiCache buffer mode loads through its own pipeline),
@@ -79,24 +82,46 @@ def load_full_kv(adder: Any, req: Any, plan: ConePlan, extend_len: int, max_new_
         return "load_back_budget"
     LIVE.loading = [plan.anchor, None]  # while init_load_back runs for it
     try:
-        loaded, node = cache.init_load_back(
+        loaded, _node = cache.init_load_back(
             InitLoadBackParams(best_match_node=plan.anchor, host_hit_length=plan.load, req=req))
         spec_tokens = LIVE.loading[1]
     finally:
         LIVE.loading = None
-    if loaded != plan.load or node != plan.anchor:
-        if loaded:  # never happens with HiCache's all-or-nothing commit; kept loud
-            raise RuntimeError(f"cone load-back of rid={req.rid} loaded {loaded} of {plan.load} tokens")
-        if not spec_tokens:
-            return "load_back_pinned"
-        if spec_tokens < max(1, int(getattr(cache, "load_back_threshold", 1))):
-            return "load_back_threshold"
-        return "load_back_refused"
-    req.last_node = node
-    COUNTERS.loads += 1
+    anchor_on_device = not cache.tree_core.is_full_device_evicted(plan.anchor)
+    why = load_verdict(loaded, anchor_on_device, spec_tokens, int(getattr(cache, "load_back_threshold", 1)))
+    if why is not None:
+        return why
+    req.last_node = plan.anchor
+    COUNTERS.loads += loaded > 0
     COUNTERS.loaded_tokens += loaded
-    SWITCH.event("DSV41_SWA_CONE load", rid=req.rid, tokens=loaded, D=plan.F - plan.load, F=plan.F, s=plan.s)
+    planned = {} if loaded == plan.load else {"planned": plan.load}  # the tree moved since the match
+    SWITCH.event("DSV41_SWA_CONE load", rid=req.rid, tokens=loaded, D=plan.F - plan.load, F=plan.F, s=plan.s,
+                 **planned)
     return None
+
+
+def load_verdict(loaded: int, anchor_on_device: bool, spec_tokens: int | None, threshold: int) -> str | None:
+    """What ``init_load_back``'s answer means for the cone: None when F's node holds its Full KV on
+    device after the call (so does its whole path: HiCache keeps a device node's ancestors on
+    device), and the cone goes on with what it got whatever the count (``loaded`` may even be 0 when
+    another request's load-back brought the path back since the match); else the fallback reason.
+
+    Stock (``PrefillAdder.add_one_req`` in 0.5.23) goes on with a load of more tokens than promised
+    (resident Full KV behind host-only aux state), re-selects its admission without a host hit when
+    nothing loaded, and raises ``RuntimeError`` when ``0 < loaded < promised``. The cone needs no
+    count: it replays from s whatever lies below, so any load that committed F's node will do; a
+    load that committed pages but not F's node (``load_back_partial``) leaves them to the tree (HiCache
+    acks them in ``loading_check``) and the request runs stock, as after an empty load.
+    """
+    if anchor_on_device:
+        return None
+    if loaded > 0:
+        return "load_back_partial"
+    if not spec_tokens:
+        return "load_back_pinned"
+    if spec_tokens < max(1, threshold):
+        return "load_back_threshold"
+    return "load_back_refused"
 
 
 def wait_loaded(batch: Any) -> None:

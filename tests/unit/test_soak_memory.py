@@ -1,0 +1,165 @@
+"""The soak's memory judgement (``devkit.soak.memory``), table-driven on RSS series: a leak fails
+whatever the warm-up, a warm-up that levels off passes whatever its size."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from devkit.soak import memory
+
+MIB = 1024  # KiB
+
+
+def series(minutes: float, per_min: float, base_mib: float, *, warm_mib: float = 0.0, warm_min: float = 3.0,
+           leak_kib: float = 0.0, noise_mib: float = 0.0, peaks_mib: float = 0.0, seed: int = 0) -> list[tuple]:
+    """A scheduler's RSS every 2 s: ``base`` plus a warm-up of ``warm_mib`` that levels off over
+    ``warm_min`` minutes, ``leak_kib`` per request served, noise, and a transient peak (a big
+    prefill's temporaries) on one sample in ten."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(int(minutes * 30) + 1):
+        t = i * 2.0
+        served = int(t / 60 * per_min)
+        warm = warm_mib * min(1.0, t / 60 / warm_min) ** 0.5
+        kib = (base_mib + warm + rng.uniform(-noise_mib, noise_mib)) * MIB + leak_kib * served
+        if peaks_mib and rng.random() < 0.1:
+            kib += rng.uniform(0, peaks_mib) * MIB
+        rows.append((t, served, int(kib)))
+    return rows
+
+
+# A DSV4 kit soak on an unloaded machine: stock grew 25 % in its first 3 minutes, the profile 18 % over 10
+# (warm 1,703 MiB, peak 2,335, final 2,015) at about 53 requests a minute.
+DSV4_STOCK = series(3, 53, 1400, warm_mib=350, noise_mib=20, peaks_mib=300, seed=1)
+DSV4_PROFILE = series(10, 53, 1400, warm_mib=600, warm_min=5, noise_mib=20, peaks_mib=600, seed=2)
+
+CASES = [
+    # (name, profile series, stock series, verdict, rule)
+    ("dsv4_warm_up_that_levels_off", DSV4_PROFILE, DSV4_STOCK, "pass", "plateau"),
+    ("dsv4_warm_up_and_a_leak_of_256_kib_a_request",
+     series(10, 53, 1400, warm_mib=600, noise_mib=20, peaks_mib=600, leak_kib=256, seed=2), DSV4_STOCK, "leak", "plateau"),
+    ("mellum_flat_30_minutes", series(30, 200, 1130, noise_mib=5, seed=3), [], "pass", "plateau"),
+    ("mellum_a_leak_of_150_kib_a_request", series(10, 75, 1130, noise_mib=5, leak_kib=150, seed=4), [], "leak", "plateau"),
+    ("still_warming_at_half_time_but_levelling", series(10, 53, 1400, warm_mib=600, warm_min=6, noise_mib=10, seed=5),
+     [], "pass", "plateau"),
+    ("short_run_growing_as_its_control", series(1.5, 53, 1400, warm_mib=350, noise_mib=10, seed=6),
+     series(1, 53, 1400, warm_mib=350, noise_mib=10, seed=7), "pass", "control"),
+    ("short_run_growing_past_its_control", series(1.5, 53, 1400, warm_mib=350, noise_mib=10, leak_kib=4096, seed=6),
+     series(1, 53, 1400, warm_mib=350, noise_mib=10, seed=7), "leak", "control"),
+    ("a_warm_up_past_half_time_cancels_against_a_control_as_long",
+     series(10, 53, 1400, warm_mib=600, warm_min=12, noise_mib=20, peaks_mib=600, seed=9),
+     series(10, 53, 1400, warm_mib=600, warm_min=12, noise_mib=20, peaks_mib=600, seed=10), "pass", "plateau"),
+    ("the_same_warm_up_alone_reads_as_growth",
+     series(10, 53, 1400, warm_mib=600, warm_min=12, noise_mib=20, peaks_mib=600, seed=9), [], "leak", "plateau"),
+    ("a_leak_past_a_control_as_long",
+     series(10, 53, 1400, warm_mib=600, warm_min=12, noise_mib=20, peaks_mib=600, leak_kib=256, seed=9),
+     series(10, 53, 1400, warm_mib=600, warm_min=12, noise_mib=20, peaks_mib=600, seed=10), "leak", "plateau"),
+    ("short_run_without_a_control", series(1.5, 53, 1400, noise_mib=10, seed=8), [], "unjudged", None),
+    ("no_samples", [], [], "unjudged", None),
+]
+
+
+@pytest.mark.parametrize("profile, stock, verdict, rule", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_the_soak_judges_memory_by_its_second_half_or_its_stock_control(profile, stock, verdict, rule):
+    judged = memory.judge(profile, stock)
+    assert (judged.verdict, judged.rule) == (verdict, rule), judged.reason
+
+
+def test_the_old_absolute_rule_would_have_failed_the_levelling_dsv4_warm_up():
+    """The case the judgement exists for: growth from the sample at 20 % of the run is far over the
+    old 5 % limit, yet the second half is flat."""
+    warm = next(s for s in DSV4_PROFILE if s[0] >= DSV4_PROFILE[-1][0] * 0.2)
+    assert (DSV4_PROFILE[-1][2] - warm[2]) / warm[2] * 100 > 5
+    judged = memory.judge(DSV4_PROFILE, DSV4_STOCK)
+    assert judged.verdict == "pass" and abs(judged.mib_per_1000_requests) < memory.LEAK_MIB_PER_1000
+
+
+def test_the_plateau_rate_is_the_planted_leak_per_request():
+    """A leak of K KiB a request reads as K * 1000 / 1024 MiB per 1,000 requests, noise aside."""
+    judged = memory.judge(series(10, 60, 1200, leak_kib=200), [])
+    assert judged.mib_per_1000_requests == pytest.approx(200 * 1000 / 1024, rel=0.05)
+
+
+_SEAM_PROBE = """
+import sys
+from pathlib import Path
+import planted_leak
+from sglang.srt.managers.scheduler import Scheduler
+
+def rss():
+    return int(next(l for l in Path("/proc/self/status").read_text().splitlines() if l.startswith("VmRSS:")).split()[1])
+
+before = rss()
+for _ in range(20):
+    try:
+        Scheduler.handle_generate_request(None, None)  # the wrapper keeps its KiB, then stock fails on None
+    except Exception:
+        pass
+print(len(planted_leak.KEPT), rss() - before)
+"""
+
+
+@pytest.mark.spawns
+def test_the_planted_leak_keeps_its_kib_in_the_scheduler_for_every_generate_request(tmp_path):
+    """The seam ``soak --plant-leak-kib`` uses: with its folder first on ``PYTHONPATH``, SGLang's
+    ``Scheduler.handle_generate_request`` keeps K KiB a call, resident (RSS grows by about K per call)."""
+    import os
+    import subprocess
+    import sys
+
+    from devkit.engine_kit import launcher
+
+    env = launcher.with_seams({k: v for k, v in os.environ.items() if not k.startswith("DSV41_")},
+                              "planted_leak", SOAK_PLANTED_LEAK_KIB="1024")
+    out = subprocess.run([sys.executable, "-c", _SEAM_PROBE], env=env, cwd=tmp_path, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    kept, grew_kib = map(int, out.stdout.split()[-2:])
+    assert kept == 20 and 20 * 1024 * 0.9 <= grew_kib <= 20 * 1024 * 1.5, (kept, grew_kib)
+
+
+def _recorded(leg: str) -> list[list[float]]:
+    import json
+    from pathlib import Path
+
+    return json.loads((Path(__file__).parent / "soak_rss" / f"dsv4_10min_{leg}.json").read_text())["t_s_served_kib"]
+
+
+def _planted(rows: list[list[float]], kib_per_request: int) -> list[tuple]:
+    return [(t, served, kib + kib_per_request * served) for t, served, kib in rows]
+
+
+def test_a_leak_planted_on_a_recorded_dsv4_soak_fails_it_by_the_rule_that_applies():
+    """The DSV4 kit's 10-minute soak on the loaded machine (recorded): 135 requests, 38 between the
+    second half's quarters, too few for the plateau, so the stock control (3 minutes) judges it.
+    The same series with 1 MiB kept a request fails by that rule; with 256 KiB kept a request and
+    the served counts four times higher (an unloaded machine's throughput) the plateau judges it."""
+    profile, stock = _recorded("profile"), _recorded("stock")
+    recorded = memory.judge(profile, stock)
+    assert recorded.rule == "control" and recorded.requests_between is None
+    leaked = memory.judge(_planted(profile, 1024), stock)
+    assert (leaked.rule, leaked.verdict) == ("control", "leak"), leaked.reason
+    assert leaked.profile_growth_pct > recorded.profile_growth_pct
+    busier = [(t, 4 * served, kib) for t, served, kib in profile]
+    assert memory.judge(_planted(busier, 256), stock).verdict == "leak"
+    rate = memory.judge(_planted(busier, 256), stock).mib_per_1000_requests
+    base = memory.judge(busier, stock).mib_per_1000_requests
+    assert rate - base == pytest.approx(256 * 1000 / 1024, rel=0.15)  # the planted amount, read back (floors: noise)
+
+
+def test_a_real_soak_with_the_planted_leak_fails_on_it_and_passes_with_it_taken_back_out():
+    """Recorded: the Mellum kit's profile boot with the ``planted_leak`` seam keeping 4096 KiB per
+    generate request (5 minutes, 412 requests). The plateau reads about the planted 4,000 MiB per
+    1,000 requests and fails it; the same series less 4096 KiB per served request is flat and passes."""
+    import json
+    from pathlib import Path
+
+    rows = json.loads((Path(__file__).parent / "soak_rss" / "mellum_5min_planted_4096kib_profile.json").read_text())
+    planted = rows["t_s_served_kib"]
+    judged = memory.judge(planted, [])
+    assert (judged.verdict, judged.rule) == ("leak", "plateau"), judged.reason
+    assert judged.mib_per_1000_requests == pytest.approx(4096 * 1000 / 1024, rel=0.15)
+    taken_out = [(t, served, kib - 4096 * served) for t, served, kib in planted]
+    assert memory.judge(taken_out, []).verdict == "pass"
