@@ -7,8 +7,9 @@ import pytest
 
 from devkit.bench.fleet import pressure
 from devkit.bench.fleet.served import Served
+from overlay_tools.simulate.gateway.router import RouterConfig, over_gate
 
-DEFAULTS = pressure.GateSettings()
+DEFAULTS = RouterConfig()
 
 
 @pytest.mark.parametrize(("holder", "other", "spills"), [
@@ -21,18 +22,21 @@ DEFAULTS = pressure.GateSettings()
 ])
 def test_two_workers_spill_only_when_the_holder_carries_nearly_all_in_flight_requests(holder, other, spills):
     mean = (holder + other) / 2
-    assert pressure.over_gate(holder, mean, DEFAULTS) is spills
+    assert over_gate(holder, mean, DEFAULTS) is spills
 
 
 def test_with_two_workers_a_relative_threshold_of_two_never_spills():
-    no_spill = pressure.GateSettings(balance_rel_threshold=2.0)
-    assert not any(pressure.over_gate(h, (h + o) / 2, no_spill) for h in range(64) for o in range(64))
+    no_spill = RouterConfig(balance_rel_threshold=2.0)
+    assert not any(over_gate(h, (h + o) / 2, no_spill) for h in range(64) for o in range(64))
 
 
 def test_the_margin_is_capped_by_the_configured_absolute_threshold():
-    assert pressure.margin(100.0, DEFAULTS) == 20
-    assert pressure.margin(100.0, pressure.GateSettings(balance_abs_threshold=8)) == 8
-    assert pressure.margin(1.0, DEFAULTS) == 4
+    # rel 1.0 leaves the margin alone to decide: over once the load passes mean + margin
+    rel_one = RouterConfig(balance_rel_threshold=1.0)
+    assert not over_gate(120, 100.0, rel_one) and over_gate(121, 100.0, rel_one)  # margin 2 sqrt(100) = 20
+    capped = RouterConfig(balance_rel_threshold=1.0, balance_abs_threshold=8)
+    assert not over_gate(108, 100.0, capped) and over_gate(109, 100.0, capped)  # capped at 8
+    assert not over_gate(5, 1.0, rel_one) and over_gate(6, 1.0, rel_one)  # at least 4
 
 
 def _served(worker: int, t: float, ids: list[int]) -> Served:

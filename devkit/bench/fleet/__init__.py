@@ -33,6 +33,7 @@ conversations (4 boots of a worker, 6 client runs).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import re
 import time
@@ -45,6 +46,7 @@ from typing import Any
 from devkit.bench.fleet import gateway, pressure, served
 from devkit.engine_kit import launcher
 from devkit.engine_kit.serving_client import ServingClient, client_args, client_env
+from overlay_tools.simulate.gateway.router import RouterConfig
 
 OUT = Path(__file__).resolve().parents[3] / "build" / "bench-fleet"
 WORKERS = 2
@@ -274,15 +276,15 @@ def run_policy(fleet_label: str, policy: Policy, workers: Sequence[launcher.Serv
     return run
 
 
-def gate_settings(policy: Policy) -> pressure.GateSettings:
+def gate_settings(policy: Policy) -> RouterConfig:
     """The gate's settings for a run: smg's defaults, less what the policy's router arguments set."""
     args = list(policy.router_args)
     given = {a: args[i + 1] for i, a in enumerate(args[:-1]) if a.startswith("--") and not args[i + 1].startswith("--")}
-    defaults = pressure.GateSettings()
-    return pressure.GateSettings(
-        float(given.get("--cache-threshold", defaults.cache_threshold)),
-        int(given.get("--balance-abs-threshold", defaults.balance_abs_threshold)),
-        float(given.get("--balance-rel-threshold", defaults.balance_rel_threshold)))
+    defaults = RouterConfig()
+    return dataclasses.replace(
+        defaults, cache_threshold=float(given.get("--cache-threshold", defaults.cache_threshold)),
+        balance_abs_threshold=int(given.get("--balance-abs-threshold", defaults.balance_abs_threshold)),
+        balance_rel_threshold=float(given.get("--balance-rel-threshold", defaults.balance_rel_threshold)))
 
 
 def receipts_of(profile: dict[str, str], logs: Sequence[Path], out: Path, label: str) -> list[dict[str, Any]]:

@@ -37,17 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from devkit.bench.fleet.served import Served
-
-MIN_ABSOLUTE_MARGIN = 4.0  # cache_aware.rs:150
-
-
-@dataclass(frozen=True)
-class GateSettings:
-    """smg's CLI defaults (router_args.py; the router's start line prints them)."""
-
-    cache_threshold: float = 0.3
-    balance_abs_threshold: int = 64
-    balance_rel_threshold: float = 1.5
+from overlay_tools.simulate.gateway.router import RouterConfig, over_gate
 
 
 @dataclass(frozen=True)
@@ -65,14 +55,6 @@ class VetoWindow:
 
 
 LOG_RESOLUTION_S = 1.0
-
-
-def margin(mean: float, settings: GateSettings) -> float:
-    return min(float(settings.balance_abs_threshold), max(math.ceil(2 * math.sqrt(mean)), MIN_ABSOLUTE_MARGIN))
-
-
-def over_gate(load: float, mean: float, settings: GateSettings) -> bool:
-    return load > mean * settings.balance_rel_threshold and load > mean + margin(mean, settings)
 
 
 def loads_at(served: Sequence[Served], request: Served, workers: int) -> list[int]:
@@ -131,12 +113,12 @@ class Turn:
         return "moved, not gated" if self.moved else "hit"
 
 
-def turns(served: Sequence[Served], workers: int, settings: GateSettings | None = None,
+def turns(served: Sequence[Served], workers: int, settings: RouterConfig | None = None,
           loads: Sequence[Sequence[int]] | None = None, vetoes: Sequence[VetoWindow] = ()) -> list[Turn]:
     """Each request (in arrival order) against the gate, with the loads at its arrival: ``loads``
     per request (the router's own, :func:`sampled_loads`) or, without them, :func:`loads_at`;
     ``vetoes``: the windows the router's overload veto left a worker out of routing."""
-    settings = settings or GateSettings()
+    settings = settings or RouterConfig()
     out = []
     for i, r in enumerate(served):
         depth = max((_common(p.input_ids, r.input_ids) for p in served[:i]), default=0)

@@ -88,6 +88,13 @@ class RouterConfig:
     loads: bool = True  # workers answer /v1/loads (SGLang does); off: a dark fleet, fewest in flight
 
 
+def over_gate(load: float, mean: float, cfg: RouterConfig) -> bool:
+    """A holder with ``load`` in flight over the count-pressure gate at the fleet's ``mean``
+    (``cache_aware.rs:1805-1831``)."""
+    margin = min(float(cfg.balance_abs_threshold), max(math.ceil(2 * math.sqrt(mean)), MIN_ABSOLUTE_MARGIN))
+    return load > mean * cfg.balance_rel_threshold and load > mean + margin
+
+
 def config_from_args(pairs: list[str] | None) -> RouterConfig:
     """``k=v`` strings into a :class:`RouterConfig`; an unknown key or a bad value is a ``ConfigError``."""
     from adapter.core import env
@@ -294,10 +301,7 @@ class Router:
         return self.wait.select(candidates, self.in_flight, now, req.prompt_tokens)
 
     def _gated(self, i: int, mean: float) -> bool:
-        """Over the count-pressure gate (``cache_aware.rs:1805``)."""
-        load = self.in_flight[i]
-        margin = min(float(self.cfg.balance_abs_threshold), max(math.ceil(2 * math.sqrt(mean)), MIN_ABSOLUTE_MARGIN))
-        return load > mean * self.cfg.balance_rel_threshold and load > mean + margin
+        return over_gate(self.in_flight[i], mean, self.cfg)
 
     def _cache_aware(self, req: RequestView, now: float) -> tuple[int, str]:
         everyone = list(range(self.n))
