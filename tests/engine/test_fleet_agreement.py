@@ -47,7 +47,7 @@ pytestmark = pytest.mark.slow
 
 pytest.importorskip("smg")
 
-TRAFFIC = {"groups": 2, "per_group": 2, "system": 512, "question": 64, "output": 8, "turns": 2, "rate": 4.0}
+TRAFFIC = {"groups": 2, "per_group": 2, "system": 512, "question": 64, "output": 8, "turns": 2, "rate": 1.0}  # Poisson: few arrivals within TIE_MS
 CALM_TRAFFIC = {**TRAFFIC, "groups": 2, "per_group": 3, "rate": 0.5}
 POOL = 32768
 BLOCK = 512
