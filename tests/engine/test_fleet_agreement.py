@@ -52,6 +52,7 @@ CALM_TRAFFIC = {**TRAFFIC, "groups": 2, "per_group": 3, "rate": 0.5}
 POOL = 32768
 BLOCK = 512
 TIE_MS = 50
+REPLAY_TIME_SCALE = 100
 
 
 def serve(policies: list[Any], traffic: dict[str, Any], out: Path) -> tuple[Path, list[Any]]:
@@ -75,8 +76,11 @@ def replay(run: Any, model: Path, out: Path, policy: str) -> tuple[list[dict[str
     env_file.write_text(f"LAUNCH_ARGS=--model-path {model} --page-size 1 --chunked-prefill-size 64 "
                         f"--max-total-tokens {POOL} --swa-prefix-tails 64\n")
     rows = [json.loads(line) for line in Path(run.trace).read_text().splitlines()]
+    # Stretched so that every request's modelled service ends before the next arrival: a later turn is
+    # ready when its parent has finished in the model, and the cost model's default (GPU) step times
+    # would otherwise route it after a first turn the client sent later.
     fleet = replay_trace(run.trace, 2, policy, env_file=str(env_file), model=str(model), kv_tokens=POOL,
-                         session_key="session", urls=run.urls)
+                         session_key="session", urls=run.urls, time_scale=REPLAY_TIME_SCALE)
     return rows, fleet
 
 
