@@ -8,17 +8,22 @@ from devkit.engine_kit import launcher
 from devkit.testkit import radix_cache as rc
 
 
-def _park_probe():
+def _park_probe(monkeypatch):
+    """The seam's reader alone: its hook on ``release_req`` is not installed in this process (it would
+    stay for every later test here)."""
+    import wrapt
+
+    monkeypatch.setattr(wrapt, "register_post_import_hook", lambda *args, **kwargs: None)
     spec = importlib.util.spec_from_file_location("park_probe_under_test", launcher.SEAMS_PATH / "park_probe.py")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)  # registers its hook on the scheduler's import: harmless here
+    spec.loader.exec_module(module)
     return module
 
 
-def test_the_park_probe_reads_how_far_the_tree_holds_a_rows_full_kv_on_device_and_on_host():
+def test_the_park_probe_reads_how_far_the_tree_holds_a_rows_full_kv_on_device_and_on_host(monkeypatch):
     """On the real ``UnifiedRadixCache`` with HiCache (write-back): a finished turn is held on the
     device; evicted, it is held on host only; a row that diverges is held up to where it does."""
-    held = _park_probe()._held
+    held = _park_probe(monkeypatch)._held
     kit = rc.build(rc.SMALL, hicache=rc.HiCache(ratio=2.0, write_policy="write_back"))
     toks = rc.Tokens()
     history = kit.run_turn(toks.fresh(400), out_len=16).history

@@ -42,10 +42,18 @@ def _held(core, tokens):
     return device, held
 
 
-def _probe(wrapped, instance, args, kwargs):
-    req, tree = kwargs.get("req"), kwargs.get("tree_cache")
+def _python_core(tree):
+    """The tree's Python core, or None (the Rust core's adapter raises NotImplementedError on ``root_node``)."""
     core = getattr(tree, "tree_core", None)
-    if req is not None and core is not None and hasattr(core, "root_node") and not req.finished() and req.kv.holds_kv:
+    try:
+        return core if core is not None and core.root_node is not None else None
+    except (AttributeError, NotImplementedError):
+        return None
+
+
+def _probe(wrapped, instance, args, kwargs):
+    req, core = kwargs.get("req"), _python_core(kwargs.get("tree_cache"))
+    if req is not None and core is not None and not req.finished() and req.kv.holds_kv:
         tokens = (list(req.origin_input_ids) + list(req.output_ids))[: int(req.kv.kv_committed_len)]
         device, held = _held(core, tokens)
         print(f"[kit_seam] park_probe rid={req.rid} prompt={len(req.origin_input_ids)} committed={len(tokens)} "
