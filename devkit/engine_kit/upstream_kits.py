@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import json
+import os
 import random
 import unittest
 from dataclasses import dataclass
@@ -34,6 +36,23 @@ from pathlib import Path
 from typing import Any
 
 KL_THRESHOLD = 1e-3  # upstream's KL tests use per-model thresholds of this order
+
+
+def _import_test_utils() -> None:
+    """``sglang.test.test_utils`` (which every kit imports) reads ``CUDA_VISIBLE_DEVICES[0]`` when it is
+    imported, for its test port; the CPU test runner sets it to "" (no GPU), where that raises
+    IndexError. Imported once here with "0" in its place, the runner's value put back after."""
+    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if saved == "":
+        os.environ["CUDA_VISIBLE_DEVICES"] = "0"
+    try:
+        importlib.import_module("sglang.test.test_utils")
+    finally:
+        if saved == "":
+            os.environ["CUDA_VISIBLE_DEVICES"] = saved
+
+
+_import_test_utils()
 
 
 @dataclass(frozen=True)
