@@ -209,7 +209,7 @@ SWITCHES: tuple[Switch, ...] = (
                 default="1"),
             *(Key(f"DSV41_DECODE_YIELD_{name}", env.integer(0, 10**12, unit=unit),
                 f"decode-yield cost model (model mode; the first windows of a boot in measured mode): {unit}")
-            for name, unit in (  # defaults and their provenance: adapter/switches/decode_yield/cost_model.py DEFAULTS
+            for name, unit in (  # defaults and their provenance: adapter/cost_model.py DEFAULTS
                 ("CHUNK_US", "µs per prefill forward"),
                 ("TOKEN_NS", "ns per prefill token"),
                 ("PAIR_FS", "fs per causal attention pair"),

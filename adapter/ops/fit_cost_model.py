@@ -36,7 +36,7 @@ iteration n's wall time. Beyond its forward (``wall_time``) it is fitted, also b
   it is 0 and said so.
 Gaps that hold idle time (a request arriving after a pause) are outliers: each fit is done twice,
 the second time without gaps whose residual is more than 5 MADs above the median. Without
-``recv_time`` (an older log) the wall terms stay 0 and a note says so. The coefficients are rounded to integers in the units of :mod:`adapter.switches.decode_yield.cost_model`, and
+``recv_time`` (an older log) the wall terms stay 0 and a note says so. The coefficients are rounded to integers in the units of :mod:`adapter.cost_model`, and
 the command prints the profile line to use.
 """
 
@@ -45,7 +45,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 
-from adapter.switches.decode_yield import cost_model
+from adapter import cost_model
 
 MIN_ROWS = 8  # per fit: fewer iterations than this cannot pin four coefficients
 

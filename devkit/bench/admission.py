@@ -11,7 +11,7 @@ interleave:
 Per workload and mode: overcommit pages (after each prefill pass, the page-exact KV live requests
 still need beyond free + evictable, summed), decode retractions, recomputed prefill tokens, and
 admitted throughput: useful tokens (prompt + output of finished requests) per forward, and per
-modelled second (forward costs from :mod:`adapter.switches.decode_yield.cost_model` defaults, placeholders). The
+modelled second (forward costs from :mod:`adapter.cost_model` defaults, placeholders). The
 throughput change is switch vs stock in percent.
 """
 

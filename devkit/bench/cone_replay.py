@@ -13,7 +13,7 @@ copied (the switch's copy on the real pool) and checkpointed on the real tree.
 turn are not counted): stock ``len(history) - P``, cone ``len(history) - s`` = N plus the part of
 the history past F (the SWA-evicted last leaf takes its Full page along, so at most a page).
 
-Time to first token is modelled with the decode-yield cost model (``adapter.switches.decode_yield.cost_model``,
+Time to first token is modelled with the decode-yield cost model (``adapter.cost_model``,
 ``chunk_cost`` summed over the turn's 8192-token chunks, DEFAULTS coefficients: placeholders, not a
 fleet measurement); nothing is timed. A last row repeats the shortest session with a 4096-token
 chunk, below N, to show the logged fallback.
@@ -31,7 +31,7 @@ LENGTHS_FULL = (131072, 196608, 262144, 393216, 524288, 786432, 1048576)
 
 
 def _ttft_fs(prefix: int, end: int, chunk: int) -> int:
-    from adapter.switches.decode_yield import cost_model
+    from adapter import cost_model
 
     total, pos = 0, prefix
     while pos < end:

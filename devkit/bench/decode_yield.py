@@ -6,7 +6,7 @@ Per row: decode steps between chunks (min/mean/max); the modelled decode share w
 prefills, from its first chunk to the end of its final chunk (the span a client times as the
 prompt's TTFT, over which the switch holds the share: no window follows the final chunk, so the
 windows before it pay the final chunk's part): cost of the decode steps / (that + cost of all the
-prompt's chunks), costs from :mod:`adapter.switches.decode_yield.cost_model` defaults; the modelled
+prompt's chunks), costs from :mod:`adapter.cost_model` defaults; the modelled
 TTFT factor of the long prompt (the same span, against the stock run of the same row); whether the 128-step cap
 bound a window; idle passes; streams retracted (pool pressure; 0 means the pool was sized right).
 
@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
+from adapter import cost_model
 from adapter.core import boot
 from adapter.ops import table
-from adapter.switches.decode_yield import cost_model
 
 CHUNK, PAGE, STREAM_PROMPT = 8192, 64, 4000
 FULL = {"prompts": (65536, 262144, 1048576), "streams": (1, 4, 16, 64), "pcts": (0, 33, 50)}

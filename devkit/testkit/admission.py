@@ -19,7 +19,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from adapter.switches.decode_yield import cost_model
+from adapter import cost_model
 from devkit.testkit.scheduler import SchedulerHarness, build_scheduler
 
 
@@ -153,7 +153,7 @@ class WorkloadStats:
     retractions: int = 0  # decode rows retracted ("KV cache pool is full")
     recomputed_tokens: int = 0  # prefill tokens of retracted requests run again
     useful_tokens: int = 0  # prompt + output tokens of the finished requests
-    modelled_ps: int = 0  # forward time under adapter.switches.decode_yield.cost_model's default coefficients
+    modelled_ps: int = 0  # forward time under adapter.cost_model's default coefficients
 
     @property
     def useful_tokens_per_forward(self) -> float:

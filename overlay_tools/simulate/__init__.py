@@ -120,8 +120,8 @@ def run_policy(policy: str, fleet: Any, requests: list[Any], time_scale: float =
     """One policy's replay on a fresh cache: its turns and figures (leak check and load included;
     ``share``: the fraction of the trace ``requests`` are, for the share that keeps up; ``pd``: the link
     and host bandwidths (GB/s) to price its retractions as a DeepSeek-V4 PD decode node's, :mod:`.pd`)."""
+    from adapter import cost_model
     from adapter.switches.cone_replay.plan import COUNTERS, FALLBACKS
-    from adapter.switches.decode_yield import cost_model
     from overlay_tools.simulate import engine, report
     from overlay_tools.simulate.fleet import build_kit, uninstall
 

@@ -267,7 +267,7 @@ class Replay:
         ``horizon``, the router's next event, in an external run); idle, a jump to the next ready one."""
         from sglang.srt.managers.schedule_batch import ScheduleBatch
 
-        from adapter.switches.decode_yield import cost_model
+        from adapter import cost_model
         from overlay_tools.simulate import cone_turn as cone
 
         kit, turns, ready, waiting, decoding = self.kit, self.turns, self.ready, self.waiting, self.decoding
@@ -497,7 +497,7 @@ class Replay:
         decoding[:] = still
 
     def _step_fs(self, decoding: list[Running], ahead: int) -> int:
-        from adapter.switches.decode_yield import cost_model
+        from adapter import cost_model
 
         k = self.coef.topk
         lens = [x.ct.req.kv.kv_committed_len + ahead for x in decoding]

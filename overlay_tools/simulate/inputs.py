@@ -38,8 +38,8 @@ def first_sessions(requests: list[Any], limit: int) -> list[Any]:
 def coefficients(profile: str) -> Any:
     """The decode-yield cost model's coefficients the profile sets (``DSV41_DECODE_YIELD_*``, e.g.
     the line ``fit-cost-model`` printed), the defaults for the rest."""
+    from adapter import cost_model
     from adapter.ops import check
-    from adapter.switches.decode_yield import cost_model
     from overlay_tools.simulate.fleet import profile_switches
 
     names = {cost_model.key_name(name) for name, _ in cost_model.DEFAULTS.items()}
@@ -48,6 +48,6 @@ def coefficients(profile: str) -> Any:
 
 
 def describe_coefficients(coef: Any) -> str:
-    from adapter.switches.decode_yield import cost_model
+    from adapter import cost_model
 
     return f"{coef.source} coefficients: " + cost_model.profile_line(coef)

@@ -89,7 +89,7 @@ def price(retractions: list[Retraction], kv: KvBytes, coef: Any, chunk: int,
     """Both prices of the same retractions. Rebootstrap: the prefill peer prefills ``moved`` tokens in
     chunks of ``chunk`` (the cost model's ``chunk_cost``; its own prefix cache is not consulted: an upper
     bound) and sends their KV over the link. Parked: copied to host and back, nothing recomputed."""
-    from adapter.switches.decode_yield import cost_model
+    from adapter import cost_model
 
     recomputed = sum(r.moved for r in retractions)
     prefill_fs = 0

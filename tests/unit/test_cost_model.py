@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from adapter import cost_model
 from adapter.core import env, registry
 from adapter.ops import cli, fit_cost_model
-from adapter.switches.decode_yield import cost_model
 from devkit.testkit.hypothesis_budget import examples
 
 KNOWN = cost_model.Coefficients(

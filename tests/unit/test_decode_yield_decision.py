@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from adapter.switches.decode_yield import clock, cost_model
+from adapter import cost_model
+from adapter.switches.decode_yield import clock
 from adapter.switches.decode_yield.decision import Config, Facts, State, Waiting, abandoned, close, decide, final_span
 
 MS = 1_000_000

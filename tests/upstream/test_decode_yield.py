@@ -11,9 +11,9 @@ import re
 
 import pytest
 
+from adapter import cost_model
 from adapter.core import boot, receipts
 from adapter.switches.decode_yield import clock as yield_clock
-from adapter.switches.decode_yield import cost_model
 from devkit.bench.decode_yield import modelled_ns, prompt_times
 from devkit.testkit.scheduler import ScriptedClock, build_scheduler
 

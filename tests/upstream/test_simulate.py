@@ -246,7 +246,7 @@ def test_decode_that_outgrows_the_pool_retracts_the_request_with_fewest_outputs_
     output tokens (``retract_decode``'s order), never A; B is prefilled again once A's pages are back
     and finishes; the retraction and its re-prefill are columns; nothing leaks. With a pool twice
     as large nothing is retracted."""
-    from adapter.switches.decode_yield import cost_model
+    from adapter import cost_model
 
     requests = _trace(tmp_path, [(0, 128, 450, [1]), (200, 128, 400, [2])])
     geo = _fleet(swa_pool=4096, full_tokens=1024)

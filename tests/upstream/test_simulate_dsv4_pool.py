@@ -51,7 +51,7 @@ def _counts(allocator, cache) -> dict[str, int]:
 
 
 def _replay(geo: fleet.Fleet, requests, policy: str = "stock"):
-    from adapter.switches.decode_yield import cost_model
+    from adapter import cost_model
 
     kit = fleet.build_kit(policy, geo, max_ctx=8192)
     try:

@@ -43,7 +43,7 @@ def _run(requests, policy: str, instances: int = 2, seed: int = 0, profile: str 
 
 
 def _coef():
-    from adapter.switches.decode_yield import cost_model
+    from adapter import cost_model
 
     return cost_model.DEFAULTS
 

@@ -9,8 +9,8 @@ import json
 
 import pytest
 
+from adapter import cost_model
 from adapter.core import env
-from adapter.switches.decode_yield import cost_model
 from overlay_tools import simulate
 from overlay_tools.simulate import dsv4_pool, fleet, pd, trace
 

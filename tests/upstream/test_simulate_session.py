@@ -64,7 +64,7 @@ def test_every_session_is_tagged_and_closed_once_its_last_turn_has_finished(tmp_
     kit = fleet.build_kit("thin+session", small_fleet(), max_ctx=2048)
     seen: list[int] = []
     try:
-        from adapter.switches.decode_yield import cost_model
+        from adapter import cost_model
 
         replay_ = engine.Replay(kit, requests, chunk=128, max_running=8, coef=cost_model.DEFAULTS,
                                 progress=lambda n: seen.append(_referenced(kit)))

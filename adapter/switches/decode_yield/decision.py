@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from adapter.switches.decode_yield import cost_model
+from adapter import cost_model
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from adapter import cost_model
 from adapter.core import api
-from adapter.switches.decode_yield import agreement, cache_hit, clock, cost_model, decision
+from adapter.switches.decode_yield import agreement, cache_hit, clock, decision
 from adapter.switches.decode_yield.backlog import Backlog
 from adapter.switches.decode_yield.observe import Observer
 

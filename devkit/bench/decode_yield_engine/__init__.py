@@ -287,8 +287,8 @@ def _fit(fpm_log: Path) -> tuple[dict[str, str], str]:
     import contextlib
     import io
 
+    from adapter import cost_model
     from adapter.ops import fit_cost_model
-    from adapter.switches.decode_yield import cost_model
 
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer), contextlib.redirect_stderr(buffer):

@@ -1,8 +1,8 @@
-"""Decode yield's integer cost model: one formula, its coefficients in one place, no clock.
+"""The integer cost model of a forward pass: one formula, its coefficients in one place, no clock.
 
-It serves ``DSV41_DECODE_YIELD_MODE=model`` (the open loop, the rollback of the closed loop), the
-first windows of a boot in measured mode (before anything is measured), ``simulate`` and the
-benches' modelled time. Every input is replicated scheduler state and every term a Python ``int``,
+Shared by decode yield (``DSV41_DECODE_YIELD_MODE=model``, the open loop, and a boot's first windows
+in measured mode, before anything is measured), ``fit-cost-model`` (which fits its coefficients),
+``simulate`` and the benches' modelled time; its keys are decode yield's. Every input is replicated scheduler state and every term a Python ``int``,
 so every TP rank computes the same window. Costs in femtoseconds (one forward)::
 
     pairs(c, p)      = c*p + c*(c+1)//2             # causal (query, key) pairs of a c-token extend on prefix p
