@@ -9,6 +9,7 @@ import pytest
 
 from adapter import cost_model
 from adapter.switches.decode_yield import clock
+from adapter.switches.decode_yield.backlog import Arrivals
 from adapter.switches.decode_yield.decision import Config, Facts, State, Waiting, abandoned, close, decide, final_span
 
 MS = 1_000_000
@@ -192,3 +193,51 @@ def test_a_stale_step_alone_gives_way_to_recent_decode_steps_and_a_probe_replace
     pc, t = stale()
     _passes(pc, t, [("window", 380 * MS)])
     assert pc.step_ns() == 2 * MS and len(pc.alone.samples) == clock.SAMPLES  # joined the median
+
+
+def _traffic(arrivals: Arrivals, t: int, seconds: float, rate: int, chunked_ms: int, window_ms: int,
+             period_ms: int) -> int:
+    """``seconds`` of 10 ms passes: each ``period_ms`` a prompt chunked for ``chunked_ms`` of chunks and
+    ``window_ms`` of its windows' steps, then none; prompts arriving at ``rate`` a second throughout
+    (counted by the meter only while one is chunked). Returns the time after them."""
+    due = 0  # thousandths of a prompt
+    for k in range(round(seconds * 100)):
+        phase = k * 10 % period_ms
+        due += rate * 10
+        arrived, due = divmod(due, 1000)
+        t += 10 * MS
+        arrivals.passed(t, 10 * MS, phase < chunked_ms + window_ms, arrived)
+    return t
+
+
+def _kit_quarter_load(arrivals: Arrivals, t: int) -> int:
+    # what the Mellum kit sees at a quarter of its stock capacity (the probe's window lines): prefill
+    # 6 % of the wall time, windows a third of the time a prompt is chunked
+    return _traffic(arrivals, t, 60, rate=60, chunked_ms=60, window_ms=30, period_ms=1000)
+
+
+@pytest.mark.parametrize(("why", "traffic", "prompt_ms", "low", "high", "share"), [
+    ("the seed: a lone long prompt chunked for a minute beside streams, nothing arriving: the whole share",
+     lambda a, t: _traffic(a, t, 60, rate=0, chunked_ms=667, window_ms=333, period_ms=1000), 90, 0, 0, 33),
+    ("a boot's first arrival is no saturation", lambda a, t: _traffic(a, t, 0.1, rate=10, chunked_ms=100,
+                                                                     window_ms=0, period_ms=100), 90, 100, 200, 28),
+    ("a quarter of the kit's capacity (prefill 6 % of the time): at most 6 %, not the 9 % its windows made of it",
+     _kit_quarter_load, 1, 30, 60, 32),
+    ("load 0.3 with windows a third of the chunked time: at most 0.3, not 1 / (1 - 1/3) of it",
+     lambda a, t: _traffic(a, t, 60, rate=300, chunked_ms=300, window_ms=150, period_ms=1000), 1, 225, 300, 24),
+    ("a saturated minute, then a minute at a quarter load: the burst is forgotten",
+     lambda a, t: _kit_quarter_load(a, _traffic(a, t, 60, rate=1200, chunked_ms=1000, window_ms=0, period_ms=1000)),
+     1, 30, 60, 32),
+    ("saturation: prompts arrive faster than prefill serves them: none", lambda a, t: _traffic(
+        a, t, 60, rate=1200, chunked_ms=1000, window_ms=0, period_ms=1000), 1, 1000, 1200, 0),
+])
+def test_the_load_guard_reads_the_rate_prefill_arrives_behind_a_chunked_prompt(why, traffic, prompt_ms, low, high,
+                                                                             share):
+    """Arrivals over the wall time a prompt was chunked (its windows included), times a prompt's
+    prefill time, over the last seconds of wall time (shrunk by half a second of arrival-free time:
+    at most the load); the window then gives ``pct x (1 - load)``."""
+    arrivals = Arrivals()
+    traffic(arrivals, 10**9)
+    reading = arrivals.load(prompt_ms * MS)
+    assert low <= reading <= high, (why, reading)
+    assert decide(Config(33), replace(BASE, load=reading), State())[0].share == share, why

@@ -13,13 +13,12 @@ within ``1 / (1 - pct)`` of stock's while ``lag <= pct * TTFT``. A prompt served
 ``1 - pct`` of the backlog's longest window is :class:`Late` (counted: it inherited a lag no
 window of its own added, or lost a cache hit while it waited, whose prefill is added to its lag).
 
-**Load** (the guard's): how fast prompts arrive behind a chunked prompt, times the median prefill
-time of a prompt (uncached tokens at the measured time per token, the last few arrivals), over the
-time a prompt was chunked less its window steps (stock's time); counts and time halved every
-:data:`HORIZON_NS` of it, the first :data:`PRIOR_NS` counted as arrival-free. Windows run only
-while a prompt is chunked, and every prompt waiting then pays them. A lone long prompt (however
-long) is no arrival behind itself: load 0; one huge prompt arriving behind a short one moves the
-median little. Poisson arrivals come into a busy period at the same rate as at any other time.
+**Load** (the guard's, :class:`Arrivals`): prompts first seen waiting while a prompt was chunked,
+over the wall time a prompt was chunked (its windows' steps included: prompts arrive during them
+too), times the median prefill time of a prompt (uncached tokens of the last few arrivals at the
+measured time per token); the counts halve every :data:`HORIZON_NS` of wall time, and
+:data:`PRIOR_NS` of arrival-free time is added to the time. A lone long
+prompt (however long) is no arrival behind itself: load 0.
 """
 
 from __future__ import annotations
@@ -52,6 +51,38 @@ class Late:
     lost_tokens: int
 
 
+class Arrivals:
+    """The load guard's reading: how fast prefill arrives behind a chunked prompt, over the prefill rate.
+
+    Poisson arrivals find a prompt chunked as often as it is, so arrivals over the time a prompt was
+    chunked is the arrival rate: that time counts its windows, or a share ``s`` reads ``1 / (1 - s)``
+    high. The counts halve with wall time, not with chunked time: light traffic chunks a prompt a few
+    % of the time, and a burst a minute ago says nothing about now. :data:`PRIOR_NS` more of chunked
+    time, arrival-free, shrinks a reading of little time (a boot's first arrival is no saturation).
+    """
+
+    def __init__(self) -> None:
+        self.arrived = self.chunked_ns = 0  # prompts x1000, ns
+        self._halved: int | None = None
+
+    def passed(self, t: int, took: int, chunked: bool, arrived: int) -> None:
+        """A pass entered at ``t`` after an iteration of ``took`` ns, a prompt ``chunked`` during it,
+        and ``arrived`` prompts first seen waiting now."""
+        if self._halved is None:
+            self._halved = t
+        halvings = min((t - self._halved) // HORIZON_NS, 62)
+        if halvings:
+            self.arrived, self.chunked_ns = self.arrived >> halvings, self.chunked_ns >> halvings
+            self._halved += halvings * HORIZON_NS
+        if chunked:
+            self.chunked_ns += took
+            self.arrived += 1000 * arrived
+
+    def load(self, prompt_ns: int) -> int:
+        """Permille: the arrival rate times a prompt's prefill time."""
+        return self.arrived * prompt_ns // (self.chunked_ns + PRIOR_NS)
+
+
 class Backlog:
     """The backlog ledger of one scheduler (one rank)."""
 
@@ -60,13 +91,13 @@ class Backlog:
         self.lag = self.given = self.longest = self._window_ns = 0
         self.stamps: dict[int, Stamp] = {}
         self.work = Median()  # a prompt's uncached tokens (the last few arrivals)
-        self.arrived = self.busy = 0  # prompts arriving behind a chunked one (x1000); stock's time with one chunked
+        self.arrivals = Arrivals()
         self._chunked = False  # a prompt was chunked at the pass before
         self._served: list[tuple[Stamp, int]] = []  # prompts the last pass gave a first token, with lost tokens
 
     def load(self, per_token: int | None) -> int:
         """Permille: prefill arriving behind a chunked prompt over the prefill rate."""
-        return self.arrived * (self.work.value() or 0) * (per_token or 0) // (self.busy + PRIOR_NS)
+        return self.arrivals.load((self.work.value() or 0) * (per_token or 0))
 
     def on_pass(self, t: int, tick: Tick, chunked: Any, waiting: Any, per_token: int | None) -> list[Late]:
         """A pass entered at ``t``; returns the prompts the pass before served past their bound."""
@@ -76,27 +107,26 @@ class Backlog:
             self._window_ns += tick.took
         elif self._window_ns:
             self.longest, self._window_ns = max(self.longest, self._window_ns), 0
-        if self._chunked:
-            self.busy += 0 if tick.window else tick.took
-            if self.busy > HORIZON_NS:
-                self.arrived, self.busy = self.arrived // 2, self.busy // 2
         late = [x for stamp, lost in self._served if (x := self._late(t, stamp, lost, per_token or 0)) is not None]
         self._served = []
         if chunked is None and not waiting:  # the backlog is over: the next starts with no lag
             self.lag = self.given = self.longest = self._window_ns = 0
             self.stamps.clear()
-        else:
-            self._stamp_arrivals(t, chunked, waiting, per_token or 0)
+        arrived = 0 if chunked is None and not waiting else self._stamp_arrivals(t, chunked, waiting, per_token or 0)
+        self.arrivals.passed(t, tick.took, self._chunked, arrived)
         self._chunked = chunked is not None
         return late
 
-    def _stamp_arrivals(self, t: int, chunked: Any, waiting: Any, per_token: int) -> None:
+    def _stamp_arrivals(self, t: int, chunked: Any, waiting: Any, per_token: int) -> int:
+        """Stamp the prompts first seen waiting; returns how many."""
         ahead = len(chunked.origin_input_ids) - (chunked.extend_end or chunked.prefix_len) if chunked else 0
+        arrived = 0
         for req in waiting:
             if not req.output_ids and self._stamp(req, t, ahead * per_token, queued=True):  # retracted: no prompt
                 self.work.add(len(req.origin_input_ids) - (self.stamps[id(req)].hit or 0))
-                self.arrived += 1000 if self._chunked else 0
+                arrived += 1
             ahead += len(req.origin_input_ids) + len(req.output_ids) - req.prefix_len
+        return arrived
 
     def _stamp(self, req: Any, t: int, ahead_ns: int, queued: bool) -> bool:
         """Stamp ``req`` unless it is; the lag it finds is at most the prefill ahead of it (stock would

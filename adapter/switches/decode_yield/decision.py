@@ -114,7 +114,7 @@ def final_span(windows: int) -> int:
 def guarded_share(cfg: Config, load: int | None) -> int:
     if not cfg.guard or load is None:
         return cfg.pct
-    return cfg.pct * (1000 - min(max(load, 0), 1000)) // 1000
+    return (cfg.pct * (1000 - min(max(load, 0), 1000)) + 500) // 1000  # whole percents, nearest
 
 
 def allowed(pct: int, facts: Facts, step_ns: int | None) -> int | None:
