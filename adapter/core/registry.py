@@ -195,7 +195,7 @@ SWITCHES: tuple[Switch, ...] = (
             "sglang.srt.mem_cache.rust_tree_core.adapter:RustUnifiedTreeCore.swa_tombstone_ranges",
         ),
         install="adapter.switches.decode_yield.switch:install",
-        predict="adapter.switches.decode_yield.predict:predict",
+        predict="adapter.switches.decode_yield.switch:predict",
         volatile=True,
         gate_role=GateRole(acts="streams' decode share during a chunked prefill", profile=(("DSV41_DECODE_YIELD", "50"),)),
         options=(

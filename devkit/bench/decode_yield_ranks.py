@@ -4,7 +4,7 @@ take the same windows, and what the agreement costs per broadcast.
 Two processes, each a real SGLang ``Scheduler`` on the CPU harness with decode yield in measured
 mode, joined by a torch.distributed gloo group that stands where SGLang's ``Scheduler.tp_cpu_group``
 stands (``tp_size`` 2): the switch broadcasts rank 0's window on it, once per window
-(:mod:`adapter.switches.decode_yield.agreement`). Each rank's forwards take scripted wall times,
+(:func:`adapter.switches.decode_yield.switch.agree`). Each rank's forwards take scripted wall times,
 and rank 1's differ (its decode steps 30 % slower, its chunks 20 % faster), as two ranks' clocks
 never agree. Rows: with the agreement (the switch as it is) and without it (each rank keeps its own
 window, what a clock-reading controller would do alone): the windows of each rank and whether
@@ -37,14 +37,14 @@ def _rank(rank: int, port: int, agree: bool, out: Any) -> None:
     import torch
     import torch.distributed as dist
 
-    from adapter.switches.decode_yield import agreement
+    from adapter.switches.decode_yield import switch as yield_switch
     from devkit.testkit import decode_yield_scripted as scripted
 
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
     dist.init_process_group("gloo", rank=rank, world_size=2)
     group = dist.new_group(ranks=[0, 1], backend="gloo")  # as SGLang builds its cpu_group
     timings: list[int] = []
-    original = agreement.agree
+    original = yield_switch.agree
 
     def timed(scheduler: Any, n: int) -> int:
         # the harness's ranks run no forward collectives, so one runs ahead of the other: meet first
@@ -55,7 +55,7 @@ def _rank(rank: int, port: int, agree: bool, out: Any) -> None:
         timings.append(time.perf_counter_ns() - t)
         return value
 
-    agreement.agree = timed if agree else (lambda scheduler, n: n)  # type: ignore[assignment]
+    yield_switch.agree = timed if agree else (lambda scheduler, n: n)  # type: ignore[assignment]
     harness: list[Any] = []
 
     def on_built(h: Any) -> None:
@@ -68,7 +68,7 @@ def _rank(rank: int, port: int, agree: bool, out: Any) -> None:
     try:
         cycles = scripted.run(PCT, script, on_built=on_built)
     finally:
-        agreement.agree = original  # type: ignore[assignment]
+        yield_switch.agree = original  # type: ignore[assignment]
     h = harness[0]
     decisions = [(s.kind, s.rids, s.extend_lens, s.prefix_lens, s.decode_rows, s.remaining) for s in h.trace]
     bare: list[int] = []

@@ -1,24 +1,12 @@
 """The prefill backlog as decode yield sees it: the lag its windows added, what each waiting prompt
-paid of it, and the rate prefill arrives into it (the load guard's measurement).
+paid of it, and the rate prefill arrives into it (the load guard's reading).
 
-A **backlog** runs from the pass that first sees a prompt waiting (queued or chunked) until none
-is. Its **lag** is the wall time of every window step given in it, whole (the alternation a step
-right after a chunk pays included): stock's prefill schedule would run that much ahead. Stock's
-backlog is ours less the lag, so the lag is capped at our backlog's prefill still to run.
-
-Each prompt is stamped when first seen waiting: the lag it *found* (at most the prefill ahead of
-it: stock would have served that by then), the windows given so far, and what it could resume from
-the cache then (:mod:`.cache_hit`). Its lag is what it found plus every window since; its TTFT is
-within ``1 / (1 - pct)`` of stock's while ``lag <= pct * TTFT``. A prompt served past that plus
-``1 - pct`` of the backlog's longest window is :class:`Late` (counted: it inherited a lag no
-window of its own added, or lost a cache hit while it waited, whose prefill is added to its lag).
-
-**Load** (the guard's, :class:`Arrivals`): prompts first seen waiting while a prompt was chunked,
-over the wall time a prompt was chunked (its windows' steps included: prompts arrive during them
-too), times the median prefill time of a prompt (uncached tokens of the last few arrivals at the
-measured time per token); the counts halve every :data:`HORIZON_NS` of wall time, and
-:data:`PRIOR_NS` of arrival-free time is added to the time. A lone long
-prompt (however long) is no arrival behind itself: load 0.
+A backlog runs from the pass that first sees a prompt waiting (queued or chunked) until none is. Its
+lag is the wall time of every window step given in it, whole, capped at our backlog's prefill still
+to run (stock's backlog is ours less the lag). Each prompt is stamped when first seen waiting: the
+lag it found (at most the prefill ahead of it), the windows given so far, its cache hit then
+(:mod:`.cache_hit`). Its TTFT is within ``1 / (1 - pct)`` of stock's while ``lag <= pct * TTFT``; one
+served past that plus ``1 - pct`` of the backlog's longest window is :class:`Late` (counted).
 """
 
 from __future__ import annotations
@@ -52,34 +40,31 @@ class Late:
 
 
 class Arrivals:
-    """The load guard's reading: how fast prefill arrives behind a chunked prompt, over the prefill rate.
-
-    Poisson arrivals find a prompt chunked as often as it is, so arrivals over the time a prompt was
-    chunked is the arrival rate: that time counts its windows, or a share ``s`` reads ``1 / (1 - s)``
-    high. The counts halve with wall time, not with chunked time: light traffic chunks a prompt a few
-    % of the time, and a burst a minute ago says nothing about now. :data:`PRIOR_NS` more of chunked
-    time, arrival-free, shrinks a reading of little time (a boot's first arrival is no saturation).
-    """
+    """The load: prompts first seen waiting while a prompt was chunked, over the wall time one was
+    chunked, times a prompt's prefill time. Poisson arrivals find a prompt chunked as often as it is,
+    so that is the arrival rate; the time counts the windows' steps (prompts arrive in them too: else a
+    share ``s`` reads ``1 / (1 - s)`` high). The counts halve every :data:`HORIZON_NS` of wall time
+    (light traffic chunks a prompt a few % of the time: a burst a minute ago says nothing about now);
+    :data:`PRIOR_NS` of arrival-free time shrinks a reading of little time. A lone long prompt is no
+    arrival behind itself: load 0."""
 
     def __init__(self) -> None:
         self.arrived = self.chunked_ns = 0  # prompts x1000, ns
         self._halved: int | None = None
 
     def passed(self, t: int, took: int, chunked: bool, arrived: int) -> None:
-        """A pass entered at ``t`` after an iteration of ``took`` ns, a prompt ``chunked`` during it,
-        and ``arrived`` prompts first seen waiting now."""
+        """A pass entered at ``t`` after ``took`` ns, a prompt ``chunked`` then; ``arrived`` first seen now."""
         if self._halved is None:
             self._halved = t
         halvings = min((t - self._halved) // HORIZON_NS, 62)
-        if halvings:
-            self.arrived, self.chunked_ns = self.arrived >> halvings, self.chunked_ns >> halvings
-            self._halved += halvings * HORIZON_NS
+        self._halved += halvings * HORIZON_NS
+        self.arrived, self.chunked_ns = self.arrived >> halvings, self.chunked_ns >> halvings
         if chunked:
             self.chunked_ns += took
             self.arrived += 1000 * arrived
 
     def load(self, prompt_ns: int) -> int:
-        """Permille: the arrival rate times a prompt's prefill time."""
+        """Permille."""
         return self.arrived * prompt_ns // (self.chunked_ns + PRIOR_NS)
 
 
@@ -96,41 +81,34 @@ class Backlog:
         self._served: list[tuple[Stamp, int]] = []  # prompts the last pass gave a first token, with lost tokens
 
     def load(self, per_token: int | None) -> int:
-        """Permille: prefill arriving behind a chunked prompt over the prefill rate."""
         return self.arrivals.load((self.work.value() or 0) * (per_token or 0))
 
     def on_pass(self, t: int, tick: Tick, chunked: Any, waiting: Any, per_token: int | None) -> list[Late]:
         """A pass entered at ``t``; returns the prompts the pass before served past their bound."""
+        per_token = per_token or 0
         if tick.window:
             self.lag += tick.took
             self.given += tick.took
             self._window_ns += tick.took
         elif self._window_ns:
             self.longest, self._window_ns = max(self.longest, self._window_ns), 0
-        late = [x for stamp, lost in self._served if (x := self._late(t, stamp, lost, per_token or 0)) is not None]
-        self._served = []
+        late = [x for stamp, lost in self._served if (x := self._late(t, stamp, lost, per_token)) is not None]
+        self._served, arrived = [], 0
         if chunked is None and not waiting:  # the backlog is over: the next starts with no lag
             self.lag = self.given = self.longest = self._window_ns = 0
             self.stamps.clear()
-        arrived = 0 if chunked is None and not waiting else self._stamp_arrivals(t, chunked, waiting, per_token or 0)
-        self.arrivals.passed(t, tick.took, self._chunked, arrived)
-        self._chunked = chunked is not None
-        return late
-
-    def _stamp_arrivals(self, t: int, chunked: Any, waiting: Any, per_token: int) -> int:
-        """Stamp the prompts first seen waiting; returns how many."""
         ahead = len(chunked.origin_input_ids) - (chunked.extend_end or chunked.prefix_len) if chunked else 0
-        arrived = 0
         for req in waiting:
             if not req.output_ids and self._stamp(req, t, ahead * per_token, queued=True):  # retracted: no prompt
                 self.work.add(len(req.origin_input_ids) - (self.stamps[id(req)].hit or 0))
                 arrived += 1
             ahead += len(req.origin_input_ids) + len(req.output_ids) - req.prefix_len
-        return arrived
+        self.arrivals.passed(t, tick.took, self._chunked, arrived)
+        self._chunked = chunked is not None
+        return late
 
     def _stamp(self, req: Any, t: int, ahead_ns: int, queued: bool) -> bool:
-        """Stamp ``req`` unless it is; the lag it finds is at most the prefill ahead of it (stock would
-        have served that by then); a queued prompt's cache hit is read (the chunked one's is in the tree)."""
+        """Stamp ``req`` unless it is; a queued prompt's cache hit is read (the chunked one's is in the tree)."""
         seen = self.stamps.get(id(req))
         if seen is not None and seen.req is req:
             return False
@@ -139,10 +117,9 @@ class Backlog:
         return True
 
     def _late(self, t: int, stamp: Stamp, lost: int, per_token: int) -> Late | None:
-        lag = stamp.found + self.given - stamp.given + lost * per_token
+        lag = stamp.found + self.given - stamp.given + lost * per_token  # a lost hit's prefill is lag
         ttft = t - stamp.since
-        window = max(self.longest, self._window_ns)
-        if 100 * lag > self.pct * ttft + (100 - self.pct) * window:
+        if 100 * lag > self.pct * ttft + (100 - self.pct) * max(self.longest, self._window_ns):
             return Late(stamp.req, lag, ttft, lost)
         return None
 
@@ -162,13 +139,11 @@ class Backlog:
         per_token = per_token or 0
         rest, queued, found = tokens_left * per_token, 0, []
         for req in (chunked, *waiting):
+            ahead = 0 if req is chunked else tokens_left + queued
             if req is not chunked:
-                ahead = tokens_left + queued
                 queued += len(req.origin_input_ids) + len(req.output_ids)
                 if req.output_ids:
                     continue
-            else:
-                ahead = 0
             self._stamp(req, t, ahead * per_token, req is not chunked)
             stamp = self.stamps[id(req)]
             found.append(Waiting(t - stamp.since, stamp.found + self.given - stamp.given))

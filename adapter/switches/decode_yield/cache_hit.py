@@ -1,18 +1,8 @@
-"""What a waiting prompt could resume from the prefix cache now, read without changing the cache.
-
-The backlog ledger (:mod:`adapter.switches.decode_yield.backlog`) compares it, taken when a prompt is first
-seen waiting, with the cache hit the prompt got at admission: a hit lost while it waited (a pool
-under pressure evicted its prefix) is prefill stock may not have run, charged to its lag.
-
-SGLang's own match (``UnifiedRadixCache.match_prefix``) cannot be used for this: it refreshes the
-path's LRU recency and splits the node it ends in, which would change what the pool evicts. The
-read here uses the two read-only walks both tree cores (Python and Rust) expose:
-``tree_core.match_full_device_prefix`` (Full KV, no SWA validator, no split, no LRU touch) and
-``tree_core.swa_tombstone_ranges``. It is a lower bound of what the match would give: the Full hit,
-page-aligned, on the same key the scheduler matches (``common._req_radix_key`` with the request's
-``_compute_max_prefix_len``), cut back where its SWA window is gone to the deepest point the match's
-SWA validator accepts among those a read can place (:func:`deepest_valid`); a lower bound only
-understates a loss.
+"""What a waiting prompt could resume from the prefix cache now, read without changing the cache (a
+hit lost while it waits is charged to its lag). SGLang's match (``UnifiedRadixCache.match_prefix``)
+touches the LRU and splits nodes; this uses the read-only walks of both tree cores,
+``match_full_device_prefix`` and ``swa_tombstone_ranges``, on the key the scheduler matches
+(``common._req_radix_key``): the Full hit cut back to where the SWA validator accepts, a lower bound.
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """Decode yield's one clock: the scheduler's own passes.
 
-Every pass stamps the time it enters ``get_next_batch_to_run``; the interval to the next stamp is
-one iteration of the loop (the forward of the batch the pass chose, its result, the next receive).
-Every sample the switch uses comes from these intervals, each the median of the last
-:data:`SAMPLES`, robust to one descheduled iteration:
-
-* the streams' *step alone*: a decode iteration after decode iterations (2 in a row in the normal
-  loop, 3 in the overlap loop, whose pass waits on the batch before); the first step after a chunk
-  costs more (the alternation, charged to the prompt's side) and is left out. Fresh only while
-  taken in the last :data:`FRESH_CYCLES` windows: a machine's speed moves within seconds, and
-  windows of 0-1 step give none (then any recent decode step stands in, and the decision plans
-  a probe that refreshes it);
-* *prefill per token*: the last prefill iterations' time over their tokens (the backlog's stock rate);
-* *a cycle's overhead per chunk token* (a chunk and its window less the window's wall time) and
-  *the alternation* (a window's wall time beyond its steps alone: the first step after a chunk
-  pays it), both fed by :func:`decision.close` when a window is served.
+Every pass stamps the time it enters ``get_next_batch_to_run``; the interval to the next stamp is one
+iteration (the forward of the batch the pass chose, its result, the next receive). Every sample is
+the median of the last :data:`SAMPLES` such intervals, robust to one descheduled iteration: the
+streams' step alone (a decode after decodes: the first after a chunk pays the alternation, charged to
+the prompt's side), prefill time per token, and, fed by :func:`decision.close`, a cycle's overhead per
+chunk token and the alternation.
 """
 
 from __future__ import annotations
@@ -29,8 +20,6 @@ FRESH_CYCLES = 8
 
 
 class Median:
-    """The median of the last :data:`SAMPLES` integers."""
-
     __slots__ = ("samples",)
 
     def __init__(self) -> None:
@@ -45,17 +34,14 @@ class Median:
 
 @dataclass(frozen=True)
 class Tick:
-    """The iteration that just ended: what its pass chose and how long it took."""
+    """The iteration that just ended."""
 
     took: int  # ns (0 on the first pass)
-    decode: bool  # a decode batch
-    window: bool  # ... that a window gave (its pass deferred prefill)
-    alone: bool  # ... after decode iterations: a sample of the step alone
-    prefill_tokens: int  # a prefill batch of this many tokens (0: none)
+    window: bool  # a decode step a window gave (its pass deferred prefill)
 
 
 class PassClock:
-    """The pass stamps of one scheduler (one rank) and the samples taken from them."""
+    """One scheduler's (one rank's) pass stamps and the samples taken from them."""
 
     def __init__(self, overlap: bool) -> None:
         self.need_run = 3 if overlap else 2  # decode iterations in a row before one is a step alone
@@ -71,12 +57,12 @@ class PassClock:
 
     def on_pass(self, t: int) -> Tick:
         took = t - self._last if self._last is not None else 0
-        tick = Tick(took, self._run > 0, self.deferred, self._run >= self.need_run, self._prefill)
+        tick = Tick(took, self.deferred)
         if took and self._prefill:
             self._prefills.append((took, self._prefill))
-        elif took and tick.decode:
+        elif took and self._run > 0:
             self.any_step.add(took)
-            if tick.alone:
+            if self._run >= self.need_run:  # after decode iterations: a step alone
                 # after a stale gap the samples before it are another speed's: a probe's sample replaces
                 # them, unless slower than the recent steps (a descheduled step only joins the median)
                 if not self.fresh() and took <= (self.any_step.value() or took):
@@ -98,6 +84,8 @@ class PassClock:
         return sum(t for t, _ in self._prefills) // tokens if tokens else None
 
     def fresh(self) -> bool:
+        """A step alone taken in the last :data:`FRESH_CYCLES` windows (a machine's speed moves within
+        seconds; windows of 0-1 step take none)."""
         return bool(self.alone.samples) and self.windows - self._alone_at <= FRESH_CYCLES
 
     def step_ns(self) -> int | None:

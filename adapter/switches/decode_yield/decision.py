@@ -1,15 +1,9 @@
 """Decode yield's decision, pure: :func:`decide` (facts in, window and state out) once per non-final
-chunk, :func:`close` when the next chunk runs. The share's arithmetic lives here only. A window is
-three limits, in this order (docs/switches/decode_yield.md has the reasoning):
-
-1. the load guard: the share given is ``pct * (1 - load)``, ``load`` the measured rate prefill arrives
-   behind a chunked prompt over the prefill rate (:mod:`.backlog`): none as load nears capacity;
-2. the share: measured mode, the smallest ``N`` whose window's whole wall time (steps and the
-   alternation) brings the prompt's balance back to zero; model mode, the cost model's ``N``;
-3. the bound: no waiting prompt held past ``1 / (1 - pct)`` of its stock TTFT, ``lag + D <= pct/100 *
-   (wait + D + R)`` for each (``R``: the chunked prompt's prefill still to run, ahead of all of them).
-
-A window the guard or the bound reduced leaves no debt: no later window repays what it did not give.
+chunk, :func:`close` when the next chunk runs. A window is three limits, in this order (reasoning in
+docs/switches/decode_yield.md): the load guard (the share given is ``pct * (1 - load)``); the share
+(measured mode: the smallest ``N`` whose whole wall time brings the prompt's balance back to zero;
+model mode: the cost model's ``N``); the bound (no waiting prompt held past ``1 / (1 - pct)`` of its
+stock TTFT). A window the guard or the bound reduced leaves no debt.
 """
 
 from __future__ import annotations
@@ -29,7 +23,7 @@ class Config:
 
 @dataclass(frozen=True)
 class Waiting:
-    """A prompt waiting for its first token (the chunked one included), as the backlog ledger saw it."""
+    """A prompt waiting for its first token (the chunked one included)."""
 
     wait_ns: int  # since first seen waiting
     lag_ns: int  # the lag it paid: found on arrival, plus every window's wall time since
@@ -54,13 +48,11 @@ class Facts:
     alternation_ns: int = 0  # what a window costs beyond its steps alone (measured)
     rest_ns: int = 0  # the chunked prompt's prefill still to run, this chunk's included, at stock rate
     waiting: tuple[Waiting, ...] = ()
-    load: int | None = None  # permille: prefill arriving into the backlog over the prefill rate
+    load: int | None = None  # permille: prefill arriving behind a chunked prompt over the prefill rate
 
 
 @dataclass(frozen=True)
-class Cycle:
-    """The open cycle: a chunk and its window, until the next chunk runs."""
-
+class Cycle:  # a chunk and its window, until the next chunk runs
     start: int
     tokens: int
     rode_along: int
@@ -70,9 +62,7 @@ class Cycle:
 
 
 @dataclass(frozen=True)
-class State:
-    """One scheduler's decision state: the prompt's balance, across its windows."""
-
+class State:  # one scheduler's: the prompt's balance, across its windows
     prompt: str = ""
     balance: int = 0  # ns scaled by 100: sum((100-share)*streams - share*overhead) over served cycles
     windows: int | None = None  # the prompt's windows, counted at its first
@@ -87,7 +77,6 @@ class State:
 class Window:
     n: int  # steps to give (before the TP broadcast)
     share: int  # the share planned (pct, or less under the guard)
-    asked: int  # what the share asked for, before the bound
     cut: int  # steps the bound cut
     source: str  # measured | model_ratio | model (nothing measured) | model_mode
     step_ns: int | None = None
@@ -95,9 +84,7 @@ class Window:
 
 
 @dataclass(frozen=True)
-class Served:
-    """A closed cycle, as the ``window`` line reports it."""
-
+class Served:  # a closed cycle, as the ``window`` line reports it
     elapsed_ns: int
     window_ns: int  # the window's wall time, whole: the streams' steps and the alternation
     overhead_ns: int
@@ -134,7 +121,7 @@ def decide(cfg: Config, facts: Facts, state: State) -> tuple[Window, State]:
         chunk_fs, step_fs = facts.model
         n, carry = cost_model.yield_window(share, chunk_fs, step_fs, facts.floor, state.carry, cfg.cap,
                                            facts.rode_along) if share else (facts.floor, 0)
-        window, state = Window(n, share, n, 0, "model_mode"), replace(state, carry=carry)
+        window, state = Window(n, share, 0, "model_mode"), replace(state, carry=carry)
     else:
         window, state = _closed_loop(cfg, facts, state, share)
     bound = allowed(cfg.pct, facts, step)
@@ -155,7 +142,7 @@ def _closed_loop(cfg: Config, facts: Facts, state: State, share: int) -> tuple[W
     if step is None:  # nothing measured: the cost model's window
         n = cost_model.yield_window(share, chunk_fs, step_fs, facts.floor, 0, cfg.cap, facts.rode_along)[0]
         cycle = Cycle(facts.t, facts.tokens, facts.rode_along, 0, share, False)
-        return Window(n, share, n, 0, "model"), replace(state, cycle=cycle)
+        return Window(n, share, 0, "model"), replace(state, cycle=cycle)
     if per_token is None:  # a step but no cycle yet: the model's chunk-to-step ratio
         overhead, source = step * chunk_fs // max(step_fs, 1), "model_ratio"
         final_part = overhead * extra // max(facts.tokens * 1000, 1)
@@ -171,14 +158,13 @@ def _closed_loop(cfg: Config, facts: Facts, state: State, share: int) -> tuple[W
     if 0 < need < facts.need_run and not facts.fresh:
         need = facts.need_run  # a probe: its last step is a fresh step alone; the balance repays it
     n = max(facts.floor, min(cfg.cap, need))
-    return Window(n, share, n, 0, source, step, overhead), replace(state, cycle=cycle)
+    return Window(n, share, 0, source, step, overhead), replace(state, cycle=cycle)
 
 
 def close(state: State, t: int, given: int, window_ns: int, step_ns: int | None, per_token_ps: int | None,
           need_run: int = 2) -> tuple[Served | None, tuple[int, int | None] | None, State]:
-    """The open cycle ends at ``t`` (the next chunk runs) after ``given`` window steps that took
-    ``window_ns`` of wall time, whole. Returns the cycle, its samples for the clock (the overhead per
-    chunk token in ps, the window's alternation in ns) and the state with the balance closed."""
+    """The cycle ends at ``t`` after ``given`` steps that took ``window_ns``, whole: the served cycle,
+    the clock's samples (overhead per chunk token in ps, the alternation in ns), the balance closed."""
     cycle = state.cycle
     state = replace(state, cycle=None)
     elapsed = t - cycle.start if cycle is not None else 0

@@ -1,9 +1,7 @@
-"""What decode yield says, beside its control path: the lines, their throttles, the counts.
-
-Every ``burst``, ``guard`` and ``unbounded`` event is counted in the metrics; a line is logged at
-most once per :data:`LINE_S` per kind (``ctx.tally`` counts the rest). The ``window`` line is DEBUG,
-formatted only when something reads it (``DSV41_DEBUG_LOG`` or metrics).
-"""
+"""What decode yield says, beside its control path: lines, throttles, counts. Every ``burst``,
+``guard`` and ``unbounded`` event is counted in the metrics; a line is logged at most once per
+:data:`LINE_S` per kind (``ctx.tally`` counts the rest); the DEBUG ``window`` line is formatted only
+when something reads it (``DSV41_DEBUG_LOG`` or metrics)."""
 
 from __future__ import annotations
 
@@ -57,20 +55,16 @@ class Observer:
             return
         fields: dict[str, Any] = {"mode": self.mode, "target": self.pct, "chunk": opened.chunk,
                                   "prefix": opened.prefix, "rows": opened.rows, "n": opened.n,
-                                  "floor": opened.floor, "given": given, "ended": ended}
-        if window.cut:
-            fields["cut"] = window.cut
-        if window.share < self.pct:
-            fields["guard"] = window.share
-        if load is not None:
-            fields["load"] = round(load / 1000, 3)
+                                  "floor": opened.floor, "given": given, "ended": ended,
+                                  "cut": window.cut or None, "guard": window.share if window.share < self.pct else None,
+                                  "load": None if load is None else round(load / 1000, 3)}
         if self.mode == "measured":
-            fields["source"] = window.source
-            if window.step_ns is not None:
-                fields["step_us"] = round(window.step_ns / 1000, 1)
-            if window.overhead_ns is not None:
-                fields["overhead_us"] = round(window.overhead_ns / 1000, 1)
+            fields.update(source=window.source, step_us=_us(window.step_ns), overhead_us=_us(window.overhead_ns))
         if served is not None:
-            fields.update(share=served.share, prompt_share=served.prompt_share,
-                          cycle_us=round(served.elapsed_ns / 1000, 1), streams_us=round(served.window_ns / 1000, 1))
-        self.ctx.event("window", level=logging.DEBUG, **fields)
+            fields.update(share=served.share, prompt_share=served.prompt_share, cycle_us=_us(served.elapsed_ns),
+                          streams_us=_us(served.window_ns))
+        self.ctx.event("window", level=logging.DEBUG, **{k: v for k, v in fields.items() if v is not None})
+
+
+def _us(ns: int | None) -> float | None:
+    return None if ns is None else round(ns / 1000, 1)

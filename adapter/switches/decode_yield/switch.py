@@ -1,18 +1,8 @@
 """Decode yield (``DSV41_DECODE_YIELD=<pct>``): running streams keep ``pct`` % of a chunked prefill's
-wall time, when prefill has room to give it (docs/switches/decode_yield.md).
-
-Why: SGLang 0.5.23 reschedules a chunked prompt on every pass, so streams get no decode step between
-its chunks unless ``--prefill-decode-interval`` is set, and then a fixed count (sglang#32549).
-
-What it changes: after each *non-final* chunk, while decode rows run, the next prefill is deferred
-for ``N`` steps through the engine's own ``_should_defer_prefill`` counter (floor: the configured
-interval; cap 128). Chunk boundaries, batch contents and outputs stay the engine's own.
-``get_next_batch_to_run``: stamp the pass (:mod:`.clock`), update the backlog ledger
-(:mod:`.backlog`), run the pass; on a non-final chunk with rows decoding, gather
-:class:`decision.Facts`, decide, agree under TP (:mod:`.agreement`), arm. ``_should_defer_prefill``:
-end a window early (never below the configured interval), run the policy on a deferred pass as a
-stock prefill attempt would, close the cycle. :mod:`.observe` logs and counts beside them.
-
+wall time, when prefill has room to give it (docs/switches/decode_yield.md; sglang#32549: stock gives
+them no step between a prompt's chunks, or a fixed ``--prefill-decode-interval``). After each non-final
+chunk, while rows decode, the next prefill is deferred ``N`` steps through the engine's own
+``_should_defer_prefill`` counter: chunk boundaries, batch contents and outputs stay the engine's own.
 Rollback: unset ``DSV41_DECODE_YIELD``; the open-loop model only: ``DSV41_DECODE_YIELD_MODE=model``.
 """
 
@@ -23,7 +13,7 @@ from typing import Any
 
 from adapter import cost_model
 from adapter.core import api
-from adapter.switches.decode_yield import agreement, cache_hit, clock, decision
+from adapter.switches.decode_yield import cache_hit, clock, decision
 from adapter.switches.decode_yield.backlog import Backlog
 from adapter.switches.decode_yield.observe import Observer
 
@@ -31,6 +21,9 @@ SWITCH = api.handle(__name__)
 _ATTR = "_dsv41_decode_yield"  # per-Scheduler state, on the instance
 MODE_KEY, GUARD_KEY, MEASURED = "DSV41_DECODE_YIELD_MODE", "DSV41_DECODE_YIELD_LOAD_GUARD", "measured"
 DLLM = "dLLM: diffusion decoding does not use the chunked-prefill deferral path"
+DEFAULTS_WARNING = ("decode_yield runs open-loop (DSV41_DECODE_YIELD_MODE=model) on its default cost coefficients "
+                    "(no DSV41_DECODE_YIELD_* coefficient key): fit them on this machine with `python -m adapter "
+                    "fit-cost-model` (docs/operating.md), or unset the mode (measured: no coefficients needed)")
 
 
 @dataclass
@@ -72,6 +65,39 @@ def unsupported_mode(server_args: Any) -> str | None:
     if getattr(server_args, "dllm_algorithm", None) is not None:
         return DLLM
     return None
+
+
+def predict(profile: api.Profile) -> api.Prediction:
+    """What ``python -m adapter check`` predicts: a refusal on the first pass (read from the launch
+    line), the mode (a note), a warning when the open loop runs on default coefficients."""
+    coefficients = [k for k in profile.environ if k.startswith("DSV41_DECODE_YIELD_") and k != MODE_KEY]
+    warnings = (DEFAULTS_WARNING,) if profile.values.get(MODE_KEY) == "model" and not coefficients else ()
+    if profile.status != "installed":
+        return api.Prediction(warnings=warnings)
+    params = {k: profile.installed[k] for k in ("share", "mode", "cost") if k in profile.installed}
+    receipt = None
+    if profile.server_args is not None and (why := unsupported_mode(profile.server_args)):
+        receipt = f"refused: {why}"
+    notes = ()
+    if "mode" in params:
+        how = ("windows from measured iteration times, closed on the measured share; rank 0 decides under TP"
+               if params["mode"] == MEASURED else f"open-loop integer cost model, coefficients {params['cost']}")
+        notes = (f"decode_yield: share {params['share']} % in {params['mode']} mode ({how})",)
+    return api.Prediction(receipt, params, warnings, notes=notes)
+
+
+def agree(scheduler: Any, n: int) -> int:
+    """Rank 0's ``n`` on every TP rank: ranks deciding alone on their own clocks would defer different
+    passes and pair the wrong forwards in their collectives. Arming is decided on replicated state, so
+    every rank is here on the same pass; SGLang's gloo group ``tp_cpu_group`` keeps it off the device."""
+    if int(getattr(scheduler, "tp_size", 1) or 1) <= 1:
+        return n
+    import torch
+    import torch.distributed as dist
+
+    value = torch.tensor([n], dtype=torch.int64)
+    dist.broadcast(value, group=scheduler.tp_cpu_group, group_src=0)
+    return int(value.item())
 
 
 def _published_server_args() -> Any:
@@ -143,10 +169,8 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
         if not extend:
             return plan
         y.backlog.ran(batch.reqs, chunked)
-        if chunked is None:
-            return plan
         # a non-final chunk: add_chunked_req / new_chunked_req keep chunked_req set only when truncated
-        index = next((i for i, r in enumerate(batch.reqs) if r is chunked), -1)
+        index = next((i for i, r in enumerate(batch.reqs) if r is chunked), -1) if chunked is not None else -1
         if index < 0:
             return plan
         rows, kv, kv_topk = _rows(s, plan, batch, coef.topk)
@@ -164,11 +188,10 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
              cost_model.decode_cost(rows, kv, kv_topk, coef)),
             rode_along=1 if batch.decoding_reqs else 0, final_tokens=max(0, left - (windows_left - 1) * size),
             windows_left=windows_left, step_ns=y.clock.step_ns(), fresh=y.clock.fresh(), need_run=y.clock.need_run,
-            per_token_ps=y.clock.cycle_per_token.value(), alternation_ns=y.clock.alternation.value() or 0, rest_ns=rest_ns, waiting=waiting, load=load)
+            per_token_ps=y.clock.cycle_per_token.value(), alternation_ns=y.clock.alternation.value() or 0,
+            rest_ns=rest_ns, waiting=waiting, load=load)
         window, y.state = decision.decide(cfg, facts, y.state)
-        # rank 0 decides for every TP rank: arming is decided on replicated state, so every rank is here
-        n = agreement.agree(s, window.n)
-        s._prefill_decode_interval_remaining = n
+        n = s._prefill_decode_interval_remaining = agree(s, window.n)
         y.open = Open(chunked, window, n, facts.floor, size, prefix, rows, load)
         y.observe.armed(t, window, n, y.backlog.lag, load, len(s.waiting_queue))
         return plan
