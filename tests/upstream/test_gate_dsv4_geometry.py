@@ -41,7 +41,7 @@ def test_stock_loses_the_idle_sessions_resume_point_and_the_branchs_window_and_c
 
 
 def test_swa_thin_keeps_the_resume_point_and_the_cone_resumes_the_branch_below_f(records):
-    from devkit.testkit.cone import install
+    from overlay_tools.simulate.cone_turn import install
 
     state = install(1024, DSV41_SWA_THIN="1")
     importlib.import_module(swa_thin.SWITCH.module_of("checkpoint_into_tree"))
