@@ -66,9 +66,10 @@ def run(quick: bool = False, backend: str = "rust") -> dict[str, Any]:
     from adapter.core import boot
     from devkit.testkit import cone_replay_parts as cone_replay
     from devkit.testkit import radix_cache as rc
-    from devkit.testkit.cone import install
+    from overlay_tools.simulate import cache_kit
+    from overlay_tools.simulate.cone_turn import install
 
-    geometry = rc.Geometry(page=PAGE, window=WINDOW, chunk=CHUNK, full_tokens=4 * 1024 * 1024,
+    geometry = cache_kit.Geometry(page=PAGE, window=WINDOW, chunk=CHUNK, full_tokens=4 * 1024 * 1024,
                            swa_tokens=64 * PAGE, max_reqs=8, max_ctx=(1 << 20) + 4 * CHUNK)
     lengths = LENGTHS_QUICK if quick else LENGTHS_FULL
     boot.uninstall()
@@ -78,10 +79,10 @@ def run(quick: bool = False, backend: str = "rust") -> dict[str, Any]:
         for length in [*lengths, lengths[0]]:
             chunk = CHUNK if len(rows) < len(lengths) else CHUNK // 2
             boot.uninstall()
-            stock_kit = rc.build(geometry, backend=backend)  # built before the switch: stock
+            stock_kit = cache_kit.build(geometry, backend=backend)  # built before the switch: stock
             state = install(N)
             assert state.outcomes["cone_replay"].status == "armed", state.outcomes["cone_replay"]
-            cone_kit = rc.build(geometry, backend=backend)
+            cone_kit = cache_kit.build(geometry, backend=backend)
             cone_replay.reset_counters()
             stock = _session(stock_kit, rc.Tokens(), length, chunk)
             cone = _session(cone_kit, rc.Tokens(), length, chunk)

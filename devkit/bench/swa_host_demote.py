@@ -28,16 +28,17 @@ from adapter.ops import table
 from devkit.testkit import radix_cache as rc
 from devkit.testkit import swa_host_demote as demote
 from devkit.testkit.swa_thin import install_thin
+from overlay_tools.simulate import cache_kit
 
 PAGE, OUT = 16, 16
-GEOMETRY = rc.Geometry(PAGE, 8, 128, full_tokens=1 << 16, swa_tokens=512, max_reqs=8, max_ctx=1 << 16)
+GEOMETRY = cache_kit.Geometry(PAGE, 8, 128, full_tokens=1 << 16, swa_tokens=512, max_reqs=8, max_ctx=1 << 16)
 MIXES = {"mixed": (0.4, 0.3), "retries": (0.1, 0.2)}  # P(new session), P(next turn); the rest: retries
 POLICIES = ("write_back", "write_through")
 
 
 def run_row(mix: str, policy: str, demoting: bool, units: int, seed: int) -> dict[str, Any]:
     t0 = time.process_time()
-    kit = rc.build(GEOMETRY, backend="python", hicache=rc.HiCache(ratio=2.0, write_policy=policy))
+    kit = cache_kit.build(GEOMETRY, backend="python", hicache=cache_kit.HiCache(ratio=2.0, write_policy=policy))
     p_new, p_next = MIXES[mix]
     rng, toks = random.Random(seed), rc.Tokens()
     system, sessions = toks.fresh(256), []

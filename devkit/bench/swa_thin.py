@@ -31,7 +31,9 @@ from typing import Any
 
 from adapter.ops import table
 from devkit.testkit import radix_cache as rc
-from devkit.testkit.swa_thin import install_thin, server_args, swa_pool_for_tails
+from devkit.testkit.swa_thin import install_thin
+from overlay_tools.simulate import cache_kit
+from overlay_tools.simulate.swa_pool import server_args, swa_pool_for_tails
 
 PAGE, WINDOW, CHUNK = 256, 128, 8192
 TAILS = (128, 256, 384)
@@ -39,7 +41,7 @@ DEFAULT_TAILS = 256
 
 
 # -- part 1: survival ----------------------------------------------------------------------------
-def _traffic_unit(kit: rc.CacheKit, tok: rc.Tokens, rng: random.Random, unit: int, long_len: int) -> None:
+def _traffic_unit(kit: cache_kit.CacheKit, tok: rc.Tokens, rng: random.Random, unit: int, long_len: int) -> None:
     if unit % 6 == 0:  # a new long session: one chunked 500K-token turn
         kit.run_turn(tok.fresh(long_len), PAGE)
     else:  # a sub-agent: a 16K-48K chunked turn and a short follow-up turn
@@ -47,12 +49,12 @@ def _traffic_unit(kit: rc.CacheKit, tok: rc.Tokens, rng: random.Random, unit: in
         kit.run_turn(first.history + tok.fresh(rng.randint(2, 8) * PAGE), rng.randint(1, 4) * PAGE)
 
 
-def _idle_sessions(thin: bool, swa_tokens: int, idle_len: int) -> tuple[rc.CacheKit, rc.Tokens, list[list[int]]]:
+def _idle_sessions(thin: bool, swa_tokens: int, idle_len: int) -> tuple[cache_kit.CacheKit, rc.Tokens, list[list[int]]]:
     from adapter.switches import swa_thin
 
-    geometry = rc.Geometry(PAGE, WINDOW, CHUNK, full_tokens=6 * 1024 * 1024, swa_tokens=swa_tokens,
+    geometry = cache_kit.Geometry(PAGE, WINDOW, CHUNK, full_tokens=6 * 1024 * 1024, swa_tokens=swa_tokens,
                            max_reqs=8, max_ctx=1 << 20)
-    kit = rc.build(geometry, backend="python")
+    kit = cache_kit.build(geometry, backend="python")
     if not thin:
         swa_thin.keep_stock(kit.cache)
     tok = rc.Tokens()
@@ -116,7 +118,7 @@ class _Traffic:
         return session["history"] + fresh, self.rng.randint(1, 4) * PAGE
 
 
-def _run_all(kits: list[rc.CacheKit], prompt: array, out: int, order: list[int]) -> array:
+def _run_all(kits: list[cache_kit.CacheKit], prompt: array, out: int, order: list[int]) -> array:
     results = {}
     for i in order:
         result = results[i] = kits[i].run_turn(prompt, out)
@@ -134,14 +136,14 @@ def _cost(sizes: list[int], events: int, seed: int) -> list[dict[str, Any]]:
 
     rows = []
     for size in sizes:
-        geometry = rc.Geometry(PAGE, WINDOW, CHUNK, full_tokens=size + 1024 * 1024, swa_tokens=size // 2 + 256 * 1024,
+        geometry = cache_kit.Geometry(PAGE, WINDOW, CHUNK, full_tokens=size + 1024 * 1024, swa_tokens=size // 2 + 256 * 1024,
                                max_reqs=8, max_ctx=1 << 20)
-        stock = rc.build(geometry, backend="python")
+        stock = cache_kit.build(geometry, backend="python")
         fast_tree_core.keep_stock(stock.core)
         swa_thin.keep_stock(stock.cache)
-        fast = rc.build(geometry, backend="python")
+        fast = cache_kit.build(geometry, backend="python")
         swa_thin.keep_stock(fast.cache)
-        kits = [stock, fast, rc.build(geometry, backend="rust"), rc.build(geometry, backend="python")]
+        kits = [stock, fast, cache_kit.build(geometry, backend="rust"), cache_kit.build(geometry, backend="python")]
         names = ["python", "fast_python", "rust", "fast_python_thin"]
         traffic = _Traffic(seed, max(32768, min(300_000, size // 4)))
         active = [traffic.new_session() for _ in range(6)]

@@ -1,6 +1,6 @@
 """``python -m adapter bench swa-thin-hicache [--quick]``: SWA thin beside HiCache, on the real cache.
 
-The cache kit (:mod:`devkit.testkit.radix_cache`) with HiCache attached (``init_hicache``: SGLang's
+The cache kit (:mod:`overlay_tools.simulate.cache_kit`) with HiCache attached (``init_hicache``: SGLang's
 host pools, controller and transfers on the engine kit's CPU routes), at a scaled DSV4 shape (page
 16, window 8, chunk 128). Two idle sessions (4K tokens, one chunked turn each) go quiet; sub-agent
 turns (256-768 tokens, two turns each) and new 8K-token sessions run beside them; then each idle
@@ -27,6 +27,7 @@ from typing import Any
 from adapter.ops import table
 from devkit.testkit import radix_cache as rc
 from devkit.testkit.swa_thin import CHUNK, PAGE, WINDOW, cache_kit, install_thin, traffic_unit
+from overlay_tools.simulate.cache_kit import HiCache
 
 IDLE_LEN, LONG_LEN, NEW_TURN = 4096, 8192, 128
 FORMS = {"swa": 1 << 20, "full": 24 * 1024}  # Full pool tokens
@@ -34,12 +35,12 @@ SWA_POOL = 2048
 ROWS = (  # name, thin, HiCache
     ("stock", False, None),
     ("thin", True, None),
-    ("stock_hicache", False, rc.HiCache(ratio=4.0, write_policy="write_back")),
-    ("thin_hicache", True, rc.HiCache(ratio=4.0, write_policy="write_back")),
-    ("stock_hicache_small", False, rc.HiCache(ratio=0.5, write_policy="write_back")),
-    ("thin_hicache_small", True, rc.HiCache(ratio=0.5, write_policy="write_back")),
-    ("stock_hicache_wt", False, rc.HiCache(ratio=4.0, write_policy="write_through")),
-    ("thin_hicache_wt", True, rc.HiCache(ratio=4.0, write_policy="write_through")),
+    ("stock_hicache", False, HiCache(ratio=4.0, write_policy="write_back")),
+    ("thin_hicache", True, HiCache(ratio=4.0, write_policy="write_back")),
+    ("stock_hicache_small", False, HiCache(ratio=0.5, write_policy="write_back")),
+    ("thin_hicache_small", True, HiCache(ratio=0.5, write_policy="write_back")),
+    ("stock_hicache_wt", False, HiCache(ratio=4.0, write_policy="write_through")),
+    ("thin_hicache_wt", True, HiCache(ratio=4.0, write_policy="write_through")),
 )
 
 
@@ -47,7 +48,7 @@ def _h2d(counter: Any) -> int:
     return sum(counter.h2d_tokens.values()) if counter is not None else 0
 
 
-def run_row(form: str, thin: bool, hicache: rc.HiCache | None, traffic: int, seed: int = 1) -> dict[str, Any]:
+def run_row(form: str, thin: bool, hicache: HiCache | None, traffic: int, seed: int = 1) -> dict[str, Any]:
     t0 = time.process_time()
     kit = cache_kit(FORMS[form], SWA_POOL, thin, hicache)
     rng, tok = random.Random(seed), rc.Tokens()

@@ -17,9 +17,9 @@ class MellumYieldKit:
     name, chunk, streams = "mellum", 64, 4
 
     def build(self, out: Path) -> Path:
-        from devkit.gate import kits
+        from devkit.engine_kit import model_kits
 
-        return kits.kit("mellum").build(out)  # the gate's model folder beside out (in its parent), built once
+        return model_kits.kit("mellum").build(out)  # the gate's model folder beside out (in its parent), built once
 
     def server(self, model: Path, log: Path, profile: dict[str, str], extra: list[str], chunk: int) -> Any:
         from devkit.engine_kit import launcher
@@ -44,17 +44,17 @@ class Dsv4YieldKit:
     name, chunk, streams = "dsv4", 256, 2
 
     def build(self, out: Path) -> Path:
-        from devkit.gate import kits
+        from devkit.engine_kit import model_kits
 
-        return kits.kit("dsv4").build(out)  # the gate's checkpoint folder beside out (in its parent), built once
+        return model_kits.kit("dsv4").build(out)  # the gate's checkpoint folder beside out (in its parent), built once
 
     def server(self, model: Path, log: Path, profile: dict[str, str], extra: list[str], chunk: int) -> Any:
+        from devkit.engine_kit import model_kits
         from devkit.engine_kit.dsv4 import launch
-        from devkit.gate import kits
 
         # the gate's pool and running rows (2 streams and the long prompt); the SWA share sized for the chunk
-        return launch.server(model, log, profile, ready_timeout_s=600.0, max_total_tokens=kits.DSV4_MAX_TOTAL_TOKENS,
-                             max_running=kits.DSV4_MAX_RUNNING, chunk=chunk, extra=extra)
+        return launch.server(model, log, profile, ready_timeout_s=600.0, max_total_tokens=model_kits.DSV4_MAX_TOTAL_TOKENS,
+                             max_running=model_kits.DSV4_MAX_RUNNING, chunk=chunk, extra=extra)
 
     def workload(self, long_tokens: int) -> Any:
         from devkit.engine_kit import workload as wl

@@ -86,10 +86,11 @@ def run(quick: bool = True, out: str | Path | None = None, say: Callable[[str], 
     """Build, boot A1 / B / A2, judge; then the latency leg (``latency``, where it applies: see
     :func:`latency_skipped`); returns the figures (the CLI prints them as the last line)."""
     from adapter.core import receipts
-    from devkit.gate import kits, shipped, ways
+    from devkit.engine_kit import model_kits
+    from devkit.gate import shipped, ways
 
     t0 = time.monotonic()
-    kit = kits.kit(model_kit)  # a bad --model fails before any boot
+    kit = model_kits.kit(model_kit)  # a bad --model fails before any boot
     ways.check(via, kit.name)  # so does a way this kit cannot boot
     drop_keys(build_profile(without=without), drop)  # a bad --without or --drop-key fails before any boot
     shipped.with_set_keys({}, set_keys)  # so does a bad --set-key

@@ -1,7 +1,7 @@
 """The gate's boots: one server boot running the workload, and the calibration between boots.
 
 Every server is started and stopped by :mod:`devkit.engine_kit.launcher` (through the model kit of
-:mod:`devkit.gate.kits`), one at a time.
+:mod:`devkit.engine_kit.model_kits`), one at a time.
 """
 
 from __future__ import annotations
@@ -58,11 +58,10 @@ def _terminate_as_interrupt() -> Iterator[None]:
 
 def run_boot(boot: Boot, model: Path, workload: Any, out: Path, *, say: Callable[[str], None],
              kit: Any = None, plugin: Any = None, launch_extra: tuple[str, ...] = ()) -> Boot:
-    from devkit.engine_kit import fpm
+    from devkit.engine_kit import fpm, model_kits
     from devkit.engine_kit import workload as wl
-    from devkit.gate import kits
 
-    kit = kit or kits.kit("mellum")
+    kit = kit or model_kits.kit("mellum")
     ipc = f"ipc://{tempfile.gettempdir()}/dsv41-gate-{os.getpid()}-{boot.label}"
     server = kit.server(model, boot.log, boot.profile, [
         "--decode-log-interval", "1", "--enable-forward-pass-metrics", "--forward-pass-metrics-ipc-name", ipc,

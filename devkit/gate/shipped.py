@@ -19,7 +19,7 @@ PROFILE = Path(__file__).resolve().parents[2] / ".env.tp4.example"  # the shippe
 def profile(kit_name: str, path: str | Path = PROFILE) -> dict[str, str]:
     """The shipped switch keys of ``path`` for the kit ``kit_name`` (see the module's docstring)."""
     from adapter.core import env
-    from devkit.gate import kits
+    from devkit.engine_kit import model_kits
     from devkit.gate.verdict import acting
 
     path = Path(path)
@@ -30,7 +30,7 @@ def profile(kit_name: str, path: str | Path = PROFILE) -> dict[str, str]:
     keys = {key.name for s in switches for key in s.keys}
     shipped = {k: v for k, v in values.items() if k in keys}
     sized = {k: v for s in switches for k, v in s.gate_role.profile if k != s.on_key.name}
-    sized.update(kits.kit(kit_name).profile_overrides())
+    sized.update(model_kits.kit(kit_name).profile_overrides())
     shipped.update({k: v for k, v in sized.items() if k in shipped})
     if "DSV41_DECODE_YIELD" not in shipped:
         raise ValueError(f"{path} sets no DSV41_DECODE_YIELD: the latency leg judges decode yield's bound")

@@ -99,10 +99,10 @@ def build_profile(extra: dict[str, str] | None = None, without: tuple[str, ...] 
 def kit_profile(kit_name: str) -> dict[str, str]:
     """The release gate's profile boot keys on the kit ``kit_name`` (without its calibration, which
     only shapes the first windows of measured mode)."""
-    from devkit.gate import kits
+    from devkit.engine_kit import model_kits
 
     profile = build_profile()
-    profile.update({k: v for k, v in kits.kit(kit_name).profile_overrides().items() if k in profile})
+    profile.update({k: v for k, v in model_kits.kit(kit_name).profile_overrides().items() if k in profile})
     return profile
 
 

@@ -535,7 +535,7 @@ def soak_profile(model: str = "mellum") -> dict[str, str]:
     with the engine kit's overrides as the gate applies them (DSV4: a cone depth of at least the
     kit model's bound and a multiple of its 256-token page; the Mellum value is refused there)."""
     from devkit import gate
-    from devkit.gate.kits import KITS
+    from devkit.engine_kit.model_kits import KITS
 
     profile = gate.build_profile()
     profile.update({k: v for k, v in KITS[model].profile_overrides().items() if k in profile})

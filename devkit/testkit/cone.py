@@ -1,4 +1,4 @@
-"""Cone replay on the real cache kit (``devkit.testkit.radix_cache``): a turn whose admission,
+"""Cone replay on the real cache kit (``overlay_tools.simulate.cache_kit``): a turn whose admission,
 copy and checkpoints follow the scheduler's order, and a kit over a model's own ``SWAKVPool``.
 
 Used by ``tests/upstream/test_cone_replay*.py`` and ``devkit/bench/cone_replay.py``. The switch must be
@@ -12,7 +12,7 @@ API::
         # _select_prefill_admission applies the switch's rule; _commit_prefill_admission locks)
         # -> prefix row -> per chunk: alloc + row write [+ copy on the cone pass]
         # [+ forward(req, start, end, rows)] + checkpoint -> decode + release. Returns a ConeTurn.
-    # the same in steps (overlay_tools.simulate.cone_turn, re-exported here; simulate's engine):
+    # the same in steps (overlay_tools.simulate.cone_turn, simulate's engine; import them from there):
     turn = start_turn(kit, tokens, out_len, chunk, budget=B)  # match, admission, first pass; None: not admitted
     prefill_pass(kit, turn, end)                  # the next pass [turn.pos, end) + its checkpoint
     end_turn(kit, turn, out_len, history=False)   # decode + release
@@ -32,15 +32,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from devkit.testkit import cone_replay_parts as cone_replay
-from devkit.testkit.radix_cache import OUTPUT_TOKEN, CacheKit, Geometry, HiCache
-from overlay_tools.simulate.cone_turn import (  # noqa: F401  (the steps, under the name tests use)
-    ConeTurn,
-    end_turn,
-    finish,
-    install,
-    prefill_pass,
-    start_turn,
-)
+from overlay_tools.simulate import cache_kit
+from overlay_tools.simulate import cone_turn as turn_steps
 
 
 @contextmanager
@@ -55,7 +48,8 @@ def published_replay_rows(cone: tuple[Any, Any, Any] | None) -> Iterator[None]:
         cone_replay.LIVE.active = None
 
 
-def model_kit(model: Any, geometry: Geometry, backend: str = "python", hicache: HiCache | None = None) -> CacheKit:
+def model_kit(model: Any, geometry: cache_kit.Geometry, backend: str = "python",
+              hicache: cache_kit.HiCache | None = None) -> cache_kit.CacheKit:
     """A real ``UnifiedRadixCache`` (FULL + SWA) whose allocator owns ``model``'s ``SWAKVPool``
     (``hicache``: HiCache attached, its host pools built from that pool)."""
     import torch
@@ -65,10 +59,8 @@ def model_kit(model: Any, geometry: Geometry, backend: str = "python", hicache: 
     from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
     from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
-    from devkit.testkit import radix_cache
-
     g = geometry
-    server_args = radix_cache.set_server_args(g.page, hicache)
+    server_args = cache_kit.set_server_args(g.page, hicache)
     pool = ReqToTokenPool(size=g.max_reqs, max_context_len=g.max_ctx, device="cpu", enable_memory_saver=False)
     kv = model.make_pool(size=g.full_tokens, size_swa=g.swa_tokens, page=g.page)
     allocator = SWATokenToKVPoolAllocator(size=g.full_tokens, size_swa=g.swa_tokens, page_size=g.page,
@@ -80,17 +72,17 @@ def model_kit(model: Any, geometry: Geometry, backend: str = "python", hicache: 
     )
     cache = UnifiedRadixCache(params=params)
     if hicache is not None:
-        radix_cache.attach_hicache(cache, params, server_args)
-    return CacheKit(g, cache, allocator, pool, cache._tree_core_backend)
+        cache_kit.attach_hicache(cache, params, server_args)
+    return cache_kit.CacheKit(g, cache, allocator, pool, cache._tree_core_backend)
 
 
-def recorder(model: Any, kit: CacheKit, rows_out: dict[int, Any]) -> Callable[[Any, int, int, dict[str, Any] | None], None]:
+def recorder(model: Any, kit: cache_kit.CacheKit, rows_out: dict[int, Any]) -> Callable[[Any, int, int, dict[str, Any] | None], None]:
     """A ``cone_turn`` forward running ``model`` (``TinyHybrid``) on ``kit``'s own pool: each computed
     row's hidden state goes into ``rows_out`` by position (with the cone's floor and mask on a replay)."""
 
     def forward(req: Any, start: int, end: int, rows: dict[str, Any] | None) -> None:
         slots = kit.pool.req_to_token[req.kv.req_pool_idx, :end]
-        tokens = list(req.origin_input_ids) + [OUTPUT_TOKEN] * (end - len(req.origin_input_ids))
+        tokens = list(req.origin_input_ids) + [cache_kit.OUTPUT_TOKEN] * (end - len(req.origin_input_ids))
         kw = {} if rows is None else {"floor": rows["floor"], "mask": rows["mask"]}
         for r, h in zip(range(start, end), model.forward(kit.allocator.get_kvcache(), slots, tokens, start, end, **kw)):
             rows_out[r] = h
@@ -98,16 +90,16 @@ def recorder(model: Any, kit: CacheKit, rows_out: dict[int, Any]) -> Callable[[A
     return forward
 
 
-def cone_turn(kit: CacheKit, tokens: list[int], out_len: int, chunk: int | None = None,
+def cone_turn(kit: cache_kit.CacheKit, tokens: list[int], out_len: int, chunk: int | None = None,
               forward: Callable[[Any, int, int, dict[str, Any] | None], None] | None = None,
-              rid: str | None = None) -> ConeTurn:
+              rid: str | None = None) -> turn_steps.ConeTurn:
     """One turn in the scheduler's order with the switch's plan, admission rule (through a real
     ``PrefillAdder``) and copy: :func:`start_turn`, :func:`prefill_pass` until the prompt is in,
     :func:`end_turn`."""
-    turn = start_turn(kit, tokens, out_len, chunk, forward=forward, rid=rid)
+    turn = turn_steps.start_turn(kit, tokens, out_len, chunk, forward=forward, rid=rid)
     assert turn is not None, "cone_turn: the PrefillAdder did not admit the request (budget)"
     chunk = chunk or kit.geometry.chunk
     while turn.pos < len(tokens):
-        prefill_pass(kit, turn, min(len(tokens), turn.pos + chunk), forward)
-    end_turn(kit, turn, out_len, forward)
+        turn_steps.prefill_pass(kit, turn, min(len(tokens), turn.pos + chunk), forward)
+    turn_steps.end_turn(kit, turn, out_len, forward)
     return turn

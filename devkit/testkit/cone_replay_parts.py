@@ -58,7 +58,6 @@ from adapter.switches.cone_replay.plan import (
     restore_stock,
 )
 from adapter.switches.cone_replay.switch import SWITCH, install, reset_counters
-from overlay_tools.simulate.cone_turn import forward_rows  # the cone's first-pass rows (simulate ships it)
 
 __all__ = [
     "ADMITTED", "CACHE_ATTR", "COPIED", "COUNTERS", "FALLBACKS", "FORWARDED", "FORWARD_ATTR", "LIVE", "PLANNED", "REQ_ATTR",
@@ -66,7 +65,7 @@ __all__ = [
     "ConePlan", "Counters", "Decision", "_attention_forward", "_can_run_graph", "_forward_batch_init",
     "_model_forward", "admit", "align_up", "cache_config", "cone_bound", "cone_bound_dsv4", "cone_start",
     "copy_full_pages", "copy_replay_rows", "decide", "dsv4_forward_fields", "dsv4_window_floor", "facts_of_cache", "facts_of_pool",
-    "fallback", "forward_rows", "forward_unsupported", "full_side_buffers", "install", "is_dsv4_pool",
+    "fallback", "forward_unsupported", "full_side_buffers", "install", "is_dsv4_pool",
     "replay_rows", "reset_counters", "restore_stock", "substitute_full_kv", "swa_kv_pool_unsupported",
     "swa_layer_count",
 ]

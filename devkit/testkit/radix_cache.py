@@ -1,8 +1,8 @@
-"""A real ``UnifiedRadixCache`` (FULL + SWA components) on CPU, and the request life cycle on it.
+"""Probes and multi-session traces on the cache kit, a real ``UnifiedRadixCache`` (FULL + SWA) on CPU.
 
-The kit itself (:class:`CacheKit`, :func:`build`, :class:`Geometry`, :class:`HiCache`; its API in
-``overlay_tools/simulate/cache_kit.py``) is the one ``simulate`` ships with in the wheel, imported
-here under the name tests and benchmarks use. This module adds what only the checkout has::
+The kit itself (``CacheKit``, ``build``, ``Geometry``, ``HiCache``) is the one ``simulate`` ships with in
+the wheel: tests and benchmarks import it from :mod:`overlay_tools.simulate.cache_kit`. This module adds
+what only the checkout has::
 
     Tokens().fresh(n)                             # fresh token ids: two prompts share only what they are given
     snapshot(kit, lru_order=False)                # whole tree state, comparable across two caches (python core)
@@ -17,20 +17,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-from overlay_tools.simulate.cache_kit import (  # noqa: F401  (the kit, under the name tests and benches use)
-    _SERVER_ARGS_PAGE,
-    DSV4,
-    OUTPUT_TOKEN,
-    SMALL,
-    CacheKit,
-    Geometry,
-    HiCache,
-    TransferCounter,
-    TurnResult,
-    attach_hicache,
-    build,
-    set_server_args,
-)
+from overlay_tools.simulate import cache_kit
 
 
 class Tokens:
@@ -61,7 +48,7 @@ def _ids(t: Any) -> tuple[int, ...] | None:
     return tuple(int(x) for x in (t.tolist() if hasattr(t, "tolist") else t))
 
 
-def snapshot(kit: CacheKit, lru_order: bool = False) -> dict[str, Any]:
+def snapshot(kit: cache_kit.CacheKit, lru_order: bool = False) -> dict[str, Any]:
     """The whole tree state of a python-core cache in a form two caches can be compared by:
     structure and keys, Full and SWA values, lock refs, hit counts, session refs, LRU membership,
     evictable leaves, access-time order (ranks, since the clock is process-global) and the
@@ -95,7 +82,7 @@ def snapshot(kit: CacheKit, lru_order: bool = False) -> dict[str, Any]:
     return state
 
 
-def swa_lru(kit: CacheKit) -> list[int]:
+def swa_lru(kit: cache_kit.CacheKit) -> list[int]:
     """The SWA LRU from MRU to LRU as DFS indices (sentinels ``mid`` as -1, skipped cursor)."""
     from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 
@@ -113,7 +100,7 @@ def swa_lru(kit: CacheKit) -> list[int]:
     return out
 
 
-def misfiled_children(kit: CacheKit) -> list[int]:
+def misfiled_children(kit: cache_kit.CacheKit) -> list[int]:
     """Ids of nodes not filed in their parent's ``children`` under ``child_key`` of their own key, or
     filed under a parent that is not their ``parent`` (empty when the tree keeps upstream's filing rule,
     which a child lookup by scanning relies on)."""
@@ -149,7 +136,7 @@ class TraceRunner:
     """Runs the same trace on several caches in lockstep; ``check(stage)`` runs after every
     sub-operation (admission, each checkpoint, release, eviction) on all of them."""
 
-    def __init__(self, kits: list[CacheKit], tokens: Tokens | None = None, max_one_pass: int | None = None,
+    def __init__(self, kits: list[cache_kit.CacheKit], tokens: Tokens | None = None, max_one_pass: int | None = None,
                  max_history: int | None = None):
         """``max_one_pass``: a one-pass turn whose extend is longer is prefilled in passes of this
         many tokens (small SWA pools cannot hold a long extend at once; the engine would chunk it).
@@ -159,7 +146,7 @@ class TraceRunner:
         self.kits = kits
         self.tok = tokens or Tokens()
         self.sessions: list[list[int]] = []
-        self.results: list[list[TurnResult]] = []
+        self.results: list[list[cache_kit.TurnResult]] = []
 
     def run(self, op: Op, check: Any = None) -> None:
         check = check or (lambda stage: None)
@@ -179,7 +166,7 @@ class TraceRunner:
             base, known = [], False
         prompt = base + self.tok.fresh(op.new_pages * page)
         reqs = [kit.admit(prompt, op.out_pages * page) for kit in self.kits]
-        results = [TurnResult(r.rid, r.prefix_len, r.swa_branching_seqlen, len(prompt) - r.prefix_len) for r in reqs]
+        results = [cache_kit.TurnResult(r.rid, r.prefix_len, r.swa_branching_seqlen, len(prompt) - r.prefix_len) for r in reqs]
         check("admit")
         chunk = self.kits[0].geometry.chunk if op.chunked else (self.max_one_pass or len(prompt))
         while any(req._kit_pos < len(prompt) for req in reqs):  # prefixes may differ between caches

@@ -39,7 +39,7 @@ and a ``FULL``+``SWA`` cache; ``swa_pool_tokens`` and ``sliding_window`` size it
 ``max_prefill_tokens`` and ``vocab_size``; ``dsv4`` (a real ``DeepSeekV4TokenToKVPool``, layers
 C0/C4/C128/C4, with its ``SWATokenToKVPoolAllocator`` and a ``FULL``+``SWA`` cache; needs
 ``page_size=256``; ``pool_tokens``, ``swa_pool_tokens`` and ``sliding_window`` size it);
-``hicache`` (a :class:`devkit.testkit.radix_cache.HiCache`: its launch flags on the server args and
+``hicache`` (a :class:`overlay_tools.simulate.cache_kit.HiCache`: its launch flags on the server args and
 ``init_hicache`` on the cache, with the engine kit's CPU routes; the scheduler polls its events).
 
 Import cost: SGLang itself (~8 s, once per process). Building a 1M-token pool takes ~1 s.
@@ -373,7 +373,7 @@ def _build_pools(
     )
     cache = UnifiedRadixCache(params=params)
     if hicache is not None:  # create_unified_radix_cache's order: the cache, then init_hicache
-        from devkit.testkit.radix_cache import attach_hicache
+        from overlay_tools.simulate.cache_kit import attach_hicache
 
         attach_hicache(cache, params, server_args)
     return cache, allocator, r2t

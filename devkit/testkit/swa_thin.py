@@ -1,9 +1,6 @@
-"""SWA thin on the cache kit (:mod:`devkit.testkit.radix_cache`), as the benches and ``simulate`` build it.
+"""SWA thin on the cache kit (:mod:`overlay_tools.simulate.cache_kit`), as the benches and ``simulate`` build it.
 
 * :func:`install_thin`: SWA thin (and the fast tree core it turns on) through the real boot path;
-* :func:`swa_pool_for_tails` (``overlay_tools.simulate.swa_pool``, re-exported): the cap-mode SWA pool
-  of SGLang's real ``DSV4PoolConfigurator`` formula for ``--swa-prefix-tails`` at DSV4 geometry (page
-  256, window 128, chunk 8192, 64 running requests);
 * :func:`cache_kit` / :func:`traffic_unit`: the cache kit at a scaled DSV4 shape (page 16, window 8,
   chunk 128), thin on or kept stock, HiCache attached when asked, and one unit of other traffic.
 """
@@ -11,17 +8,12 @@
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from devkit.testkit import radix_cache as rc
-from overlay_tools.simulate.swa_pool import (  # noqa: F401  (simulate's pool formula, for the benches)
-    DSV4_CHUNK,
-    DSV4_MAX_RUNNING,
-    DSV4_PAGE,
-    DSV4_WINDOW,
-    server_args,
-    swa_pool_for_tails,
-)
+
+if TYPE_CHECKING:
+    from overlay_tools.simulate.cache_kit import CacheKit, HiCache
 
 PAGE, WINDOW, CHUNK = 16, 8, 128  # the scaled shape of cache_kit
 
@@ -41,20 +33,21 @@ def install_thin() -> None:
             raise RuntimeError(f"{name} did not install: {state.outcomes[name].reason}")
 
 
-def cache_kit(full_tokens: int, swa_tokens: int, thin: bool, hicache: rc.HiCache | None) -> Any:
+def cache_kit(full_tokens: int, swa_tokens: int, thin: bool, hicache: HiCache | None) -> Any:
     """The cache kit at the scaled shape's page, window and chunk (Python tree core), SWA thin's demotion
     on or kept stock, HiCache attached when ``hicache`` is given."""
     from adapter.switches import swa_thin as switch
+    from overlay_tools.simulate.cache_kit import Geometry, build
 
-    geometry = rc.Geometry(PAGE, WINDOW, CHUNK, full_tokens=full_tokens, swa_tokens=swa_tokens, max_reqs=8,
-                           max_ctx=1 << 16)
-    kit = rc.build(geometry, backend="python", hicache=hicache)
+    geometry = Geometry(PAGE, WINDOW, CHUNK, full_tokens=full_tokens, swa_tokens=swa_tokens, max_reqs=8,
+                        max_ctx=1 << 16)
+    kit = build(geometry, backend="python", hicache=hicache)
     if not thin:
         switch.keep_stock(kit.cache)
     return kit
 
 
-def traffic_unit(kit: rc.CacheKit, tok: rc.Tokens, rng: random.Random, unit: int, long_len: int = 8192) -> None:
+def traffic_unit(kit: CacheKit, tok: rc.Tokens, rng: random.Random, unit: int, long_len: int = 8192) -> None:
     """One unit of other traffic at the scaled shape: every sixth unit a new ``long_len``-token session, else a sub-agent
     (a 256-768-token chunked turn and a short follow-up)."""
     if unit % 6 == 0:  # a new long session: one chunked turn

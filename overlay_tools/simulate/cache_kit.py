@@ -1,6 +1,6 @@
 """A real ``UnifiedRadixCache`` (FULL + SWA components) on CPU, and the request life cycle on it:
-the cache ``simulate`` replays a trace on, shipped with it in the wheel. The checkout's test kit
-(``devkit.testkit.radix_cache``) builds on it and adds the tests' probes.
+the cache ``simulate`` replays a trace on, shipped with it in the wheel. The checkout's tests and benches
+import it from here; ``devkit.testkit.radix_cache`` adds the tests' probes beside it.
 
 Everything here drives the real upstream objects through the scheduler's own entry points; only the
 model forward (the KV contents) is absent.

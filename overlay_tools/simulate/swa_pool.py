@@ -1,6 +1,6 @@
 """The SWA pool SGLang's DeepSeek-V4 configurator gives for ``--swa-prefix-tails``: the cap-mode formula
 of the real ``DSV4PoolConfigurator`` at the fleet's page, window, chunk and running requests, and what
-``simulate``'s one-instance replay gets of it. The checkout's ``devkit.testkit.swa_thin`` re-exports it.
+``simulate``'s one-instance replay gets of it. The checkout's benches and tests import it from here.
 """
 
 from __future__ import annotations

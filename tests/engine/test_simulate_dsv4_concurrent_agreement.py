@@ -22,15 +22,14 @@ import random
 
 import pytest
 
-from devkit.engine_kit import agreement
+from devkit.engine_kit import agreement, model_kits
 from devkit.engine_kit.dsv4 import launch
-from devkit.gate import kits
 from overlay_tools.simulate import fleet
 
 pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
-KIT = kits.Dsv4Kit()
-PAGE, WINDOW, CHUNK, MAX_RUNNING = 256, 128, kits.DSV4_CHUNK, kits.DSV4_MAX_RUNNING
+KIT = model_kits.Dsv4Kit()
+PAGE, WINDOW, CHUNK, MAX_RUNNING = 256, 128, model_kits.DSV4_CHUNK, model_kits.DSV4_MAX_RUNNING
 FULL, SWA = 20 * PAGE, 12 * PAGE
 VOCAB = 1024  # the kit model's (devkit.engine_kit.dsv4.checkpoint)
 CONE_TOKENS = KIT.profile_overrides()["DSV41_SWA_CONE_TOKENS"]

@@ -1,5 +1,5 @@
 """``simulate`` against the DSV4 kit server, request by request: a Mooncake-format trace slice with a
-shared system prompt and multi-turn sessions, at the gate's DSV4 kit geometry (:class:`devkit.gate.kits.Dsv4Kit`:
+shared system prompt and multi-turn sessions, at the gate's DSV4 kit geometry (:class:`devkit.engine_kit.model_kits.Dsv4Kit`:
 page 256, window 128, chunk 1024, 3 running rows, Full pool 64 pages, SWA pool 12 pages), through
 SGLang's HTTP server serving the tiny DeepSeek-V4.1 (the real ``DeepSeekV4TokenToKVPool``) and
 through ``overlay_tools.simulate`` (:func:`overlay_tools.simulate.run_policy`), stock and with the
@@ -35,15 +35,14 @@ import json
 import numpy as np
 import pytest
 
-from devkit.engine_kit import client
-from devkit.gate import kits
+from devkit.engine_kit import client, model_kits
 from overlay_tools import simulate
 from overlay_tools.simulate import fleet, trace
 from overlay_tools.simulate.cache_kit import OUTPUT_TOKEN
 
 pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
-KIT = kits.Dsv4Kit()
+KIT = model_kits.Dsv4Kit()
 PAGE, WINDOW = 256, 128
 CONE_TOKENS = int(KIT.profile_overrides()["DSV41_SWA_CONE_TOKENS"])
 PROFILES = {"stock": {}, "thin+cone": {"DSV41_SWA_THIN": "1", "DSV41_SWA_CONE_REPLAY": "1",
@@ -51,7 +50,7 @@ PROFILES = {"stock": {}, "thin+cone": {"DSV41_SWA_THIN": "1", "DSV41_SWA_CONE_RE
 SPACING_MS = 100_000  # between arrivals: each request finishes before the next arrives
 VOCAB = 1024  # the kit model's (devkit.engine_kit.dsv4.checkpoint); ids below 6 are its specials
 SYSTEM = [10, 11, 12, 13]  # the shared system prompt: four 512-token blocks
-CHURN = 3 * kits.DSV4_CHUNK  # other traffic: a three-chunk prompt (see devkit.gate.kits on why three)
+CHURN = 3 * model_kits.DSV4_CHUNK  # other traffic: a three-chunk prompt (see devkit.engine_kit.model_kits on why three)
 # (kind, input_length, output_length): "S" a question on the system prompt, "C" churn, "A"/"B" a session's turn
 REQUESTS = [("S", 2048 + 200, 8), ("A", 1100, 260), ("S", 2048 + 100, 8), ("C", CHURN, 8), ("A", 1800, 8),
             ("S", 2048 + 300, 8), ("B", 1700, 8), ("C", CHURN, 8), ("S", 2048 + 50, 8), ("B", 2000, 8),
@@ -138,9 +137,9 @@ def _simulate(trace_path, policy: str) -> list[int]:
     """The slice through ``simulate`` at the kit's geometry: the prefix each request ran from."""
     requests = trace.load(trace_path, PAGE)
     assert {r.index: r.parent for r in requests if r.parent is not None} == PARENTS  # no system-prompt "session"
-    geo = fleet.Fleet(page=PAGE, window=WINDOW, chunk=kits.DSV4_CHUNK, max_running=kits.DSV4_MAX_RUNNING, tails=0,
-                      swa_pool=round(kits.DSV4_SWA_RATIO * kits.DSV4_MAX_TOTAL_TOKENS),
-                      full_tokens=kits.DSV4_MAX_TOTAL_TOKENS, full_source="the DSV4 kit's --max-total-tokens",
+    geo = fleet.Fleet(page=PAGE, window=WINDOW, chunk=model_kits.DSV4_CHUNK, max_running=model_kits.DSV4_MAX_RUNNING, tails=0,
+                      swa_pool=round(model_kits.DSV4_SWA_RATIO * model_kits.DSV4_MAX_TOTAL_TOKENS),
+                      full_tokens=model_kits.DSV4_MAX_TOTAL_TOKENS, full_source="the DSV4 kit's --max-total-tokens",
                       cone_tokens=CONE_TOKENS, cone_bound=0, model="dsv4 kit", profile="-")
     turns, row = simulate.run_policy(policy, geo, requests, progress=False)
     assert row["leak"] == 0

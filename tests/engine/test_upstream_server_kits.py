@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from devkit.engine_kit import upstream_kits
-from devkit.gate import kits
+from devkit.engine_kit import model_kits, upstream_kits
 from devkit.gate.verdict import build_profile
 
 pytestmark = pytest.mark.slow
@@ -66,12 +65,12 @@ def _run(kit, sizes, tmp_path_factory) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def mellum(tmp_path_factory):
-    return _run(kits.MellumKit(), MELLUM, tmp_path_factory)
+    return _run(model_kits.MellumKit(), MELLUM, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def dsv4(tmp_path_factory):
-    return _run(kits.Dsv4Kit(), DSV4, tmp_path_factory)
+    return _run(model_kits.Dsv4Kit(), DSV4, tmp_path_factory)
 
 
 def _kl_fails(results: dict) -> dict:

@@ -85,7 +85,7 @@ def test_counter_sums_adds_a_counter_over_its_label_sets_and_reads_an_absent_one
 
 def test_the_dsv4_chat_boot_prefills_a_page_a_chunk_so_chat_prompts_are_multi_chunk(tmp_path):
     from devkit.bench.chat_latency import CHAT_KITS, DSV4_CHAT_CHUNK
-    from devkit.gate.kits import DSV4_CHUNK
+    from devkit.engine_kit.model_kits import DSV4_CHUNK
 
     server = CHAT_KITS["dsv4"].server(tmp_path / "model", tmp_path / "log", {}, ["--enable-metrics"])  # not started
     args = server.args

@@ -71,10 +71,9 @@ def test_spans_too_long_for_the_record_give_none():
 
 def test_each_kit_records_inside_its_own_kv_pool():
     """The streams' tokens never outgrow the pool the bench boots with (decode-yield-engine's)."""
-    from devkit.engine_kit import yield_kits
-    from devkit.gate import kits
+    from devkit.engine_kit import model_kits, yield_kits
 
-    pools = {"mellum": yield_kits.MAX_TOTAL_TOKENS, "dsv4": kits.DSV4_MAX_TOTAL_TOKENS}
+    pools = {"mellum": yield_kits.MAX_TOTAL_TOKENS, "dsv4": model_kits.DSV4_MAX_TOTAL_TOKENS}
     for engine in (yield_kits.MellumYieldKit(), yield_kits.Dsv4YieldKit()):
         w = engine.workload(0)
         assert w.streams * (w.stream_prompt_tokens + bench.GRIDS[engine.name]["max_tokens"]) < pools[engine.name]

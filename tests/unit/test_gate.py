@@ -147,15 +147,15 @@ def test_the_plugin_way_is_refused_before_any_boot_where_the_kit_cannot_boot_it(
 
 
 def test_a_plugin_server_runs_the_venvs_python_with_only_the_stand_in_on_the_path_outside_the_repo(tmp_path):
-    from devkit.engine_kit import launcher
-    from devkit.gate import kits, ways
+    from devkit.engine_kit import launcher, model_kits
+    from devkit.gate import ways
 
     plugin = ways.Plugin(tmp_path / "venv" / "bin" / "python", tmp_path)
-    server = kits.kit("mellum").server(tmp_path / "model", tmp_path / "b.log", {"DSV41_SWA_THIN": "1"}, [], plugin=plugin)
+    server = model_kits.kit("mellum").server(tmp_path / "model", tmp_path / "b.log", {"DSV41_SWA_THIN": "1"}, [], plugin=plugin)
     assert server.python == str(plugin.python) and server.cwd == tmp_path
     assert server.env["PYTHONPATH"] == str(launcher.STUB_PATH) and server.env["SGLANG_PLUGINS"] == "dsv41"
     assert server.env["DSV41_SWA_THIN"] == "1"
-    hook = kits.kit("mellum").server(tmp_path / "model", tmp_path / "a.log", {}, [])
+    hook = model_kits.kit("mellum").server(tmp_path / "model", tmp_path / "a.log", {}, [])
     assert str(launcher.REPO_ROOT) in hook.env["PYTHONPATH"].split(":") and "SGLANG_PLUGINS" not in hook.env
 
 
@@ -301,21 +301,22 @@ def test_the_hicache_leg_refuses_a_profile_without_hicache_or_sized_in_gigabytes
 
 
 def test_the_hicache_legs_churn_outruns_the_swa_pool_and_host_tier_without_pressing_the_full_pool():
-    from devkit.gate import hicache_leg, kits
+    from devkit.engine_kit import model_kits
+    from devkit.gate import hicache_leg
 
     ratio = hicache_leg.host_ratio(hicache_leg.launch_args())
-    swa = int(kits.MELLUM_MAX_TOTAL_TOKENS * kits.MELLUM_SWA_RATIO)
+    swa = int(model_kits.MELLUM_MAX_TOTAL_TOKENS * model_kits.MELLUM_SWA_RATIO)
     for quick in (True, False):
-        w = kits.kit("mellum").workload(quick, ratio)
+        w = model_kits.kit("mellum").workload(quick, ratio)
         churn = w.churn_requests * w.churn_tokens
-        assert churn >= kits.OUTRUN * (1 + ratio) * swa
-        assert churn + w.session_tokens + w.cone_tokens < kits.MELLUM_MAX_TOTAL_TOKENS
-    assert kits.kit("mellum").workload(True).churn_requests == 10  # the plain leg's workload is unchanged
+        assert churn >= model_kits.OUTRUN * (1 + ratio) * swa
+        assert churn + w.session_tokens + w.cone_tokens < model_kits.MELLUM_MAX_TOTAL_TOKENS
+    assert model_kits.kit("mellum").workload(True).churn_requests == 10  # the plain leg's workload is unchanged
     with pytest.raises(ValueError, match=r"--hicache with --model dsv4 is invalid at --hicache-ratio 2: .* more than the "
                        r"kit's Full pool of 16384"):
-        kits.kit("dsv4").workload(True, 2.0)
+        model_kits.kit("dsv4").workload(True, 2.0)
     with pytest.raises(ValueError, match="--hicache with --model mellum is invalid at --hicache-ratio 4"):
-        kits.kit("mellum").workload(True, 4.0)
+        model_kits.kit("mellum").workload(True, 4.0)
 
 
 @pytest.mark.parametrize(("model", "hicache", "drop", "error"), [

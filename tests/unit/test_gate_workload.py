@@ -4,8 +4,8 @@ prefill-written tokens only and its branched prompt must run before the idle ses
 
 import pytest
 
+from devkit.engine_kit import model_kits
 from devkit.engine_kit import workload as wl
-from devkit.gate import kits
 
 
 class Recorder:
@@ -42,7 +42,7 @@ def test_mellums_quick_workload_sends_the_requests_it_always_sent_in_the_same_or
 
 
 def test_the_dsv4_leg_runs_its_branched_prompt_first_and_branches_inside_that_prompt():
-    w = kits.kit("dsv4").workload(True)
+    w = model_kits.kit("dsv4").workload(True)
     w.validate()
     sent, _ = _run(w)
     cone, session = w.ids("cone", w.cone_prompt_tokens), w.ids("session", w.session_tokens)
@@ -50,7 +50,7 @@ def test_the_dsv4_leg_runs_its_branched_prompt_first_and_branches_inside_that_pr
     branch, _, logprobs = sent[-1]
     # Prefill-written tokens only: the first cone_branch_at tokens of the prompt, then the new message.
     assert logprobs and branch == cone[: w.cone_branch_at] + w.ids("cone_user2", w.new_user_tokens)
-    assert w.cone_branch_at % 256 == 0 and w.cone_branch_at - 768 >= kits.DSV4_CHUNK  # F - N above the prompt's checkpoint
+    assert w.cone_branch_at % 256 == 0 and w.cone_branch_at - 768 >= model_kits.DSV4_CHUNK  # F - N above the prompt's checkpoint
     assert len(sent) == 1 + 2 + w.churn_requests + 2
 
 

@@ -4,6 +4,7 @@ shares with it."""
 
 from __future__ import annotations
 
+import inspect
 import sys
 import tomllib
 import types
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-import devkit.testkit.radix_cache  # noqa: F401  (loaded before a test stands a stub in for overlay_tools.simulate)
+import overlay_tools.simulate.cache_kit  # noqa: F401  (loaded before a test stands a stub in for overlay_tools.simulate)
 from adapter.ops import cli
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,29 +43,40 @@ def test_simulate_lives_in_overlay_tools_and_the_cli_has_no_devkit_twin_to_fall_
     assert said == ["overlay_tools.simulate t.jsonl"]
 
 
-def test_the_checkouts_devkit_kits_are_built_on_simulates_not_copied(monkeypatch):
-    """One copy of the cache kit, the cone's turn steps and the SWA pool formula: the test kit's
-    names are simulate's own objects."""
-    from devkit.testkit import cone, cone_replay_parts, radix_cache, swa_thin
-    from overlay_tools.simulate import cache_kit, cone_turn, swa_pool
+# The checkout's kits that use simulate's cache kit, turn steps, pool formula or host route.
+KIT_MODULES = ("devkit.testkit.radix_cache", "devkit.testkit.cone", "devkit.testkit.swa_thin",
+               "devkit.testkit.cone_replay_parts", "devkit.testkit.simulate_fleet", "devkit.engine_kit.agreement")
 
-    assert radix_cache.build is cache_kit.build and radix_cache.CacheKit is cache_kit.CacheKit
-    assert radix_cache._SERVER_ARGS_PAGE is cache_kit._SERVER_ARGS_PAGE
-    assert cone.start_turn is cone_turn.start_turn and cone_replay_parts.forward_rows is cone_turn.forward_rows
-    assert swa_thin.swa_pool_for_tails is swa_pool.swa_pool_for_tails
+
+def _borrowed(module: types.ModuleType) -> list[str]:
+    """``module``'s top-level names bound to a function or class of ``overlay_tools``."""
+    return sorted(name for name, value in vars(module).items()
+                  if (inspect.isfunction(value) or inspect.isclass(value))
+                  and getattr(value, "__module__", "").startswith("overlay_tools."))
+
+
+def test_the_checkouts_kits_bind_no_simulate_function_or_class_under_a_second_name():
+    """One name per object: tests and benches import simulate's cache kit, turn steps, SWA pool formula and
+    host route from ``overlay_tools`` itself; the checkout's kits and the ``sgl_kernel`` stand-in's routes
+    use them through the module and never bind one of their functions or classes as their own name."""
+    import importlib
+
+    from devkit.engine_kit.launcher import load_stub_module
+
+    modules = [importlib.import_module(name) for name in KIT_MODULES] + [load_stub_module("_route")]
+    assert {m.__name__: _borrowed(m) for m in modules} == {m.__name__: [] for m in modules}
 
 
 def test_the_engine_kits_host_route_and_kvcacheio_are_simulates_own_not_copies():
     """One copy of HiCache's CPU host route and its pure-torch copies, in the wheel: the ``sgl_kernel``
-    stand-in (loaded by path, as the in-process kits load it) binds simulate's objects and pins."""
+    stand-in (loaded by path, as the in-process kits load it) pins simulate's pins and binds its ops
+    under their kernel names (``kvcacheio`` is the module SGLang imports by name)."""
     from devkit.engine_kit.launcher import load_stub_module
     from overlay_tools.simulate import host_copies, host_route
 
     route, kvcacheio = load_stub_module("_route"), load_stub_module("kvcacheio")
-    assert route.route_host_pool_ops is host_route.route_host_pool_ops
-    assert route.route_host_memory is host_route.route_host_memory and route.RouteRefused is host_route.RouteRefused
-    assert route.HOST_POOL_OPS is host_route.HOST_POOL_OPS
     assert {t: route.PINS[t] for t in host_route.PINS} == host_route.PINS
+    assert host_route.HOST_MEMORY in route.ROUTES and set(host_route.HOST_POOL_OPS) <= set(route.ROUTES)
     assert host_copies.__all__ and all(getattr(kvcacheio, n) is getattr(host_copies, n) for n in host_copies.__all__)
     with pytest.raises(NotImplementedError, match="transfer_kv_per_layer_ph_lf"):
         kvcacheio.transfer_kv_per_layer_ph_lf()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from adapter.core import registry
 from devkit import soak
-from devkit.gate.kits import KITS
+from devkit.engine_kit.model_kits import KITS
 
 
 def test_the_dsv4_soak_profile_takes_the_kits_cone_depth_so_cone_replay_can_install():

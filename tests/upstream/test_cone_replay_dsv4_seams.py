@@ -24,10 +24,10 @@ def dsv4_pool():
     from sglang.srt.mem_cache.deepseek_v4_memory_pool import DeepSeekV4TokenToKVPool
     from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
-    from devkit.testkit import radix_cache
+    from overlay_tools.simulate import cache_kit
 
     set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=PAGE))
-    radix_cache._SERVER_ARGS_PAGE[:] = [PAGE]
+    cache_kit._SERVER_ARGS_PAGE[:] = [PAGE]
     return DeepSeekV4TokenToKVPool(
         max_num_reqs=4, swa_size=1024, c4_size=2048, c128_size=2048, c4_state_pool_size=64,
         c128_state_pool_size=64, page_size=PAGE, swa_page_size=PAGE, dtype=torch.float8_e4m3fn,

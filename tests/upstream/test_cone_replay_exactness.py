@@ -20,9 +20,10 @@ import pytest
 import torch
 
 from devkit.testkit import cone_replay_parts as cone_replay
-from devkit.testkit.cone import install, published_replay_rows
-from devkit.testkit.cone_replay_parts import align_up, cone_bound, cone_start, copy_full_pages, forward_rows
+from devkit.testkit.cone import published_replay_rows
+from devkit.testkit.cone_replay_parts import align_up, cone_bound, cone_start, copy_full_pages
 from devkit.testkit.tiny_hybrid import TinyHybrid
+from overlay_tools.simulate.cone_turn import forward_rows, install
 
 NAN = float("nan")
 MODES = ["pool", "production"]

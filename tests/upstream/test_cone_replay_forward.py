@@ -49,7 +49,7 @@ def installed():
     """The switch installed: ``RadixAttention.forward`` is its wrapper around the stock method."""
     from sglang.srt.layers.radix_attention import RadixAttention
 
-    from devkit.testkit.cone import install
+    from overlay_tools.simulate.cone_turn import install
 
     state = install(64)
     assert state.outcomes["cone_replay"].status == "armed"
@@ -177,7 +177,7 @@ def test_the_switch_wraps_the_forward_side_when_installed_and_unwraps_on_uninsta
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
     from sglang.srt.model_executor.model_runner import ModelRunner
 
-    from devkit.testkit.cone import install
+    from overlay_tools.simulate.cone_turn import install
 
     stock = (RadixAttention.forward, ModelRunner.forward, vars(ForwardBatch)["init_new"])
     state = install(64)

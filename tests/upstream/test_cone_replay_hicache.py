@@ -1,5 +1,5 @@
 """Cone replay beside HiCache, on the real ``UnifiedRadixCache`` with HiCache attached
-(``init_hicache``: the real host pools, cache controller and transfers; ``devkit.testkit.radix_cache.HiCache``).
+(``init_hicache``: the real host pools, cache controller and transfers; ``overlay_tools.simulate.cache_kit.HiCache``).
 
 HiCache keeps an idle session's window on host when it leaves the device (write-back: on eviction;
 write-through: when a node is hit), and the stock admission loads it back. The cone acts only where
@@ -20,14 +20,16 @@ import torch
 
 from devkit.testkit import cone_replay_parts as cone_replay
 from devkit.testkit import radix_cache as rc
-from devkit.testkit.cone import cone_turn, install, model_kit, recorder
+from devkit.testkit.cone import cone_turn, model_kit, recorder
 from devkit.testkit.tiny_hybrid import TinyHybrid
+from overlay_tools.simulate import cache_kit
+from overlay_tools.simulate.cone_turn import install
 
 N = 64  # 4 pages of the SMALL geometry (page 16, window 8)
 POLICIES = ["write_back", "write_through"]
 
 
-def _window_state(kit: rc.CacheKit, history: list[int]) -> dict[str, bool]:
+def _window_state(kit: cache_kit.CacheKit, history: list[int]) -> dict[str, bool]:
     """Where the resume point F = page_floor(len(history))'s last node keeps its Full KV and SWA
     window: on device, on host (python core)."""
     from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
@@ -46,7 +48,7 @@ def _window_state(kit: rc.CacheKit, history: list[int]) -> dict[str, bool]:
             "swa_device": swa.value is not None, "swa_host": swa.host_value is not None, "depth": off}
 
 
-def _lose_window_everywhere(kit: rc.CacheKit, toks: rc.Tokens) -> list[int]:
+def _lose_window_everywhere(kit: cache_kit.CacheKit, toks: rc.Tokens) -> list[int]:
     """Session A runs a turn and a fork continues it (A's resume point becomes an inner node, as a
     retried or branched agent turn leaves it); traffic runs until A's window is on neither device
     nor host while its Full KV stays on device."""
@@ -61,7 +63,7 @@ def _lose_window_everywhere(kit: rc.CacheKit, toks: rc.Tokens) -> list[int]:
     raise AssertionError(f"A's window never left both tiers: {_window_state(kit, history)}")
 
 
-def _lose_window_and_full_kv(kit: rc.CacheKit, toks: rc.Tokens, history: list[int],
+def _lose_window_and_full_kv(kit: cache_kit.CacheKit, toks: rc.Tokens, history: list[int],
                              traffic: Any = None) -> dict[str, Any]:
     """Push every turn's Full KV off the device (to host: write-back backs it up on eviction,
     write-through already has) while the small host SWA tier churns A's window out; until A's
@@ -78,7 +80,7 @@ def _lose_window_and_full_kv(kit: rc.CacheKit, toks: rc.Tokens, history: list[in
     raise AssertionError(f"A's Full KV never sat on host only with its window gone: {_window_state(kit, history)}")
 
 
-def _sane(kit: rc.CacheKit) -> None:
+def _sane(kit: cache_kit.CacheKit) -> None:
     kit.cache.sanity_check()
     assert kit.leak_check() == {"full": 0, "swa": 0}
 
@@ -86,7 +88,7 @@ def _sane(kit: rc.CacheKit) -> None:
 @pytest.mark.parametrize("policy", POLICIES)
 def test_beside_hicache_a_window_on_neither_tier_is_replayed_from_s_without_a_load_back(policy, capfd):
     install(N)
-    kit = rc.build(rc.SMALL, hicache=rc.HiCache(ratio=0.5, write_policy=policy))
+    kit = cache_kit.build(cache_kit.SMALL, hicache=cache_kit.HiCache(ratio=0.5, write_policy=policy))
     assert kit.cache.cache_controller is not None and kit.cache.host_pool_group is not None
     toks = rc.Tokens()
     history = _lose_window_everywhere(kit, toks)
@@ -112,7 +114,7 @@ def test_beside_hicache_a_window_kept_on_host_is_loaded_back_and_the_cone_stays_
     """Without the fork, A's resume point is a leaf: HiCache moves it to host whole (write-back) or
     has backed it up (write-through); the stock load-back restores it and nothing is replayed."""
     install(N)
-    kit = rc.build(rc.SMALL, hicache=rc.HiCache(ratio=2.0, write_policy=policy))
+    kit = cache_kit.build(cache_kit.SMALL, hicache=cache_kit.HiCache(ratio=2.0, write_policy=policy))
     toks = rc.Tokens()
     history = kit.run_turn(toks.fresh(400), out_len=16).history
     for _ in range(60):
@@ -135,7 +137,7 @@ def _hit_beside_a_hicache_kit():
     named forward recorded, a recorder for B's forwards, B's traffic tokens)."""
     install(N)
     model = TinyHybrid("SFSS", window=8, d=16)  # bound 48 <= N
-    g = rc.SMALL.with_pools(full_tokens=16384, swa_tokens=1024)
+    g = cache_kit.SMALL.with_pools(full_tokens=16384, swa_tokens=1024)
     outs: dict[str, dict[int, torch.Tensor]] = {"hit": {}, "cone": {}, "t1a": {}, "t1b": {}, "fork": {}, "other": {}}
 
     def rec(kit, name):
@@ -147,7 +149,7 @@ def _hit_beside_a_hicache_kit():
     hist = cone_turn(kit_a, prompt, 16, forward=rec(kit_a, "t1a")).history
     hit = cone_turn(kit_a, hist + new, 16, forward=rec(kit_a, "hit"))
     assert hit.plan is None and hit.F is None
-    kit_b = model_kit(model, g, hicache=rc.HiCache(ratio=0.5, write_policy="write_back"))
+    kit_b = model_kit(model, g, hicache=cache_kit.HiCache(ratio=0.5, write_policy="write_back"))
     cone_turn(kit_b, prompt, 16, forward=rec(kit_b, "t1b"))
     return model, kit_a, kit_b, hist, new, outs, lambda name: rec(kit_b, name), rc.Tokens(start=200_000)
 
@@ -179,7 +181,7 @@ def test_beside_hicache_full_kv_on_host_is_loaded_back_full_only_and_the_cone_re
     here) and re-prefills everything; the cone loads [D, F) back through HiCache (Full only; its
     load-back counters move, no SWA host slot is read) and recomputes N + the new tokens."""
     install(N)
-    kit = rc.build(rc.SMALL, hicache=rc.HiCache(ratio=0.5, write_policy=policy))
+    kit = cache_kit.build(cache_kit.SMALL, hicache=cache_kit.HiCache(ratio=0.5, write_policy=policy))
     toks = rc.Tokens()
     history = kit.run_turn(toks.fresh(400), out_len=16).history
     _lose_window_and_full_kv(kit, toks, history)
@@ -211,7 +213,7 @@ def test_beside_hicache_a_load_back_hicache_refuses_falls_back_to_stock_once_nam
     """HiCache will not load fewer tokens than its ``load_back_threshold``: the cone's load-back
     comes back empty, the request runs stock (one fallback line, however often it is matched)."""
     install(N)
-    kit = rc.build(rc.SMALL, hicache=rc.HiCache(ratio=0.5, write_policy="write_back"))
+    kit = cache_kit.build(cache_kit.SMALL, hicache=cache_kit.HiCache(ratio=0.5, write_policy="write_back"))
     toks = rc.Tokens()
     history = kit.run_turn(toks.fresh(400), out_len=16).history
     _lose_window_and_full_kv(kit, toks, history)
@@ -231,7 +233,7 @@ def test_beside_hicache_the_rust_tree_core_falls_back_with_load_back_rust_core(c
     """The Rust tree core builds its load-back spec in Rust (no per-component seam to leave the SWA
     transfer out): the cone names it and the turn runs stock."""
     install(N)
-    kit = rc.build(rc.SMALL, backend="rust", hicache=rc.HiCache(ratio=0.5, write_policy="write_back"))
+    kit = cache_kit.build(cache_kit.SMALL, backend="rust", hicache=cache_kit.HiCache(ratio=0.5, write_policy="write_back"))
     toks = rc.Tokens()
     history = kit.run_turn(toks.fresh(400), out_len=16).history
     kit.evict(full=1 << 20)
@@ -276,7 +278,7 @@ def test_beside_hicache_a_cone_with_full_kv_loaded_from_host_is_bit_identical_to
     _sane(kit_b)
 
 
-def _uncapped_then_capped_adder(kit: rc.CacheKit, cap: int, first: Any) -> Any:
+def _uncapped_then_capped_adder(kit: cache_kit.CacheKit, cap: int, first: Any) -> Any:
     """A real ``PrefillAdder`` without chunking whose input cap refuses any request of ``cap`` input
     tokens or more once ``first`` (a short fresh request) is admitted: "allow the first request
     even above the input cap", not the second."""
@@ -300,7 +302,7 @@ def test_a_request_whose_cone_load_back_fell_back_runs_stock_when_matched_again_
     from sglang.srt.sampling.sampling_params import SamplingParams
 
     install(N)
-    kit = rc.build(rc.SMALL, hicache=rc.HiCache(ratio=0.5, write_policy="write_back"))
+    kit = cache_kit.build(cache_kit.SMALL, hicache=cache_kit.HiCache(ratio=0.5, write_policy="write_back"))
     toks = rc.Tokens()
     history = kit.run_turn(toks.fresh(400), out_len=16).history
     _lose_window_and_full_kv(kit, toks, history)

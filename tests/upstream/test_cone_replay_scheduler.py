@@ -10,7 +10,7 @@ import pytest
 
 from devkit.testkit import cone_replay_parts as cone_replay
 from devkit.testkit import scheduler as harness
-from devkit.testkit.cone import install
+from overlay_tools.simulate.cone_turn import install
 
 N = 64  # page 16, window 8, 3 SWA layers: bound 48
 

@@ -22,9 +22,11 @@ from hypothesis import strategies as st
 from adapter.core import boot
 from devkit.testkit import cone_replay_parts as cone_replay
 from devkit.testkit import radix_cache as rc
-from devkit.testkit.cone import cone_turn, install, model_kit, recorder
+from devkit.testkit.cone import cone_turn, model_kit, recorder
 from devkit.testkit.hypothesis_budget import examples
 from devkit.testkit.tiny_hybrid import TinyHybrid
+from overlay_tools.simulate import cache_kit
+from overlay_tools.simulate.cone_turn import install
 
 N = 64  # 4 pages of the SMALL geometry (page 16, window 8)
 BACKENDS = ["python", "rust"]
@@ -36,7 +38,7 @@ def _install(tokens: int = N) -> boot.State:
     return state
 
 
-def _lose_resume_point(kit: rc.CacheKit, toks: rc.Tokens, prompt: int = 400) -> list[int]:
+def _lose_resume_point(kit: cache_kit.CacheKit, toks: rc.Tokens, prompt: int = 400) -> list[int]:
     """Session A runs one chunked turn, then two-turn traffic runs until A's window is gone."""
     history = kit.run_turn(toks.fresh(prompt), out_len=16).history
     for _ in range(200):
@@ -49,7 +51,7 @@ def _lose_resume_point(kit: rc.CacheKit, toks: rc.Tokens, prompt: int = 400) -> 
     return history
 
 
-def _sane(kit: rc.CacheKit) -> None:
+def _sane(kit: cache_kit.CacheKit) -> None:
     if kit.is_python_core():
         kit.cache.sanity_check()
     assert kit.leak_check() == {"full": 0, "swa": 0}
@@ -58,7 +60,7 @@ def _sane(kit: rc.CacheKit) -> None:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_lost_resume_point_is_replayed_from_s_and_the_next_turn_matches_fully(backend, capfd):
     _install()
-    kit = rc.build(rc.SMALL, backend=backend)
+    kit = cache_kit.build(cache_kit.SMALL, backend=backend)
     toks = rc.Tokens()
     history = _lose_resume_point(kit, toks)
     turn = cone_turn(kit, history + toks.fresh(64), out_len=16)
@@ -98,7 +100,7 @@ def test_lost_resume_point_is_replayed_from_s_and_the_next_turn_matches_fully(ba
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_first_chunk_shorter_than_the_replay_falls_back_to_the_stock_match(backend, capfd):
     _install()
-    kit = rc.build(rc.SMALL, backend=backend)
+    kit = cache_kit.build(cache_kit.SMALL, backend=backend)
     toks = rc.Tokens()
     history = _lose_resume_point(kit, toks)
     turn = cone_turn(kit, history + toks.fresh(64), out_len=16, chunk=N - kit.geometry.page)
@@ -113,7 +115,7 @@ def test_first_chunk_shorter_than_the_replay_falls_back_to_the_stock_match(backe
 
 
 def test_switch_off_leaves_the_stock_reprefill():
-    kit = rc.build(rc.SMALL, backend="python")
+    kit = cache_kit.build(cache_kit.SMALL, backend="python")
     toks = rc.Tokens()
     history = _lose_resume_point(kit, toks)
     turn = cone_turn(kit, history + toks.fresh(64), out_len=16)
@@ -125,7 +127,7 @@ def test_switch_off_leaves_the_stock_reprefill():
 def test_replay_depth_below_the_bound_or_off_page_refuses_at_cache_build(tokens, why, capfd):
     state = _install(tokens)
     model = TinyHybrid("SSSF", window=8)  # bound = align_up(16 + 2 * 8, 16) + 16 = 48
-    kit = model_kit(model, rc.SMALL.with_pools(full_tokens=4096, swa_tokens=1024), backend="python")
+    kit = model_kit(model, cache_kit.SMALL.with_pools(full_tokens=4096, swa_tokens=1024), backend="python")
     cfg = cone_replay.cache_config(kit.cache)
     assert cfg is not None and not cfg.enabled and why in cfg.reason
     assert state.outcomes["cone_replay"].status == "refused"
@@ -143,7 +145,7 @@ def test_a_quantized_full_kv_cache_refuses_at_cache_build_and_stays_stock(capfd)
     """The forward side reads the replay rows' K/V back from the Full pool: fp8 cannot give the
     bytes the forward computed, so such an engine must not replay."""
     state = _install()
-    kit = rc.build(rc.SMALL, backend="python", kv_dtype=torch.float8_e4m3fn)
+    kit = cache_kit.build(cache_kit.SMALL, backend="python", kv_dtype=torch.float8_e4m3fn)
     assert state.outcomes["cone_replay"].status == "refused"
     assert "the Full KV cache is quantized (torch.float8_e4m3fn)" in capfd.readouterr().err
     toks = rc.Tokens()
@@ -156,7 +158,7 @@ def test_a_quantized_full_kv_cache_refuses_at_cache_build_and_stays_stock(capfd)
 def test_strict_refusal_at_cache_build_is_a_boot_error():
     install(16, DSV41_STRICT="1")
     with pytest.raises(boot.BootError, match="DSV41_SWA_CONE_TOKENS=16 < bound=48"):
-        model_kit(TinyHybrid("SSSF", window=8), rc.SMALL.with_pools(full_tokens=4096, swa_tokens=1024))
+        model_kit(TinyHybrid("SSSF", window=8), cache_kit.SMALL.with_pools(full_tokens=4096, swa_tokens=1024))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -165,7 +167,7 @@ def test_cone_turn_on_the_cache_is_bit_identical_to_a_prefix_hit_end_to_end(back
     kit B loses it to traffic whose slots overwrite the freed SWA pages (cone). Rows >= F agree."""
     _install()
     model = TinyHybrid("SFSS", window=8, d=16)  # bound = align_up(16 + 2 * 8, 16) + 16 = 48 <= N
-    g = rc.SMALL.with_pools(full_tokens=16384, swa_tokens=1024)
+    g = cache_kit.SMALL.with_pools(full_tokens=16384, swa_tokens=1024)
     outs: dict[str, dict[int, torch.Tensor]] = {"hit": {}, "cone": {}}
 
     def rec(kit, name):
@@ -211,7 +213,7 @@ def test_trace_of_replays_mixed_with_other_traffic_keeps_the_tree_sane(backend, 
     usable cone start."""
     boot.uninstall()
     _install()
-    kit = rc.build(rc.SMALL, backend=backend)
+    kit = cache_kit.build(cache_kit.SMALL, backend=backend)
     toks = rc.Tokens()
     sessions: list[list[int]] = []
     page = kit.geometry.page
@@ -241,7 +243,7 @@ def test_cone_replay_beside_swa_thin_replays_and_keeps_the_tree_sane():
     """Both SWA switches on (the python core, as SWA thin needs): the cone still plans, copies and
     re-publishes F's window; the next turn matches fully."""
     state = install(N, DSV41_SWA_THIN="1")
-    kit = rc.build(rc.SMALL, backend="python")
+    kit = cache_kit.build(cache_kit.SMALL, backend="python")
     assert {state.outcomes[n].status for n in ("cone_replay", "swa_thin")} == {"installed"}
     toks = rc.Tokens()
     history = _lose_resume_point(kit, toks)

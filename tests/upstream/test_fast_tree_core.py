@@ -17,11 +17,12 @@ from adapter.core import boot
 from adapter.switches import fast_tree_core
 from devkit.testkit import radix_cache as rc
 from devkit.testkit.hypothesis_budget import examples
+from overlay_tools.simulate import cache_kit
 
 # Small pools, so allocations evict (Full and SWA) on many traces; a one-pass turn longer than
 # MAX_ONE_PASS tokens (a re-prefill after its prefix was evicted) is prefilled in passes that fit,
 # and a session longer than MAX_HISTORY tokens starts over (a prompt must fit the Full pool).
-GEOMETRY = rc.SMALL.with_pools(full_tokens=2048, swa_tokens=384)
+GEOMETRY = cache_kit.SMALL.with_pools(full_tokens=2048, swa_tokens=384)
 MAX_ONE_PASS, MAX_HISTORY = 128, 1024
 P = GEOMETRY.page
 
@@ -36,13 +37,13 @@ def fast():
     return state
 
 
-def twins() -> tuple[rc.CacheKit, rc.CacheKit]:
-    stock = rc.build(GEOMETRY, backend="python")
+def twins() -> tuple[cache_kit.CacheKit, cache_kit.CacheKit]:
+    stock = cache_kit.build(GEOMETRY, backend="python")
     fast_tree_core.keep_stock(stock.core)
-    return stock, rc.build(GEOMETRY, backend="python")
+    return stock, cache_kit.build(GEOMETRY, backend="python")
 
 
-def _deep_session() -> tuple[rc.CacheKit, rc.CacheKit, list[int]]:
+def _deep_session() -> tuple[cache_kit.CacheKit, cache_kit.CacheKit, list[int]]:
     """Twins after a session of 12 turns (a deep path of nodes), and the history to send next."""
     stock, quick = twins()
     tok = rc.Tokens()
@@ -64,7 +65,7 @@ class _Counts:
     """Calls into the fast paths (module functions they route through); the Full lock walks counted
     per core (``lock``: the fast cache took the fast walk; ``stock_lock``: another core did)."""
 
-    def __init__(self, monkeypatch, quick: rc.CacheKit):
+    def __init__(self, monkeypatch, quick: cache_kit.CacheKit):
         self.n = {"match": 0, "walk": 0, "scan": 0, "lock": 0, "leaf": 0, "stock_lock": 0}
 
         def counting(name, fn):
@@ -99,7 +100,7 @@ class _HeaderTokens(rc.Tokens):
 
     def fresh(self, n: int) -> list[int]:
         head = min(self.header, n)
-        return [rc.OUTPUT_TOKEN + 1] * head + super().fresh(n - head)
+        return [cache_kit.OUTPUT_TOKEN + 1] * head + super().fresh(n - head)
 
 
 @given(ops=st.lists(OPS, min_size=2, max_size=14), scan_children=st.sampled_from([0, 1, 8, 10**6]),
@@ -138,7 +139,7 @@ def test_fast_core_leaves_the_same_cache_as_stock_after_every_operation(fast, op
         assert n["scan"] == 0, n
 
 
-def _host_values(kit: rc.CacheKit) -> list[tuple]:
+def _host_values(kit: cache_kit.CacheKit) -> list[tuple]:
     """Per node (DFS order): its Full and SWA host indices and whether a write-through is pending."""
     from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 
@@ -154,10 +155,10 @@ def test_beside_hicache_the_fast_match_leaves_the_same_cache_and_host_tier_as_st
     """HiCache attached to both twins (host pools of twice the device pools): evictions demote to
     host, admissions load host hits back, and the fast match (both validator sets) runs on every
     admission; after every operation the tree, the host copies, the matches and the loads agree."""
-    hicache = rc.HiCache(ratio=2.0, write_policy=policy)
-    stock = rc.build(GEOMETRY, backend="python", hicache=hicache)
+    hicache = cache_kit.HiCache(ratio=2.0, write_policy=policy)
+    stock = cache_kit.build(GEOMETRY, backend="python", hicache=hicache)
     fast_tree_core.keep_stock(stock.core)
-    quick = rc.build(GEOMETRY, backend="python", hicache=hicache)
+    quick = cache_kit.build(GEOMETRY, backend="python", hicache=hicache)
     assert quick.core.enable_hicache
     runner = rc.TraceRunner([stock, quick], tokens=_HeaderTokens(header), max_one_pass=MAX_ONE_PASS,
                             max_history=MAX_HISTORY)
@@ -216,7 +217,7 @@ def test_a_deep_insert_copies_the_key_once(fast, monkeypatch):
 
 def test_rust_core_caches_are_untouched(fast):
     tok = rc.Tokens()
-    kit = rc.build(GEOMETRY, backend="rust")
+    kit = cache_kit.build(GEOMETRY, backend="rust")
     a = kit.run_turn(tok.fresh(20 * P), P, chunk=128)
     b = kit.run_turn(a.history + tok.fresh(2 * P), P)
     assert b.prefix_len == len(a.history)

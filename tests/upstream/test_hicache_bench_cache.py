@@ -13,7 +13,7 @@ import pytest
 
 from devkit.bench import hicache
 from devkit.bench.hicache import cache as cache_form
-from devkit.testkit import radix_cache as rc
+from overlay_tools.simulate import cache_kit
 
 ROOT = Path(__file__).resolve().parents[2]
 HISTORY = 2 * (cache_form.IDLE_LEN + cache_form.PAGE)  # two idle sessions: prompt + one page of output each
@@ -21,7 +21,7 @@ HISTORY = 2 * (cache_form.IDLE_LEN + cache_form.PAGE)  # two idle sessions: prom
 
 def test_full_pool_churn_costs_stock_both_histories_and_a_large_host_tier_loads_them_back_whole():
     stock = cache_form.run_row("idle_full", False, None)
-    hicache = cache_form.run_row("idle_full", False, rc.HiCache(ratio=4.0, write_policy="write_through"))
+    hicache = cache_form.run_row("idle_full", False, cache_kit.HiCache(ratio=4.0, write_policy="write_through"))
     assert stock["recomputed"] == HISTORY and stock["loaded_from_host"] == 0
     assert stock["d2h_tokens"] == stock["h2d_tokens"] == {} and stock["bytes_d2h"] == stock["bytes_h2d"] == 0
     assert hicache["recomputed"] == 0 and hicache["loaded_from_host"] == HISTORY
@@ -32,7 +32,7 @@ def test_full_pool_churn_costs_stock_both_histories_and_a_large_host_tier_loads_
 
 
 def test_a_host_tier_half_the_device_pools_loses_the_idle_sessions_to_the_same_churn():
-    small = cache_form.run_row("idle_full", False, rc.HiCache(ratio=0.5, write_policy="write_through"))
+    small = cache_form.run_row("idle_full", False, cache_kit.HiCache(ratio=0.5, write_policy="write_through"))
     assert small["recomputed"] == HISTORY and small["loaded_from_host"] == 0 and small["h2d_tokens"] == {}
     assert small["d2h_tokens"]["kv"] > 0 and small["leak"] == 0
 
@@ -41,10 +41,10 @@ def test_beside_a_write_back_host_tier_the_cone_loads_a_branched_sessions_full_k
     """``branch`` with write-back and a host tier 1x the device: the branched sessions' Full KV goes
     to host with the churn and their windows go nowhere. Stock + HiCache re-prefills both histories;
     thin + cone + HiCache loads the Full KV back (HiCache's own counters move) and replays N."""
-    from devkit.testkit.cone import install
+    from overlay_tools.simulate.cone_turn import install
 
     install(cache_form.CONE_TOKENS, DSV41_SWA_THIN="1")
-    wb = rc.HiCache(ratio=1.0, write_policy="write_back")
+    wb = cache_kit.HiCache(ratio=1.0, write_policy="write_back")
     stock = cache_form.run_row("branch", False, wb)
     cone = cache_form.run_row("branch", True, wb)
     assert stock["recomputed"] == HISTORY and "cone" not in stock

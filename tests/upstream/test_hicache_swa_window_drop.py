@@ -20,14 +20,15 @@ import torch
 
 from devkit.testkit import radix_cache as rc
 from devkit.testkit import swa_host_demote as demote
+from overlay_tools.simulate import cache_kit
 
 POLICIES = ["write_back", "write_through", "write_through_selective"]
 PAGE, OUT = 16, 16
-GEOMETRY = rc.Geometry(PAGE, 8, 128, full_tokens=1 << 14, swa_tokens=1024, max_reqs=8, max_ctx=1 << 16)
+GEOMETRY = cache_kit.Geometry(PAGE, 8, 128, full_tokens=1 << 14, swa_tokens=1024, max_reqs=8, max_ctx=1 << 16)
 SWA_LAYER = 0  # the kit's SWAKVPool: layer 0 is the sliding-window layer
 
 
-def _node_at(kit: rc.CacheKit, tokens: list[int]):
+def _node_at(kit: cache_kit.CacheKit, tokens: list[int]):
     """The node that ends exactly at ``len(tokens)`` (python core)."""
     node, off = kit.core.root_node, 0
     while off < len(tokens):
@@ -46,21 +47,21 @@ def _tiers(node) -> dict[str, bool]:
             "swa_device": swa.value is not None, "swa_host": swa.host_value is not None}
 
 
-def _swa_rows(kit: rc.CacheKit, node) -> tuple[torch.Tensor, torch.Tensor]:
+def _swa_rows(kit: cache_kit.CacheKit, node) -> tuple[torch.Tensor, torch.Tensor]:
     from sglang.srt.mem_cache.unified_cache.components.base import ComponentType
 
     kv, idx = kit.allocator.get_kvcache(), node.component_data[ComponentType.SWA].value
     return kv.get_key_buffer(SWA_LAYER)[idx].clone(), kv.get_value_buffer(SWA_LAYER)[idx].clone()
 
 
-def _fill_swa_pool(kit: rc.CacheKit) -> None:
+def _fill_swa_pool(kit: cache_kit.CacheKit) -> None:
     """Distinct rows in every SWA slot: what the next forward would write (the kit runs none)."""
     kv, gen = kit.allocator.get_kvcache(), torch.Generator().manual_seed(5)
     for buf in (kv.get_key_buffer(SWA_LAYER), kv.get_value_buffer(SWA_LAYER)):
         buf.copy_(torch.randn(buf.shape, generator=gen).to(buf.dtype))
 
 
-def _republish_under_host_held_full(kit: rc.CacheKit, toks: rc.Tokens) -> list[int]:
+def _republish_under_host_held_full(kit: cache_kit.CacheKit, toks: rc.Tokens) -> list[int]:
     """A session's resume point H becomes an inner node (a retried turn), churn moves its window to
     host and host pressure frees that copy (Full KV stays on device and host), then a second retry
     recomputes through H and republishes the window on device only. Returns H."""
@@ -76,7 +77,7 @@ def _republish_under_host_held_full(kit: rc.CacheKit, toks: rc.Tokens) -> list[i
     return history
 
 
-def _still_lost(kit: rc.CacheKit, window: demote.DroppedWindow) -> bool:
+def _still_lost(kit: cache_kit.CacheKit, window: demote.DroppedWindow) -> bool:
     """The node is still there with its Full KV on device, and its window on neither tier."""
     return kit.node_at(window.tokens) == window.node_id and not any(
         _tiers(_node_at(kit, window.tokens))[t] for t in ("swa_device", "swa_host"))
@@ -90,7 +91,7 @@ def test_a_republished_window_under_host_held_full_kv_is_dropped_on_both_tiers_a
     (128, 256) republished the two pages before it and backed up only the target's (within one
     window of it): the windows ending at 112 and 240 are dropped, and a request branching at 112
     matches short of it."""
-    kit = rc.build(GEOMETRY, hicache=rc.HiCache(ratio=2.0, write_policy=policy))
+    kit = cache_kit.build(GEOMETRY, hicache=cache_kit.HiCache(ratio=2.0, write_policy=policy))
     toks = rc.Tokens()
     history = _republish_under_host_held_full(kit, toks)
     h_tiers = _tiers(_node_at(kit, history))
@@ -120,7 +121,7 @@ def test_with_pr_40712s_demotion_the_retry_resumes_at_h_with_the_device_windows_
     rows are byte-identical to what the device held (the freed slots are scrubbed in between, so
     the bytes come from host). Write-through backs H's republished window up at insert in this
     sequence, so there H resumes without the demotion too (it closes the windows at 112 and 240)."""
-    kit = rc.build(GEOMETRY, hicache=rc.HiCache(ratio=2.0, write_policy=policy))
+    kit = cache_kit.build(GEOMETRY, hicache=cache_kit.HiCache(ratio=2.0, write_policy=policy))
     toks = rc.Tokens()
     history = _republish_under_host_held_full(kit, toks)
     node = _node_at(kit, history)
@@ -141,7 +142,7 @@ def test_with_pr_40712s_demotion_the_retry_resumes_at_h_with_the_device_windows_
     kit.cache.sanity_check()
 
 
-def _mixed_traffic(kit: rc.CacheKit, units: int, seed: int = 1) -> None:
+def _mixed_traffic(kit: cache_kit.CacheKit, units: int, seed: int = 1) -> None:
     """New sessions on a shared 256-token system prompt, next turns, and retries of a session's last
     turn (its resume point becomes an inner node)."""
     rng, toks = random.Random(seed), rc.Tokens()
@@ -165,7 +166,7 @@ def test_at_steady_state_write_back_and_write_through_drop_windows_whose_full_kv
     """With the host tier full, write-back and write-through (the datacenter profile's policy) drop
     inner windows whose Full KV is on host; a resume at such a boundary whose Full KV is still on
     device matches short of it. With the demotion none is dropped."""
-    kit = rc.build(STEADY, hicache=rc.HiCache(ratio=2.0, write_policy=policy))
+    kit = cache_kit.build(STEADY, hicache=cache_kit.HiCache(ratio=2.0, write_policy=policy))
     with demote.record_dropped_windows() as dropped:
         _mixed_traffic(kit, units=80)
     assert dropped.with_full_on_host, policy
@@ -175,7 +176,7 @@ def test_at_steady_state_write_back_and_write_through_drop_windows_whose_full_kv
     assert req.prefix_len < len(lost[-1].tokens)
     kit.cache.sanity_check()
 
-    twin = rc.build(STEADY, hicache=rc.HiCache(ratio=2.0, write_policy=policy))
+    twin = cache_kit.build(STEADY, hicache=cache_kit.HiCache(ratio=2.0, write_policy=policy))
     with demote.demote_host_backed_windows() as stats, demote.record_dropped_windows() as dropped_twin:
         _mixed_traffic(twin, units=80)
     assert dropped_twin.with_full_on_host == [] and stats.demoted > 0
@@ -186,7 +187,7 @@ def test_at_steady_state_write_back_and_write_through_drop_windows_whose_full_kv
 def test_at_steady_state_write_through_selective_drops_only_windows_whose_full_kv_was_never_written():
     """Selective writes a node to host only once it is hit twice: on the same traffic it drops inner
     windows of nodes it never wrote (its design, as without HiCache), none whose Full KV is on host."""
-    kit = rc.build(STEADY, hicache=rc.HiCache(ratio=2.0, write_policy="write_through_selective"))
+    kit = cache_kit.build(STEADY, hicache=cache_kit.HiCache(ratio=2.0, write_policy="write_through_selective"))
     with demote.record_dropped_windows() as dropped:
         _mixed_traffic(kit, units=80)
     assert dropped.windows and dropped.with_full_on_host == []

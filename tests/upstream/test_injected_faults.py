@@ -97,7 +97,7 @@ def _accounted(h) -> tuple[int, int]:
 def _cone_session(overlap: bool):
     """A session whose SWA window at F was evicted by churn (its Full KV of [0, F) resident)."""
     from devkit.testkit import cone_replay_parts as cone_replay
-    from devkit.testkit.cone import install
+    from overlay_tools.simulate.cone_turn import install
 
     state = install(CONE_N)
     h = _cone_harness(overlap)

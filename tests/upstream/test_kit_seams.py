@@ -6,6 +6,7 @@ import importlib.util
 
 from devkit.engine_kit import launcher
 from devkit.testkit import radix_cache as rc
+from overlay_tools.simulate import cache_kit
 
 
 def _park_probe(monkeypatch):
@@ -24,7 +25,7 @@ def test_the_park_probe_reads_how_far_the_tree_holds_a_rows_full_kv_on_device_an
     """On the real ``UnifiedRadixCache`` with HiCache (write-back): a finished turn is held on the
     device; evicted, it is held on host only; a row that diverges is held up to where it does."""
     held = _park_probe(monkeypatch)._held
-    kit = rc.build(rc.SMALL, hicache=rc.HiCache(ratio=2.0, write_policy="write_back"))
+    kit = cache_kit.build(cache_kit.SMALL, hicache=cache_kit.HiCache(ratio=2.0, write_policy="write_back"))
     toks = rc.Tokens()
     history = kit.run_turn(toks.fresh(400), out_len=16).history
     page = kit.geometry.page

@@ -20,7 +20,7 @@ import torch
 
 from adapter.core import boot
 from adapter.switches.kv_park.engine import per_view_save
-from devkit.testkit.radix_cache import HiCache
+from overlay_tools.simulate.cache_kit import HiCache
 
 importlib.import_module("sglang.srt.managers.scheduler")
 from devkit.testkit.scheduler import build_scheduler  # noqa: E402

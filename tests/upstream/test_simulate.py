@@ -10,7 +10,6 @@ import math
 
 import pytest
 
-import devkit.testkit.radix_cache  # noqa: F401  (registers the engine kit's CPU host route: the +hicache policies)
 from adapter.core import env
 from adapter.ops import cli
 from devkit.testkit import simulate_fleet

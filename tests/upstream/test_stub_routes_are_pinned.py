@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from overlay_tools.simulate.host_route import RouteRefused
+
 STUB = Path(__file__).resolve().parents[2] / "devkit" / "engine_kit" / "stub"
 
 
@@ -29,10 +31,10 @@ def test_every_pin_of_the_stand_in_routes_matches_the_installed_sglang(route):
 def test_a_drifted_route_target_refuses_with_its_name(route, monkeypatch):
     target = f"{route.DEVICE_TIMER}:_TimingInterval.create"
     monkeypatch.setitem(route.PINS, target, "0" * 64)
-    with pytest.raises(route.RouteRefused, match=r"_TimingInterval.create drifted from the pin"):
+    with pytest.raises(RouteRefused, match=r"_TimingInterval.create drifted from the pin"):
         route.check_pins(route.DEVICE_TIMER)
     timer = importlib.import_module(route.DEVICE_TIMER)
     before = timer._TimingInterval.create
-    with pytest.raises(route.RouteRefused):
+    with pytest.raises(RouteRefused):
         route.ROUTES[route.DEVICE_TIMER](timer)
     assert timer._TimingInterval.create is before  # nothing patched

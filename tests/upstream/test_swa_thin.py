@@ -12,18 +12,19 @@ import pytest
 from adapter.core import boot, receipts
 from adapter.switches import swa_thin
 from devkit.testkit import radix_cache as rc
+from overlay_tools.simulate import cache_kit
 
-P = rc.SMALL.page
+P = cache_kit.SMALL.page
 
 
-def pair(geometry: rc.Geometry = rc.SMALL, session: bool = False) -> tuple[rc.CacheKit, rc.CacheKit]:
+def pair(geometry: cache_kit.Geometry = cache_kit.SMALL, session: bool = False) -> tuple[cache_kit.CacheKit, cache_kit.CacheKit]:
     """(stock, thin): two real caches built identically; the first is kept in stock LRU order."""
-    stock = rc.build(geometry, backend=None, session=session)
+    stock = cache_kit.build(geometry, backend=None, session=session)
     swa_thin.keep_stock(stock.cache)
-    return stock, rc.build(geometry, backend=None, session=session)
+    return stock, cache_kit.build(geometry, backend=None, session=session)
 
 
-def tail_ids(kit: rc.CacheKit, n: int = 1) -> list[int]:
+def tail_ids(kit: cache_kit.CacheKit, n: int = 1) -> list[int]:
     """Node ids at the evict-first end of the SWA LRU (the tail first)."""
     lru = kit.core.lru_lists[rc_swa()]
     out, x = [], lru.tail.lru_prev[lru._pt]
@@ -34,10 +35,10 @@ def tail_ids(kit: rc.CacheKit, n: int = 1) -> list[int]:
     return out
 
 
-def window_ids(kit: rc.CacheKit, tokens: list[int]) -> set[int]:
+def window_ids(kit: cache_kit.CacheKit, tokens: list[int]) -> set[int]:
     """The SWA-bearing nodes of the checkpoint ending at ``tokens`` (its last W + page tokens)."""
     node, covered, out = kit.core.node_by_id(kit.node_at(tokens)), 0, set()
-    while node is not kit.core.root_node and covered < rc.SMALL.window + P:
+    while node is not kit.core.root_node and covered < cache_kit.SMALL.window + P:
         if node.component_data[rc_swa()].value is not None:
             out.add(node.id)
         covered += len(node.key)
@@ -45,13 +46,13 @@ def window_ids(kit: rc.CacheKit, tokens: list[int]) -> set[int]:
     return out
 
 
-def at_tail(kit: rc.CacheKit, tokens: list[int]) -> bool:
+def at_tail(kit: cache_kit.CacheKit, tokens: list[int]) -> bool:
     """The checkpoint ending at ``tokens`` is what SWA eviction takes next."""
     ids = window_ids(kit, tokens)
     return bool(ids) and set(tail_ids(kit, len(ids))) == ids
 
 
-def order_without(kit: rc.CacheKit, tokens: list[int]) -> list[int]:
+def order_without(kit: cache_kit.CacheKit, tokens: list[int]) -> list[int]:
     """The SWA LRU order (DFS indices) without the window nodes of the checkpoint at ``tokens``."""
     index = {n.id: i for i, n in enumerate(rc._dfs(kit.core))}
     skip = {index[i] for i in window_ids(kit, tokens)}
@@ -64,7 +65,7 @@ def rc_swa():
     return ComponentType.SWA
 
 
-def position_from_head(kit: rc.CacheKit, node_id: int) -> int:
+def position_from_head(kit: cache_kit.CacheKit, node_id: int) -> int:
     lru = kit.core.lru_lists[rc_swa()]
     x, i = lru.head.lru_next[lru._pt], 0
     while x is not lru.tail:
@@ -85,7 +86,7 @@ def test_switch_selects_the_python_tree_core_and_says_so(thin):
 
     assert os.environ[swa_thin.BACKEND_ENV] == "python"
     assert thin.outcomes["swa_thin"].params["backend_set_by"] == "overlay"
-    kit = rc.build(rc.SMALL, backend=None)  # the engine's path: backend from the environment
+    kit = cache_kit.build(cache_kit.SMALL, backend=None)  # the engine's path: backend from the environment
     assert kit.is_python_core()
     boot.uninstall()
     assert swa_thin.BACKEND_ENV not in os.environ  # rollback restores the default (rust) core
@@ -105,7 +106,7 @@ def test_switch_refuses_when_the_operator_chose_the_rust_core(monkeypatch):
 
 def test_cache_built_with_an_explicit_rust_core_stays_stock(thin, caplog):
     tok = rc.Tokens()
-    kit = rc.build(rc.SMALL, backend="rust")
+    kit = cache_kit.build(cache_kit.SMALL, backend="rust")
     a = kit.run_turn(tok.fresh(4 * P), P)
     kit.run_turn(a.history + tok.fresh(2 * P), P)
     assert swa_thin.STATS.rust_caches == 1 and swa_thin.STATS.hooked == 0
@@ -117,9 +118,9 @@ def test_passed_chunk_checkpoints_go_to_the_evict_first_end(thin):
     stock, kit = pair()
     other = tok.fresh(6 * P)
     both((stock, kit), lambda k: k.run_turn(other, P))  # older traffic: stock's next SWA victim
-    prompt = tok.fresh(4 * rc.SMALL.chunk)
+    prompt = tok.fresh(4 * cache_kit.SMALL.chunk)
     reqs = both((stock, kit), lambda k: k.admit(prompt, P))
-    ends = [rc.SMALL.chunk * i for i in range(1, 5)]
+    ends = [cache_kit.SMALL.chunk * i for i in range(1, 5)]
     for i, end in enumerate(ends):
         for k, r in zip((stock, kit), reqs):
             k.prefill_to(r, end)
@@ -148,11 +149,11 @@ def test_first_chunks_prefix_match_node_keeps_its_place(thin):
     t1 = both((stock, kit), lambda k: k.run_turn(first, P))
     history = t1[0].history
     assert t1[0].history == t1[1].history
-    prompt = history + tok.fresh(2 * rc.SMALL.chunk)
+    prompt = history + tok.fresh(2 * cache_kit.SMALL.chunk)
     reqs = both((stock, kit), lambda k: k.admit(prompt, P))
     assert reqs[0].prefix_len == reqs[1].prefix_len == len(history)
     resume = kit.node_at(history)
-    first_end = reqs[1].prefix_len + rc.SMALL.chunk
+    first_end = reqs[1].prefix_len + cache_kit.SMALL.chunk
     for k, r in zip((stock, kit), reqs):
         k.prefill_to(r, first_end)
     assert rc.swa_lru(kit) == rc.swa_lru(stock), "the first chunk demotes nothing"
@@ -185,7 +186,7 @@ def test_one_pass_prefill_demotes_its_prefix_match_node(thin):
 def test_finished_turns_demote_nothing(thin):
     tok = rc.Tokens()
     stock, kit = pair()
-    prompt = tok.fresh(4 * rc.SMALL.chunk)
+    prompt = tok.fresh(4 * cache_kit.SMALL.chunk)
     reqs = both((stock, kit), lambda k: k.admit(prompt, P))
     for k, r in zip((stock, kit), reqs):
         k.prefill(r)
@@ -196,8 +197,8 @@ def test_finished_turns_demote_nothing(thin):
     assert swa_thin.STATS.demoted == before
     # The release inserts the output the same way in both caches: the thin order moves as stock's does.
     assert lru_before[0] != lru_before[1]
-    leaf = kit.node_at(prompt + [rc.OUTPUT_TOKEN] * 2 * P)
-    assert position_from_head(kit, leaf) == position_from_head(stock, stock.node_at(prompt + [rc.OUTPUT_TOKEN] * 2 * P)) == 0
+    leaf = kit.node_at(prompt + [cache_kit.OUTPUT_TOKEN] * 2 * P)
+    assert position_from_head(kit, leaf) == position_from_head(stock, stock.node_at(prompt + [cache_kit.OUTPUT_TOKEN] * 2 * P)) == 0
 
 
 def test_locked_nodes_stay_in_place(thin):
@@ -254,20 +255,20 @@ def _trace(tok: rc.Tokens, n_sessions: int = 4, turns: int = 3):
     ops = []
     for t in range(turns):
         for s in range(n_sessions):
-            new = tok.fresh((2 * rc.SMALL.chunk + 3 * P) if (t == 0 or (s + t) % 3 == 0) else 3 * P)
+            new = tok.fresh((2 * cache_kit.SMALL.chunk + 3 * P) if (t == 0 or (s + t) % 3 == 0) else 3 * P)
             ops.append((s, new, P * (1 + (s + t) % 2)))
     return ops
 
 
 def test_only_lru_order_differs_from_stock_after_every_operation(thin):
     tok = rc.Tokens()
-    stock, kit = pair(rc.SMALL.with_pools(swa_tokens=8192))  # no SWA eviction: trees stay comparable
+    stock, kit = pair(cache_kit.SMALL.with_pools(swa_tokens=8192))  # no SWA eviction: trees stay comparable
     histories: dict[int, list[int]] = {}
     differed = 0
     for session, new, out in _trace(tok):
         prompt = histories.get(session, []) + new
         reqs = both((stock, kit), lambda k, prompt=prompt, out=out: k.admit(prompt, out))
-        steps = [lambda k, r: k.prefill_to(r, min(len(r.origin_input_ids), r._kit_pos + rc.SMALL.chunk))] * 8
+        steps = [lambda k, r: k.prefill_to(r, min(len(r.origin_input_ids), r._kit_pos + cache_kit.SMALL.chunk))] * 8
         for step in steps:
             if reqs[0]._kit_pos >= len(prompt):
                 break
@@ -288,7 +289,7 @@ def test_only_lru_order_differs_from_stock_after_every_operation(thin):
     assert kit.leak_check() == stock.leak_check() == {"full": 0, "swa": 0}
 
 
-def _idle_session_survival(kit: rc.CacheKit, tok: rc.Tokens, limit: int = 200) -> tuple[int, int]:
+def _idle_session_survival(kit: cache_kit.CacheKit, tok: rc.Tokens, limit: int = 200) -> tuple[int, int]:
     """Session A runs one chunked turn and goes idle; two-turn sessions run beside it. Returns the
     other requests and SWA slots of traffic after which A's resume point is gone."""
     a = kit.run_turn(tok.fresh(25 * P), P)
@@ -324,12 +325,12 @@ def test_session_radix_cache_keeps_its_partition_and_referenced_nodes(thin):
     history = t1[1].history
     resume = kit.node_at(history)
     assert kit.core.node_by_id(resume).component_data[rc_swa()].session_ref > 0
-    prompt = history + tok.fresh(3 * rc.SMALL.chunk)
+    prompt = history + tok.fresh(3 * cache_kit.SMALL.chunk)
     reqs = both((stock, kit), lambda k: k.admit(prompt, P, session_id="s1"))
     ends = []
     while reqs[1]._kit_pos < len(prompt):
         for k, r in zip((stock, kit), reqs):
-            k.prefill_to(r, min(len(prompt), r._kit_pos + rc.SMALL.chunk))
+            k.prefill_to(r, min(len(prompt), r._kit_pos + cache_kit.SMALL.chunk))
         ends.append(reqs[1]._kit_pos)
         kit.cache.sanity_check()
         order = rc.swa_lru(kit)
@@ -347,14 +348,14 @@ def test_session_radix_cache_keeps_its_partition_and_referenced_nodes(thin):
 
 def test_a_demotion_receipt_is_logged_once_every_1024_hooked_inserts(thin, caplog):
     tok = rc.Tokens()
-    kit = rc.build(rc.SMALL, backend=None)
+    kit = cache_kit.build(cache_kit.SMALL, backend=None)
     swa_thin.STATS.hooked = swa_thin.RECEIPT_EVERY - 3
     lines = []
     handler = logging.Handler()
     handler.emit = lambda record: lines.append(record.getMessage())
     receipts.logger().addHandler(handler)
     try:
-        a = kit.run_turn(tok.fresh(3 * rc.SMALL.chunk), P)  # 3 chunk checkpoints + release = 4 inserts
+        a = kit.run_turn(tok.fresh(3 * cache_kit.SMALL.chunk), P)  # 3 chunk checkpoints + release = 4 inserts
         kit.run_turn(a.history + tok.fresh(P), P)
     finally:
         receipts.logger().removeHandler(handler)

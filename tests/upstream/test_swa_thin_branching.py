@@ -5,17 +5,18 @@ past it must cost no more prefill under thin than under stock (a thin cache besi
 from __future__ import annotations
 
 from devkit.testkit import radix_cache as rc
+from overlay_tools.simulate import cache_kit
 from tests.upstream.test_swa_thin import pair
 
-P = rc.SMALL.page
-C = rc.SMALL.chunk
+P = cache_kit.SMALL.page
+C = cache_kit.SMALL.chunk
 
 
-def _recomputed(kit: rc.CacheKit, prompt: list[int], out: int = P) -> int:
+def _recomputed(kit: cache_kit.CacheKit, prompt: list[int], out: int = P) -> int:
     return kit.run_turn(prompt, out).reprefilled
 
 
-def _shared_document_traffic(kit: rc.CacheKit, tok: rc.Tokens, doc_pages: int, followers: int,
+def _shared_document_traffic(kit: cache_kit.CacheKit, tok: rc.Tokens, doc_pages: int, followers: int,
                              noise: int, older: int = 4, q_pages: int = 2) -> list[int]:
     """One request reads a document (chunked) with its question; ``noise`` unrelated one-chunk
     requests pass; then ``followers`` requests ask other questions of the same document.
@@ -30,7 +31,7 @@ def _shared_document_traffic(kit: rc.CacheKit, tok: rc.Tokens, doc_pages: int, f
 
 
 def test_requests_branching_from_a_shared_document_after_its_reader_moved_past_cost_no_more_than_stock(thin):
-    stock, kit = pair(rc.SMALL.with_pools(swa_tokens=512))
+    stock, kit = pair(cache_kit.SMALL.with_pools(swa_tokens=512))
     args = dict(doc_pages=33, followers=4, noise=2)
     s = _shared_document_traffic(stock, rc.Tokens(), **args)
     t = _shared_document_traffic(kit, rc.Tokens(), **args)
@@ -42,7 +43,7 @@ def test_many_requests_branching_from_a_shared_prompts_end_cost_no_more_than_sto
     for swa in (512, 384, 256):
         for doc_pages in (20, 33):
             for noise in (0, 2, 4, 6):
-                stock, kit = pair(rc.SMALL.with_pools(swa_tokens=swa))
+                stock, kit = pair(cache_kit.SMALL.with_pools(swa_tokens=swa))
                 s = _shared_document_traffic(stock, rc.Tokens(), doc_pages, 4, noise)
                 t = _shared_document_traffic(kit, rc.Tokens(), doc_pages, 4, noise)
                 assert sum(t) <= sum(s), (swa, doc_pages, noise, s, t)
@@ -52,7 +53,7 @@ def test_a_reader_whose_question_spans_more_than_a_chunk_still_costs_the_first_f
     """The case the rule leaves: the reader passed the document's last checkpoint mid-prefill (its
     question is longer than a chunk), so thin demoted it before anything shared it. Only the first
     follower pays; it inserts the branch point (``swa_branching_seqlen``) and the rest resume there."""
-    stock, kit = pair(rc.SMALL.with_pools(swa_tokens=384))
+    stock, kit = pair(cache_kit.SMALL.with_pools(swa_tokens=384))
     args = dict(doc_pages=20, followers=4, noise=2, q_pages=10)
     s = _shared_document_traffic(stock, rc.Tokens(), **args)
     t = _shared_document_traffic(kit, rc.Tokens(), **args)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from adapter.switches import swa_thin
 from devkit.testkit import radix_cache as rc
+from overlay_tools.simulate import cache_kit
 
 POLICIES = [None, "write_back", "write_through"]
 # Forks, trims and continuations: nodes passed by two and by three requests, splits of counted nodes.
@@ -23,11 +24,11 @@ TRACE = [rc.Op("turn", new_pages=6, chunked=True), rc.Op("turn", session=0, new_
          rc.Op("turn", session=0, new_pages=2, chunked=True), rc.Op("turn", session=0, trim_pages=3, new_pages=2)]
 
 
-def _run(policy: str | None, stock: bool = False) -> tuple[rc.CacheKit, list[tuple], list[int]]:
+def _run(policy: str | None, stock: bool = False) -> tuple[cache_kit.CacheKit, list[tuple], list[int]]:
     """The trace on a cache large enough that nothing is evicted: (kit, per-op hit counts, per-op
     thin demotions)."""
-    hicache = None if policy is None else rc.HiCache(ratio=2.0, write_policy=policy)
-    kit = rc.build(rc.SMALL, backend="python", hicache=hicache)
+    hicache = None if policy is None else cache_kit.HiCache(ratio=2.0, write_policy=policy)
+    kit = cache_kit.build(cache_kit.SMALL, backend="python", hicache=hicache)
     if stock:
         swa_thin.keep_stock(kit.cache)
     runner = rc.TraceRunner([kit])

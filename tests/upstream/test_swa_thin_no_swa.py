@@ -13,7 +13,7 @@ import pytest
 
 from adapter.core import boot
 from adapter.switches import swa_thin
-from devkit.testkit import radix_cache as rc
+from overlay_tools.simulate import cache_kit
 
 
 def _install(strict: bool = False) -> boot.State:
@@ -41,7 +41,7 @@ def test_a_tree_without_an_swa_component_refuses_the_switch_at_cache_build(
         monkeypatch, capfd):
     state = _install()
     _tree_without_swa(monkeypatch)
-    kit = rc.build(rc.SMALL, backend="python")
+    kit = cache_kit.build(cache_kit.SMALL, backend="python")
     assert state.outcomes["swa_thin"].status == "refused"
     assert "the prefix tree has no SWA component" in state.outcomes["swa_thin"].reason
     err = capfd.readouterr().err
@@ -55,10 +55,10 @@ def test_under_strict_a_tree_without_an_swa_component_fails_the_boot(monkeypatch
     _install(strict=True)
     _tree_without_swa(monkeypatch)
     with pytest.raises(boot.BootError, match="swa_thin refused under DSV41_STRICT=1: the prefix tree has no SWA"):
-        rc.build(rc.SMALL, backend="python")
+        cache_kit.build(cache_kit.SMALL, backend="python")
 
 
 def test_a_tree_with_an_swa_component_keeps_the_switch_installed():
     state = _install()
-    rc.build(rc.SMALL, backend="python")
+    cache_kit.build(cache_kit.SMALL, backend="python")
     assert state.outcomes["swa_thin"].status == "installed"

@@ -11,11 +11,12 @@ from hypothesis import strategies as st
 from adapter.switches import swa_thin
 from devkit.testkit import radix_cache as rc
 from devkit.testkit.hypothesis_budget import examples
+from overlay_tools.simulate import cache_kit
 
 # Small pools, so allocations evict (Full and SWA) on many traces; a one-pass turn longer than
 # MAX_ONE_PASS tokens (a re-prefill after its prefix was evicted) is prefilled in passes that fit,
 # and a session longer than MAX_HISTORY tokens starts over (a prompt must fit the Full pool).
-GEOMETRY = rc.SMALL.with_pools(full_tokens=2048, swa_tokens=384)
+GEOMETRY = cache_kit.SMALL.with_pools(full_tokens=2048, swa_tokens=384)
 MAX_ONE_PASS, MAX_HISTORY = 128, 1024
 
 
@@ -26,7 +27,7 @@ OTHERS = st.builds(rc.Op, kind=st.sampled_from(["evict_swa", "evict_full", "idle
 OPS = st.one_of(TURNS, TURNS, TURNS, OTHERS)  # mostly turns: allocations must run the pools dry
 
 
-def _row_is_valid(kit: rc.CacheKit) -> None:
+def _row_is_valid(kit: cache_kit.CacheKit) -> None:
     """At quiescence nothing is protected: every slot is free or held by the tree."""
     assert kit.cache.full_protected_size() == 0 and kit.cache.swa_protected_size() == 0
     assert kit.leak_check() == {"full": 0, "swa": 0}
@@ -35,9 +36,9 @@ def _row_is_valid(kit: rc.CacheKit) -> None:
 @given(ops=st.lists(OPS, min_size=2, max_size=14))
 @settings(max_examples=examples(30), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_thin_differs_from_stock_only_in_which_resume_points_survive(thin, ops):
-    stock = rc.build(GEOMETRY, backend=None)
+    stock = cache_kit.build(GEOMETRY, backend=None)
     swa_thin.keep_stock(stock.cache)
-    kit = rc.build(GEOMETRY, backend=None)
+    kit = cache_kit.build(GEOMETRY, backend=None)
     runner = rc.TraceRunner([stock, kit], max_one_pass=MAX_ONE_PASS, max_history=MAX_HISTORY)
     evicted = [False]
 

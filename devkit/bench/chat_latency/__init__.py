@@ -324,9 +324,9 @@ class MellumChat:
     name = "mellum"
 
     def model(self, out: Path) -> Path:
-        from devkit.gate import kits
+        from devkit.engine_kit import model_kits
 
-        return kits.kit("mellum").build(out).resolve()
+        return model_kits.kit("mellum").build(out).resolve()
 
     def server(self, model: Path, log: Path, profile: dict[str, str], extra: list[str]) -> Any:
         from devkit.engine_kit import launcher
@@ -353,14 +353,14 @@ class Dsv4Chat:
     name = "dsv4"
 
     def model(self, out: Path) -> Path:
-        from devkit.gate import kits
+        from devkit.engine_kit import model_kits
 
-        return kits.kit("dsv4").build(out).resolve()
+        return model_kits.kit("dsv4").build(out).resolve()
 
     def server(self, model: Path, log: Path, profile: dict[str, str], extra: list[str]) -> Any:
-        from devkit.gate import kits
+        from devkit.engine_kit import model_kits
 
-        server = kits.kit("dsv4").server(model, log, profile, extra, chunk=DSV4_CHAT_CHUNK)
+        server = model_kits.kit("dsv4").server(model, log, profile, extra, chunk=DSV4_CHAT_CHUNK)
         server.ready_timeout_s = BOOT_TIMEOUT_S
         return server
 

@@ -111,9 +111,9 @@ class MellumFleet:
     swa_ratio: float = MELLUM["swa_ratio"]
 
     def model(self, out: Path) -> Path:
-        from devkit.gate import kits
+        from devkit.engine_kit import model_kits
 
-        return kits.kit("mellum").build(out).resolve()
+        return model_kits.kit("mellum").build(out).resolve()
 
     def worker(self, model: Path, log: Path, profile: dict[str, str], extra: list[str]) -> launcher.Server:
         args = launcher.server_args(model, launcher.free_port(), max_total_tokens=self.max_total_tokens,
@@ -126,14 +126,14 @@ class Dsv4Fleet:
     name: str = "dsv4"
 
     def model(self, out: Path) -> Path:
-        from devkit.gate import kits
+        from devkit.engine_kit import model_kits
 
-        return kits.kit("dsv4").build(out).resolve()
+        return model_kits.kit("dsv4").build(out).resolve()
 
     def worker(self, model: Path, log: Path, profile: dict[str, str], extra: list[str]) -> launcher.Server:
-        from devkit.gate import kits
+        from devkit.engine_kit import model_kits
 
-        return kits.kit("dsv4").server(model, log, profile, extra, chunk=DSV4_CHUNK)
+        return model_kits.kit("dsv4").server(model, log, profile, extra, chunk=DSV4_CHUNK)
 
 
 FLEET_KITS = {"mellum": MellumFleet(), "dsv4": Dsv4Fleet()}

@@ -1,7 +1,7 @@
 """``bench hicache --quick``: the benchmark's rows on SGLang's real cache in-process (form ``cache``).
 
 A server boot costs 30-150 s on this machine, so no run that boots one stays under a minute. This
-form drives the cache kit (:mod:`devkit.testkit.radix_cache`: the real ``UnifiedRadixCache`` with
+form drives the cache kit (:mod:`overlay_tools.simulate.cache_kit`: the real ``UnifiedRadixCache`` with
 ``init_hicache``, SGLang's host pools, controller and transfers on the engine kit's CPU routes) at a
 scaled DSV4 shape (page 16, window 8, chunk 128, SWA pool 1,024 tokens), sized so that the run
 stays under a minute on this shared machine (measured 20 s at load 1.7, 44 s at load 5; the
@@ -49,6 +49,7 @@ from typing import Any
 
 from devkit.testkit import radix_cache as rc
 from devkit.testkit.swa_thin import CHUNK, PAGE, WINDOW, cache_kit, traffic_unit
+from overlay_tools.simulate.cache_kit import CacheKit, HiCache, TurnResult
 
 SWA_POOL = 1024  # half swa-thin-hicache's: the quick form's rows in seconds
 IDLE_LEN, LONG_LEN, NEW_TURN = 2048, 4096, 128
@@ -58,18 +59,18 @@ SYSTEM, FIRST_MESSAGE, SESSIONS, TURNS = 1024, 256, 4, 3
 CONE_TOKENS = 8 * PAGE  # the datacenter profile's N = 2,048 is 8 pages of 256
 ROWS = (  # name, profile (thin + cone), HiCache
     ("stock", False, None),
-    ("stock_hicache", False, rc.HiCache(ratio=4.0, write_policy="write_through")),
-    ("stock_hicache_small", False, rc.HiCache(ratio=0.5, write_policy="write_through")),
+    ("stock_hicache", False, HiCache(ratio=4.0, write_policy="write_through")),
+    ("stock_hicache_small", False, HiCache(ratio=0.5, write_policy="write_through")),
     ("profile", True, None),
-    ("profile_hicache", True, rc.HiCache(ratio=4.0, write_policy="write_through")),
-    ("profile_hicache_small", True, rc.HiCache(ratio=0.5, write_policy="write_through")),
-    ("stock_hicache_wb", False, rc.HiCache(ratio=1.0, write_policy="write_back")),
-    ("profile_hicache_wb", True, rc.HiCache(ratio=1.0, write_policy="write_back")),
+    ("profile_hicache", True, HiCache(ratio=4.0, write_policy="write_through")),
+    ("profile_hicache_small", True, HiCache(ratio=0.5, write_policy="write_through")),
+    ("stock_hicache_wb", False, HiCache(ratio=1.0, write_policy="write_back")),
+    ("profile_hicache_wb", True, HiCache(ratio=1.0, write_policy="write_back")),
 )
 WHY_NULL = "form cache: no model runs, so no TTFT and no logprobs (the server form measures them)"
 
 
-def _traffic(kit: rc.CacheKit, tok: rc.Tokens, rng: random.Random, slots: int) -> None:
+def _traffic(kit: CacheKit, tok: rc.Tokens, rng: random.Random, slots: int) -> None:
     """Other traffic until ``slots`` SWA slots were handed out: sub-agents (a chunked turn and a
     short follow-up) and, every sixth unit, a new long session."""
     start, unit = kit.swa_alloc_tokens, 0
@@ -78,13 +79,13 @@ def _traffic(kit: rc.CacheKit, tok: rc.Tokens, rng: random.Random, slots: int) -
         traffic_unit(kit, tok, rng, unit, LONG_LEN)
 
 
-def _idle(kit: rc.CacheKit, tok: rc.Tokens, rng: random.Random) -> list[rc.TurnResult]:
+def _idle(kit: CacheKit, tok: rc.Tokens, rng: random.Random) -> list[TurnResult]:
     idle = [kit.run_turn(tok.fresh(IDLE_LEN), PAGE).history for _ in range(2)]
     _traffic(kit, tok, rng, TRAFFIC)
     return [kit.run_turn(history + tok.fresh(NEW_TURN), PAGE) for history in idle]
 
 
-def _agent(kit: rc.CacheKit, tok: rc.Tokens, rng: random.Random) -> list[rc.TurnResult]:
+def _agent(kit: CacheKit, tok: rc.Tokens, rng: random.Random) -> list[TurnResult]:
     system = tok.fresh(SYSTEM)
     histories = [kit.run_turn(system + tok.fresh(FIRST_MESSAGE), PAGE).history for _ in range(SESSIONS)]
     resumed = []
@@ -97,7 +98,7 @@ def _agent(kit: rc.CacheKit, tok: rc.Tokens, rng: random.Random) -> list[rc.Turn
     return resumed
 
 
-def _branch(kit: rc.CacheKit, tok: rc.Tokens, rng: random.Random) -> list[rc.TurnResult]:
+def _branch(kit: CacheKit, tok: rc.Tokens, rng: random.Random) -> list[TurnResult]:
     """Two idle sessions, each continued once by a branch (a retried or forked agent turn: its resume
     point becomes an inner node, whose window HiCache keeps on neither tier once it leaves the device),
     traffic, then each session resumes from its own history."""
@@ -111,7 +112,7 @@ def _branch(kit: rc.CacheKit, tok: rc.Tokens, rng: random.Random) -> list[rc.Tur
 WORKLOADS = {"idle_swa": _idle, "idle_full": _idle, "agent": _agent, "branch": _branch}
 
 
-def _with_cone(kit: rc.CacheKit, on: bool) -> None:
+def _with_cone(kit: CacheKit, on: bool) -> None:
     """Cone replay on this kit (every turn through ``cone_turn``), or off (the switch's config taken
     off the cache: its match is stock)."""
     from devkit.testkit import cone_replay_parts as cone
@@ -125,7 +126,7 @@ def _with_cone(kit: rc.CacheKit, on: bool) -> None:
 
     def run_turn(tokens: list[int], out_len: int, chunk: int | None = None, session_id: str | None = None) -> Any:
         turn = cone_turn(kit, tokens, out_len, chunk)
-        return rc.TurnResult(turn.rid, turn.prefix_len, turn.F, turn.recomputed, turn.history)
+        return TurnResult(turn.rid, turn.prefix_len, turn.F, turn.recomputed, turn.history)
 
     kit.run_turn = run_turn  # the workloads' turns, traffic included
 
@@ -138,7 +139,7 @@ def _cone_figures() -> dict[str, Any]:
             "fallbacks": dict(sorted(cone.FALLBACKS.items()))}
 
 
-def run_row(workload: str, thin: bool, hicache: rc.HiCache | None, seed: int = 1) -> dict[str, Any]:
+def run_row(workload: str, thin: bool, hicache: HiCache | None, seed: int = 1) -> dict[str, Any]:
     from devkit.testkit import cone_replay_parts as cone
 
     t0 = time.process_time()
@@ -173,7 +174,7 @@ def rows() -> list[dict[str, Any]]:
     import importlib
     import os
 
-    from devkit.testkit.cone import install
+    from overlay_tools.simulate.cone_turn import install
 
     os.environ.pop("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", None)  # SWA thin chooses the Python core
     state = install(CONE_TOKENS, DSV41_SWA_THIN="1")

@@ -11,7 +11,7 @@ Kits (:data:`KITS`):
   resumed turn is the history + 24 new tokens. ``agent``: three sessions on a shared 256-token
   system prompt (each adds its own 48-token first message), three turns each in rotation (+24
   tokens a turn, 2 greedy tokens), two 200-token churn prompts before every turn.
-* ``dsv4``: the gate's DeepSeek-V4.1 kit model (:class:`devkit.gate.kits.Dsv4Kit`: page 256,
+* ``dsv4``: the gate's DeepSeek-V4.1 kit model (:class:`devkit.engine_kit.model_kits.Dsv4Kit`: page 256,
   window 128, fp8 KV), pool 32 pages, 12 SWA pages, chunk 1024, 2 running rows. A 2304-token
   session + 8 tokens goes idle; ``idle_swa``: two 2048-token churn prompts push its window out of
   the SWA pool (Full pool room for all); ``idle_full``: four press the Full pool; resumed turn
@@ -268,9 +268,9 @@ _MODELS: dict[str, Path] = {}
 def _model(kit: Kit, work: Path) -> Path:
     if kit.name not in _MODELS:
         if kit.name == "dsv4":
-            from devkit.gate import kits
+            from devkit.engine_kit import model_kits
 
-            _MODELS[kit.name] = kits.kit("dsv4").build(work / "dsv4")
+            _MODELS[kit.name] = model_kits.kit("dsv4").build(work / "dsv4")
         else:
             from devkit.engine_kit import model as mk
 
@@ -280,11 +280,11 @@ def _model(kit: Kit, work: Path) -> Path:
 
 def profile_for(kit: Kit) -> dict[str, str]:
     """The gate's profile (every acting switch) with the kit's overrides."""
-    from devkit.gate import kits
+    from devkit.engine_kit import model_kits
     from devkit.gate.verdict import build_profile
 
     profile = build_profile()
-    profile.update({k: v for k, v in kits.kit(kit.name).profile_overrides().items() if k in profile})
+    profile.update({k: v for k, v in model_kits.kit(kit.name).profile_overrides().items() if k in profile})
     return profile
 
 

@@ -14,7 +14,7 @@ they are already imported). Tests and the gate only.
   so this finder takes those routes and their pins from there.
 
 What each route replaces or builds is pinned in :data:`PINS` (one finder, one pin rule with the
-overlay's own): a route whose upstream source drifted raises :class:`RouteRefused` naming it, so
+overlay's own): a route whose upstream source drifted raises :class:`overlay_tools.simulate.host_route.RouteRefused` naming it, so
 the kit never stands in for code it was not written for.
 
 With ``SGL_STUB_DSV4=1`` (the DeepSeek-V4 kit, ``devkit.engine_kit.dsv4.launch``) the kit's pinned
@@ -30,13 +30,6 @@ import sys
 import time
 
 from overlay_tools.simulate import host_route
-from overlay_tools.simulate.host_route import (  # noqa: F401  (the host routes, under the names the kit's tests use)
-    HOST_MEMORY,
-    HOST_POOL_OPS,
-    RouteRefused,
-    route_host_memory,
-    route_host_pool_ops,
-)
 
 REGISTRY = "sglang.srt.layers.attention.attention_registry"
 DEVICE_TIMER = "sglang.srt.utils.device_timer"
@@ -110,7 +103,7 @@ PINS = {
 
 
 def check_pins(module_name: str) -> None:
-    """Raise :class:`RouteRefused` naming every drifted pin of ``module_name``'s route."""
+    """Raise :class:`overlay_tools.simulate.host_route.RouteRefused` naming every drifted pin of ``module_name``'s route."""
     host_route.check_pins(module_name, PINS)
 
 
@@ -125,8 +118,8 @@ def _pinned(module_name: str, route):
 ROUTES = {
     REGISTRY: _pinned(REGISTRY, route_attention),
     DEVICE_TIMER: _pinned(DEVICE_TIMER, route_timer),
-    HOST_MEMORY: _pinned(HOST_MEMORY, route_host_memory),
-    **{name: _pinned(name, route_host_pool_ops) for name in HOST_POOL_OPS},
+    host_route.HOST_MEMORY: _pinned(host_route.HOST_MEMORY, host_route.route_host_memory),
+    **{name: _pinned(name, host_route.route_host_pool_ops) for name in host_route.HOST_POOL_OPS},
 }
 
 

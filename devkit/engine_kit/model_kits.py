@@ -1,4 +1,4 @@
-"""The model kits the gate can boot: what model it builds, how a server of it starts, what workload fits.
+"""The model kits the gate, the benches and the engine tests boot: what model each builds, how a server of it starts, what workload fits.
 
 * ``mellum``: the tiny hybrid SWA model (:mod:`devkit.engine_kit.model`; fp32, page 1, window 31,
   ``torch_native`` routed to SGLang's CPU backend).
