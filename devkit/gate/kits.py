@@ -10,7 +10,8 @@
 Every boot of one gate run shares the kit's model, seed, server arguments and workload; the boots
 differ only in their ``DSV41_*`` profile. The HiCache leg (``--hicache``) passes the host tier's ratio
 to :meth:`Kit.workload`, whose churn then outruns the device SWA pool and the host tier together
-(:func:`outrun_host_tier`).
+(:func:`outrun_host_tier`), and whose host phase presses the device Full pool (:func:`press_full_pool`);
+the DSV4 kit then boots a larger Full pool (:data:`DSV4_HICACHE_MAX_TOTAL_TOKENS`).
 """
 
 from __future__ import annotations
@@ -59,6 +60,26 @@ def outrun_host_tier(w: Any, hicache_ratio: float, swa_tokens: int, full_tokens:
     return w
 
 
+# The HiCache leg's host phase: churn of this many times the device Full pool, so the phase's session
+# (the oldest leaf) leaves the device while the host tier, ``hicache_ratio`` times the pool, still
+# holds its Full KV (write-through copied it there at insert; write-back copies it on eviction).
+PRESS = 1.25
+
+
+def press_full_pool(w: Any, hicache_ratio: float, full_tokens: int, kit: str) -> Any:
+    """``w`` with a host phase whose churn presses the device Full pool (``full_tokens``) past the
+    phase's session, so its Full KV goes to host; a clear error when the host tier could not hold
+    the session after that churn (the leg would judge a loss from both tiers)."""
+    churn = math.ceil(PRESS * full_tokens / (w.churn_tokens + 4))
+    held = w.host_session_tokens + w.turn_tokens + churn * (w.churn_tokens + 4)
+    if held >= hicache_ratio * full_tokens:
+        raise ValueError(f"--hicache with --model {kit} is invalid at --hicache-ratio {hicache_ratio:g}: pressing the "
+                         f"Full pool of {full_tokens} tokens takes {churn} churn requests of {w.churn_tokens} tokens, "
+                         f"{held} tokens in all, more than the host tier holds ({hicache_ratio:g} x {full_tokens}): the "
+                         "host phase's session would leave the host too")
+    return replace(w, host_churn_requests=churn)
+
+
 MELLUM_MAX_TOTAL_TOKENS = 16384  # the Full pool
 MELLUM_SWA_RATIO = 0.1  # the SWA pool: a tenth of it
 
@@ -95,8 +116,9 @@ class MellumKit:
         w = wl.Workload.quick() if quick else wl.Workload.full()
         if hicache_ratio is None:
             return w
-        return outrun_host_tier(w, hicache_ratio, int(MELLUM_MAX_TOTAL_TOKENS * MELLUM_SWA_RATIO),
-                                MELLUM_MAX_TOTAL_TOKENS, self.name)
+        w = outrun_host_tier(w, hicache_ratio, int(MELLUM_MAX_TOTAL_TOKENS * MELLUM_SWA_RATIO),
+                             MELLUM_MAX_TOTAL_TOKENS, self.name)
+        return press_full_pool(w, hicache_ratio, MELLUM_MAX_TOTAL_TOKENS, self.name)
 
     def profile_overrides(self) -> dict[str, str]:
         return {}  # the registry's gate roles are set for this kit
@@ -116,7 +138,13 @@ DSV4_MAX_RUNNING = 3  # the yield phase's 2 streams and its long prompt
 # Four pages a chunk: a cone replay's first chunk must cover [s, F) (N = 768 plus the new message),
 # else it falls back to the stock match (first_chunk_short, seen at 256).
 DSV4_CHUNK = 4 * 256
-DSV4_SWA_RATIO = 12 * 256 / DSV4_MAX_TOTAL_TOKENS
+DSV4_SWA_TOKENS = 12 * 256
+DSV4_SWA_RATIO = DSV4_SWA_TOKENS / DSV4_MAX_TOTAL_TOKENS
+# The HiCache leg's Full pool (the same 12 SWA pages): outrunning the host tier's SWA (ratio 2:
+# 6 churn requests of 3072 tokens, 21,064 tokens held with the workload) does not fit 64 pages of
+# Full KV, so the leg would press the Full pool in every phase; 96 pages hold it, and the host
+# phase's churn (1.25 x the pool) still fits the host tier's 2 x 96 pages.
+DSV4_HICACHE_MAX_TOTAL_TOKENS = 96 * 256
 
 
 @dataclass(frozen=True)
@@ -138,8 +166,9 @@ class Dsv4Kit:
 
         if plugin is not None:  # devkit.gate.ways.check refuses it before any boot
             raise ValueError("the DeepSeek-V4 kit boots through the import hook only")
-        return launch.server(model, log, profile, ready_timeout_s=600.0, max_total_tokens=DSV4_MAX_TOTAL_TOKENS,
-                             max_running=DSV4_MAX_RUNNING, chunk=chunk, swa_ratio=DSV4_SWA_RATIO,
+        full = DSV4_HICACHE_MAX_TOTAL_TOKENS if "--enable-hierarchical-cache" in extra else DSV4_MAX_TOTAL_TOKENS
+        return launch.server(model, log, profile, ready_timeout_s=600.0, max_total_tokens=full,
+                             max_running=DSV4_MAX_RUNNING, chunk=chunk, swa_ratio=DSV4_SWA_TOKENS / full,
                              extra=list(extra))
 
     def workload(self, quick: bool, hicache_ratio: float | None = None) -> Any:
@@ -161,8 +190,9 @@ class Dsv4Kit:
         )
         if hicache_ratio is None:
             return w
-        return outrun_host_tier(w, hicache_ratio, round(DSV4_SWA_RATIO * DSV4_MAX_TOTAL_TOKENS), DSV4_MAX_TOTAL_TOKENS,
-                                self.name)
+        w = replace(w, host_session_tokens=4 * page)  # whole pages: F = 1024, s = F - 768 one page in
+        w = outrun_host_tier(w, hicache_ratio, DSV4_SWA_TOKENS, DSV4_HICACHE_MAX_TOTAL_TOKENS, self.name)
+        return press_full_pool(w, hicache_ratio, DSV4_HICACHE_MAX_TOTAL_TOKENS, self.name)
 
     def profile_overrides(self) -> dict[str, str]:
         # Replay depth: a page multiple at least the kit model's bound (cone_replay checks it at

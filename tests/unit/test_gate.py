@@ -2,6 +2,7 @@
 agreement and the rows of switches that cannot act here. The boots are in test_gate_engine.py."""
 
 import dataclasses
+import itertools
 
 import pytest
 
@@ -10,6 +11,7 @@ from adapter.ops import cli
 
 # Scheduler log lines in SGLang 0.5.23's format (``--decode-log-interval 1``), trimmed to the fields read.
 from devkit import gate
+from devkit.engine_kit import workload as wl
 
 CHUNK = "[t] Prefill batch, #new-seq: 1, #new-token: 64, #cached-token: 0, #running-req: {r}, #queue-req: 0, #pending-token: {p}, x"
 DECODE = "[t] Decode batch, #running-req: 4, #full token: 100, gen throughput (token/s): 10.0, #queue-req: 0"
@@ -304,24 +306,40 @@ def test_the_hicache_legs_churn_outruns_the_swa_pool_and_host_tier_without_press
     from devkit.gate import hicache_leg, kits
 
     ratio = hicache_leg.host_ratio(hicache_leg.launch_args())
-    swa = int(kits.MELLUM_MAX_TOTAL_TOKENS * kits.MELLUM_SWA_RATIO)
-    for quick in (True, False):
-        w = kits.kit("mellum").workload(quick, ratio)
+    pools = {"mellum": (int(kits.MELLUM_MAX_TOTAL_TOKENS * kits.MELLUM_SWA_RATIO), kits.MELLUM_MAX_TOTAL_TOKENS),
+             "dsv4": (kits.DSV4_SWA_TOKENS, kits.DSV4_HICACHE_MAX_TOTAL_TOKENS)}
+    for (name, (swa, full)), quick in itertools.product(pools.items(), (True, False)):
+        w = kits.kit(name).workload(quick, ratio)
         churn = w.churn_requests * w.churn_tokens
-        assert churn >= kits.OUTRUN * (1 + ratio) * swa
-        assert churn + w.session_tokens + w.cone_tokens < kits.MELLUM_MAX_TOTAL_TOKENS
+        assert churn >= kits.OUTRUN * (1 + ratio) * swa, name
+        assert churn + w.session_tokens + w.cone_tokens < full, name
     assert kits.kit("mellum").workload(True).churn_requests == 10  # the plain leg's workload is unchanged
-    with pytest.raises(ValueError, match=r"--hicache with --model dsv4 is invalid at --hicache-ratio 2: .* more than the "
-                       r"kit's Full pool of 16384"):
-        kits.kit("dsv4").workload(True, 2.0)
+    assert kits.kit("dsv4").workload(True).host_churn_requests == 0  # no host phase without HiCache
     with pytest.raises(ValueError, match="--hicache with --model mellum is invalid at --hicache-ratio 4"):
         kits.kit("mellum").workload(True, 4.0)
 
 
+def test_the_hicache_legs_host_phase_presses_the_device_full_pool_while_the_host_tier_holds_the_session():
+    """The host phase's churn passes the device Full pool (its session, the oldest leaf, leaves the
+    device) and leaves room for the session in the host tier (ratio x the pool)."""
+    from devkit.gate import hicache_leg, kits
+
+    ratio = hicache_leg.host_ratio(hicache_leg.launch_args())
+    for name, full in (("mellum", kits.MELLUM_MAX_TOTAL_TOKENS), ("dsv4", kits.DSV4_HICACHE_MAX_TOTAL_TOKENS)):
+        w = kits.kit(name).workload(True, ratio)
+        churn = w.host_churn_requests * (w.churn_tokens + 4)
+        assert full < churn and churn + w.host_session_tokens + w.turn_tokens < ratio * full, name
+    assert kits.kit("dsv4").workload(True, ratio).host_session_tokens % 256 == 0  # whole pages: F on a page
+    with pytest.raises(ValueError, match=r"--hicache with --model mellum is invalid at --hicache-ratio 1: pressing the "
+                       r"Full pool of 16384 tokens takes 40 churn requests of 512 tokens, 21672 tokens in all, more than "
+                       r"the host tier holds"):
+        kits.press_full_pool(wl.Workload.quick(), 1.0, kits.MELLUM_MAX_TOTAL_TOKENS, "mellum")
+
+
 @pytest.mark.parametrize(("model", "hicache", "drop", "error"), [
     ("mellum", False, ["DSV41_NOPE"], "--drop-key 'DSV41_NOPE' is invalid: expected a key of the gate's profile"),
-    ("dsv4", True, [], "--hicache with --model dsv4 is invalid at --hicache-ratio 2"),
-], ids=["drop-key", "dsv4-hicache"])
+    ("dsv4", True, ["DSV41_NOPE"], "--drop-key 'DSV41_NOPE' is invalid: expected a key of the gate's profile"),
+], ids=["drop-key", "dsv4-hicache-drop-key"])
 def test_a_bad_drop_key_or_a_kit_the_hicache_leg_cannot_outrun_fails_before_any_boot(tmp_path, capsys, model, hicache,
                                                                                       drop, error):
     import argparse
