@@ -218,7 +218,9 @@ def _cone_row(name: str, a1: Boot, b: Boot, a2: Boot, outputs_equal: bool) -> di
     n = int(b.profile.get("DSV41_SWA_CONE_TOKENS") or 0)
     # SWA thin alone can shorten the branch's recompute (a surviving checkpoint): the row needs
     # the switch's own plan lines as well.
-    plans = sum(1 for line in b.log_lines if _CONE_PLAN in line)
+    # (the host phase's resume plans too: its own row judges it)
+    host = f"rid={b.host['rid']} " if b.host else None
+    plans = sum(1 for line in b.log_lines if _CONE_PLAN in line and not (host and host in line))
     fallbacks = [m.group(1) for line in b.log_lines if (m := _CONE_FALLBACK.search(line))]
     diff = cone_logprob_diff(a1, b, a2)
     row = {"switch": name, "stock": f"{s[0]} / {s[1]} tokens",

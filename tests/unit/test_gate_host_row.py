@@ -81,3 +81,15 @@ def test_the_table_gets_the_host_row_only_with_a_host_phase_and_it_follows_the_c
     assert left_out[verdict.HOST_ROW] == left_out["cone_replay"] == "not in this run: left out with --without"
     b.host = {}
     assert verdict.HOST_ROW not in {r["switch"] for r in gate.rows(a1, b, a2, [], True)}
+
+
+def test_the_branchs_cone_row_counts_the_branchs_plans_not_the_host_phases():
+    """As on the HiCache leg's profile boot: the cone planned the branch and the host phase's resume;
+    the branch's row counts 1 plan, and none where only the resume planned."""
+    a1, b, a2 = _boots()
+    for boot, cone in ((a1, 480), (b, 64), (a2, 480)):
+        boot.cache = {"cone_recomputed_tokens": cone, "cone_branch_logprobs": [-0.5]}
+    b.log_lines = [OTHER, PLAN, LOAD]
+    assert "64 tokens (1 plans," in verdict._cone_row("cone_replay", a1, b, a2, True)["profile"]
+    b.log_lines = [PLAN, LOAD]  # the host phase's plan alone: the branch planned nothing
+    assert verdict._cone_row("cone_replay", a1, b, a2, True)["status"] == "FAIL: no replay planned"
