@@ -54,3 +54,4 @@ def test_the_hicache_legs_host_row_fails_when_the_profile_boot_runs_without_the_
     assert figures["rows"][HOST_ROW].startswith("FAIL: no replay planned for the resume"), figures["rows"]
     assert "DSV41_SWA_CONE load" not in (tmp_path / "gate" / "B-profile.log").read_text()
     assert figures["verdict"] == "FAIL"
+

@@ -2,7 +2,6 @@
 agreement and the rows of switches that cannot act here. The boots are in test_gate_engine.py."""
 
 import dataclasses
-import itertools
 
 import pytest
 
@@ -306,15 +305,18 @@ def test_the_hicache_legs_churn_outruns_the_swa_pool_and_host_tier_without_press
     from devkit.gate import hicache_leg, kits
 
     ratio = hicache_leg.host_ratio(hicache_leg.launch_args())
-    pools = {"mellum": (int(kits.MELLUM_MAX_TOTAL_TOKENS * kits.MELLUM_SWA_RATIO), kits.MELLUM_MAX_TOTAL_TOKENS),
-             "dsv4": (kits.DSV4_SWA_TOKENS, kits.DSV4_HICACHE_MAX_TOTAL_TOKENS)}
-    for (name, (swa, full)), quick in itertools.product(pools.items(), (True, False)):
-        w = kits.kit(name).workload(quick, ratio)
+    swa = int(kits.MELLUM_MAX_TOTAL_TOKENS * kits.MELLUM_SWA_RATIO)
+    for quick in (True, False):
+        w = kits.kit("mellum").workload(quick, ratio)
         churn = w.churn_requests * w.churn_tokens
-        assert churn >= kits.OUTRUN * (1 + ratio) * swa, name
-        assert churn + w.session_tokens + w.cone_tokens < full, name
+        assert churn >= kits.OUTRUN * (1 + ratio) * swa
+        assert churn + w.session_tokens + w.cone_tokens < kits.MELLUM_MAX_TOTAL_TOKENS
     assert kits.kit("mellum").workload(True).churn_requests == 10  # the plain leg's workload is unchanged
-    assert kits.kit("dsv4").workload(True).host_churn_requests == 0  # no host phase without HiCache
+    assert kits.kit("mellum").workload(True).host_churn_requests == 0  # no host phase without HiCache
+    # the DSV4 kit: refused with what was measured (the kit's workload, not SGLang)
+    with pytest.raises(ValueError, match=r"--hicache with --model dsv4 is invalid at --hicache-ratio 2: .* more than the "
+                       r"kit's Full pool of 16384 .*; not an SGLang limit: .*SWA thin \(the idle session resumed 0.00"):
+        kits.kit("dsv4").workload(True, 2.0)
     with pytest.raises(ValueError, match="--hicache with --model mellum is invalid at --hicache-ratio 4"):
         kits.kit("mellum").workload(True, 4.0)
 
@@ -325,11 +327,11 @@ def test_the_hicache_legs_host_phase_presses_the_device_full_pool_while_the_host
     from devkit.gate import hicache_leg, kits
 
     ratio = hicache_leg.host_ratio(hicache_leg.launch_args())
-    for name, full in (("mellum", kits.MELLUM_MAX_TOTAL_TOKENS), ("dsv4", kits.DSV4_HICACHE_MAX_TOTAL_TOKENS)):
-        w = kits.kit(name).workload(True, ratio)
+    full = kits.MELLUM_MAX_TOTAL_TOKENS
+    for quick in (True, False):
+        w = kits.kit("mellum").workload(quick, ratio)
         churn = w.host_churn_requests * (w.churn_tokens + 4)
-        assert full < churn and churn + w.host_session_tokens + w.turn_tokens < ratio * full, name
-    assert kits.kit("dsv4").workload(True, ratio).host_session_tokens % 256 == 0  # whole pages: F on a page
+        assert full < churn and churn + w.host_session_tokens + w.turn_tokens < ratio * full
     with pytest.raises(ValueError, match=r"--hicache with --model mellum is invalid at --hicache-ratio 1: pressing the "
                        r"Full pool of 16384 tokens takes 40 churn requests of 512 tokens, 21672 tokens in all, more than "
                        r"the host tier holds"):
@@ -338,8 +340,8 @@ def test_the_hicache_legs_host_phase_presses_the_device_full_pool_while_the_host
 
 @pytest.mark.parametrize(("model", "hicache", "drop", "error"), [
     ("mellum", False, ["DSV41_NOPE"], "--drop-key 'DSV41_NOPE' is invalid: expected a key of the gate's profile"),
-    ("dsv4", True, ["DSV41_NOPE"], "--drop-key 'DSV41_NOPE' is invalid: expected a key of the gate's profile"),
-], ids=["drop-key", "dsv4-hicache-drop-key"])
+    ("dsv4", True, [], "--hicache with --model dsv4 is invalid at --hicache-ratio 2"),
+], ids=["drop-key", "dsv4-hicache"])
 def test_a_bad_drop_key_or_a_kit_the_hicache_leg_cannot_outrun_fails_before_any_boot(tmp_path, capsys, model, hicache,
                                                                                       drop, error):
     import argparse
