@@ -18,11 +18,12 @@ def greedy(max_new_tokens: int, **extra: Any) -> dict[str, Any]:
 
 
 def generate(base_url: str, input_ids: list[int], max_new_tokens: int, timeout_s: float = TIMEOUT_S,
-             logprobs: bool = False) -> dict[str, Any]:
+             logprobs: bool = False, rid: str | None = None) -> dict[str, Any]:
     """One greedy ``/generate`` call; returns ``{"output_ids", "meta_info", "e2e_s"}`` (with
-    ``logprobs``: ``meta_info["output_token_logprobs"]`` holds each output token's logprob)."""
+    ``logprobs``: ``meta_info["output_token_logprobs"]`` holds each output token's logprob; with
+    ``rid``: the request runs under that id, which the server's log lines name)."""
     t0 = time.monotonic()
-    body = _post_generate(base_url, input_ids, max_new_tokens, timeout_s, logprobs)
+    body = _post_generate(base_url, input_ids, max_new_tokens, timeout_s, logprobs, rid)
     return {"output_ids": list(body["output_ids"]), "meta_info": body["meta_info"], "e2e_s": time.monotonic() - t0}
 
 
@@ -41,18 +42,29 @@ def generate_batch(base_url: str, prompts: list[list[int]], max_new_tokens: int,
     return [{"output_ids": list(b["output_ids"]), "meta_info": b["meta_info"], "e2e_s": e2e} for b in bodies]
 
 
-def _post_generate(base_url: str, input_ids: Any, max_new_tokens: int, timeout_s: float, logprobs: bool) -> Any:
+def _post_generate(base_url: str, input_ids: Any, max_new_tokens: int, timeout_s: float, logprobs: bool,
+                   rid: str | None = None) -> Any:
     body: dict[str, Any] = {"input_ids": input_ids, "sampling_params": greedy(max_new_tokens)}
     if logprobs:
         body["return_logprob"] = True
+    if rid is not None:
+        body["rid"] = rid
     response = requests.post(base_url + "/generate", timeout=timeout_s, json=body)
     response.raise_for_status()
     return response.json()
 
 
-def flush_cache(base_url: str) -> None:
-    """Empty the radix cache so a phase starts from the same tree on every boot."""
-    requests.post(base_url + "/flush_cache", timeout=60).raise_for_status()
+def flush_cache(base_url: str, timeout_s: float = 120.0) -> None:
+    """Empty the radix cache so a phase starts from the same tree on every boot; retried while SGLang
+    refuses it (400: the scheduler is not idle yet, e.g. a HiCache write-through, load-back or L3
+    backup still in flight after the last request answered, or the boot's health check)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        response = requests.post(base_url + "/flush_cache", timeout=60)
+        if response.status_code != 400 or time.monotonic() > deadline:
+            response.raise_for_status()
+            return
+        time.sleep(0.5)
 
 
 def abort(base_url: str, rid: str) -> None:

@@ -10,7 +10,8 @@
 Every boot of one gate run shares the kit's model, seed, server arguments and workload; the boots
 differ only in their ``DSV41_*`` profile. The HiCache leg (``--hicache``) passes the host tier's ratio
 to :meth:`Kit.workload`, whose churn then outruns the device SWA pool and the host tier together
-(:func:`outrun_host_tier`).
+(:func:`outrun_host_tier`), and whose host phase presses the device Full pool (:func:`press_full_pool`).
+The DSV4 kit refuses the leg before any boot (:data:`DSV4_HICACHE_MEASURED` says why).
 """
 
 from __future__ import annotations
@@ -59,6 +60,26 @@ def outrun_host_tier(w: Any, hicache_ratio: float, swa_tokens: int, full_tokens:
     return w
 
 
+# The HiCache leg's host phase: churn of this many times the device Full pool, so the phase's session
+# (the oldest leaf) leaves the device while the host tier, ``hicache_ratio`` times the pool, still
+# holds its Full KV (write-through copied it there at insert; write-back copies it on eviction).
+PRESS = 1.25
+
+
+def press_full_pool(w: Any, hicache_ratio: float, full_tokens: int, kit: str) -> Any:
+    """``w`` with a host phase whose churn presses the device Full pool (``full_tokens``) past the
+    phase's session, so its Full KV goes to host; a clear error when the host tier could not hold
+    the session after that churn (the leg would judge a loss from both tiers)."""
+    churn = math.ceil(PRESS * full_tokens / (w.churn_tokens + 4))
+    held = w.host_session_tokens + w.turn_tokens + churn * (w.churn_tokens + 4)
+    if held >= hicache_ratio * full_tokens:
+        raise ValueError(f"--hicache with --model {kit} is invalid at --hicache-ratio {hicache_ratio:g}: pressing the "
+                         f"Full pool of {full_tokens} tokens takes {churn} churn requests of {w.churn_tokens} tokens, "
+                         f"{held} tokens in all, more than the host tier holds ({hicache_ratio:g} x {full_tokens}): the "
+                         "host phase's session would leave the host too")
+    return replace(w, host_churn_requests=churn)
+
+
 MELLUM_MAX_TOTAL_TOKENS = 16384  # the Full pool
 MELLUM_SWA_RATIO = 0.1  # the SWA pool: a tenth of it
 
@@ -95,8 +116,9 @@ class MellumKit:
         w = wl.Workload.quick() if quick else wl.Workload.full()
         if hicache_ratio is None:
             return w
-        return outrun_host_tier(w, hicache_ratio, int(MELLUM_MAX_TOTAL_TOKENS * MELLUM_SWA_RATIO),
-                                MELLUM_MAX_TOTAL_TOKENS, self.name)
+        w = outrun_host_tier(w, hicache_ratio, int(MELLUM_MAX_TOTAL_TOKENS * MELLUM_SWA_RATIO),
+                             MELLUM_MAX_TOTAL_TOKENS, self.name)
+        return press_full_pool(w, hicache_ratio, MELLUM_MAX_TOTAL_TOKENS, self.name)
 
     def profile_overrides(self) -> dict[str, str]:
         return {}  # the registry's gate roles are set for this kit
@@ -117,6 +139,14 @@ DSV4_MAX_RUNNING = 3  # the yield phase's 2 streams and its long prompt
 # else it falls back to the stock match (first_chunk_short, seen at 256).
 DSV4_CHUNK = 4 * 256
 DSV4_SWA_RATIO = 12 * 256 / DSV4_MAX_TOTAL_TOKENS
+# Why the HiCache leg refuses this kit: its workload, not SGLang (measured on one `gate --quick --model
+# dsv4 --hicache` run with the Full pool at 96 pages, the same 12 SWA pages, docs/gate.md).
+DSV4_HICACHE_MEASURED = (
+    "not an SGLang limit: SGLang 0.5.23 boots the kit's DeepSeek-V4 pools and their host pools beside the "
+    "profile's write-through HiCache at ratio 2 on CPU; the leg's workload does not fit the kit: with 96 Full pages "
+    "the controls lost what the rows need, but so did SWA thin (the idle session resumed 0.00 cached after 6 "
+    "three-chunk churn requests), and the host phase's resume of a one-chunk session logged no cone plan (most "
+    "likely no host hit: a DSV4 kit leaf leaves both tiers whole)")
 
 
 @dataclass(frozen=True)
@@ -161,8 +191,11 @@ class Dsv4Kit:
         )
         if hicache_ratio is None:
             return w
-        return outrun_host_tier(w, hicache_ratio, round(DSV4_SWA_RATIO * DSV4_MAX_TOTAL_TOKENS), DSV4_MAX_TOTAL_TOKENS,
-                                self.name)
+        try:
+            return outrun_host_tier(w, hicache_ratio, round(DSV4_SWA_RATIO * DSV4_MAX_TOTAL_TOKENS),
+                                    DSV4_MAX_TOTAL_TOKENS, self.name)
+        except ValueError as exc:
+            raise ValueError(f"{exc}; {DSV4_HICACHE_MEASURED}") from None
 
     def profile_overrides(self) -> dict[str, str]:
         # Replay depth: a page multiple at least the kit model's bound (cone_replay checks it at

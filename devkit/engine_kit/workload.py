@@ -20,7 +20,12 @@ Three phases, each starting from an empty radix cache (``/flush_cache``):
    prompt's window at F (Full KV stays) and its chunk checkpoint below F. ``cone_first`` runs that
    first prompt before the idle session's turn, so the idle session is the newer of the two in
    the SWA LRU.
-3. ``yield``: streams decode while a long prompt arrives and prefills in small chunks; the streams'
+3. ``host`` (the HiCache leg only, ``host_churn_requests`` > 0): a session prefills and decodes a
+   turn, then churn past the device Full pool pushes its Full KV to host (HiCache's write policy
+   copies it there) and its window out of both tiers; the session resumes under the id
+   :data:`HOST_RESUME_RID`, which the server's log lines name, so the gate can read whether its
+   Full KV came back from host (:func:`run_host_phase`).
+4. ``yield``: streams decode while a long prompt arrives and prefills in small chunks; the streams'
    decode rate during the prefill over their rate before it is the decode share.
 
 Prompts are token ids from a seeded generator (no tokenizer round trip), all greedy.
@@ -73,6 +78,10 @@ class Workload:
     cone_branch_in_prompt: bool = False
     # The branched session's first turn runs before the idle session's (default: after it).
     cone_first: bool = False
+    # The host phase (module docstring, phase 3): its churn requests (0: no host phase; the HiCache
+    # leg sizes them past the device Full pool) and its session's context.
+    host_churn_requests: int = 0
+    host_session_tokens: int = 1024
 
     @classmethod
     def quick(cls) -> Workload:
@@ -140,6 +149,31 @@ def run_cache_phases(base_url: str, w: Workload, api: Any = client) -> dict[str,
         # The branch's greedy tokens' logprobs: a cone replay must match a re-prefill to float noise.
         "cone_branch_logprobs": [float(x[0]) for x in branch["meta_info"].get("output_token_logprobs") or []],
     }
+
+
+HOST_RESUME_RID = "gate-host-resume"  # the host phase's resume: the id its log lines carry
+
+
+def run_host_phase(base_url: str, w: Workload, api: Any = client) -> dict[str, Any]:
+    """Phase 3: a session's turn, churn past the device Full pool, the session's resume (under
+    :data:`HOST_RESUME_RID`). Nothing without ``host_churn_requests``."""
+    if not w.host_churn_requests:
+        return {}
+    api.flush_cache(base_url)
+    outputs: dict[str, list[int]] = {}
+    session = w.ids("host_session", w.host_session_tokens)
+    outputs["host_turn1"] = api.generate(base_url, session, w.turn_tokens, w.timeout_s)["output_ids"]
+    for i in range(w.host_churn_requests):
+        outputs[f"host_churn{i}"] = api.generate(base_url, w.ids(f"host_churn{i}", w.churn_tokens), 4,
+                                                 w.timeout_s)["output_ids"]
+    context = session + outputs["host_turn1"]
+    resume = api.generate(base_url, context + w.ids("host_user2", w.new_user_tokens), w.turn_tokens, w.timeout_s,
+                          rid=HOST_RESUME_RID)
+    outputs["host_turn2"] = resume["output_ids"]
+    cached = int(resume["meta_info"].get("cached_tokens") or 0)
+    return {"outputs": outputs, "rid": HOST_RESUME_RID, "context_tokens": len(context), "cached_tokens": cached,
+            # the session's context the engine prefilled again (its new message excluded)
+            "recomputed_tokens": max(0, len(context) - cached)}
 
 
 def bracketed_share(before: float, during: float, after: float | None) -> dict[str, float]:

@@ -21,7 +21,10 @@ one at a time; all share the model, the seed, the server arguments and the workl
 
 ``--hicache``: every boot (A1, B, A2) runs with the datacenter profile's HiCache flags and churn that
 outruns its host tier (:mod:`devkit.gate.hicache_leg`), so each row judges a switch beside HiCache
-against stock beside HiCache, on a workload where stock + HiCache loses the idle session.
+against stock beside HiCache, on a workload where stock + HiCache loses the idle session; a host phase
+then presses the device Full pool so a session's Full KV goes to host, and one more row,
+``cone_replay (Full KV from host)``, passes only where the cone's ``load`` line says that Full KV came
+back from host for the session's resume and the replay stayed at N.
 ``--drop-key KEY``: the profile boot runs without KEY while every row is still judged (a row seen
 failing when its switch is off); ``--without SWITCH`` leaves the switch and its row out;
 ``--set-key KEY=VALUE``: both legs' profile boots run with KEY set (a registry key, its value
@@ -102,7 +105,9 @@ def run(quick: bool = True, out: str | Path | None = None, say: Callable[[str], 
     model = kit.build(out)
     say(f"gate: model {model} ({kit.describe()}); workload {'quick' if quick else 'full'}; via {via}"
         f"{'; HiCache on every boot (' + hicache_leg.PROFILE.name + '): ' + ' '.join(launch_extra) if hicache else ''}"
-        f"{f'; churn {workload.churn_requests} x {workload.churn_tokens} tokens' if hicache else ''}; logs in {out}")
+        f"{f'; churn {workload.churn_requests} x {workload.churn_tokens} tokens' if hicache else ''}"
+        f"{f'; host phase churn {workload.host_churn_requests} x {workload.churn_tokens} tokens' if hicache else ''}"
+        f"; logs in {out}")
     plugin = ways.prepare(via, out, say)
     with boots._terminate_as_interrupt():
         a1 = run_boot(Boot("A1-stock", {}, out / "A1-stock.log"), model, workload, out, say=say, kit=kit,

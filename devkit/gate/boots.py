@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from devkit.gate import hicache_leg
 from devkit.gate.record import Boot
 from devkit.gate.verdict import available
 
@@ -58,7 +59,7 @@ def _terminate_as_interrupt() -> Iterator[None]:
 
 def run_boot(boot: Boot, model: Path, workload: Any, out: Path, *, say: Callable[[str], None],
              kit: Any = None, plugin: Any = None, launch_extra: tuple[str, ...] = ()) -> Boot:
-    from devkit.engine_kit import fpm, model_kits
+    from devkit.engine_kit import fpm, launcher, model_kits
     from devkit.engine_kit import workload as wl
 
     kit = kit or model_kits.kit("mellum")
@@ -67,6 +68,10 @@ def run_boot(boot: Boot, model: Path, workload: Any, out: Path, *, say: Callable
         "--decode-log-interval", "1", "--enable-forward-pass-metrics", "--forward-pass-metrics-ipc-name", ipc,
         *launch_extra,
     ], plugin=plugin)
+    if hicache_leg.ON in launch_extra and plugin is None:
+        # SGLang refuses any HiCache host pool while the machine has under 10 GiB available, however
+        # small the pool (the kit's are a few MiB): the kit's seam lowers that reserve (the import hook only)
+        server.env = launcher.with_seams(server.env, "hicache_reserve")
     boot.launch_extra = tuple(launch_extra)
     boot.fpm_log = out / f"fpm-{boot.label}.jsonl"
     recorder = fpm.Recorder(ipc, boot.fpm_log)
@@ -81,7 +86,12 @@ def run_boot(boot: Boot, model: Path, workload: Any, out: Path, *, say: Callable
         say(f"  {boot.label}: up in {server.startup_s:.0f} s; cache phases ...")
         boot.cache = wl.run_cache_phases(server.base_url, workload)
         say(f"  {boot.label}: resume cached {boot.cache['resume_cached_frac']:.2f}, "
-            f"cone recomputed {boot.cache['cone_recomputed_tokens']}; yield phase ...")
+            f"cone recomputed {boot.cache['cone_recomputed_tokens']}"
+            f"{'; host phase ...' if workload.host_churn_requests else '; yield phase ...'}")
+        boot.host = wl.run_host_phase(server.base_url, workload)
+        if boot.host:
+            say(f"  {boot.label}: host phase resumed {boot.host['cached_tokens']} of {boot.host['context_tokens']} "
+                "cached; yield phase ...")
         boot.yield_log_from = len(server.log_lines())
         boot.yield_ = wl.run_yield_phase(server.base_url, workload, boot.label)
         say(f"  {boot.label}: decode share {boot.yield_['decode_share']}")

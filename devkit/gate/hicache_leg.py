@@ -7,6 +7,14 @@ its host ratio and its write policy. The kit sizes the workload's churn from the
 (:func:`devkit.engine_kit.model_kits.outrun_host_tier`) so that it outruns the device SWA pool and the host tier
 together: the idle session's window is gone from both, stock + HiCache resumes it uncached, and SWA
 thin's row passes only where thin kept it.
+
+Then a host phase (:func:`devkit.engine_kit.workload.run_host_phase`): a session's turn, churn past
+the device Full pool (:func:`devkit.engine_kit.model_kits.press_full_pool`) so its Full KV goes to host (the
+write policy copied it there) and its window out of both tiers, and the session's resume. Stock +
+HiCache cannot load that Full KV back without the window and re-prefills; the row
+``cone_replay (Full KV from host)`` (:func:`devkit.gate.verdict.host_load_gaps`) passes only where the
+cone's ``DSV41_SWA_CONE load`` line for that resume says the Full KV came back from host and its plan
+replayed N.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ class Boot:
     startup_s: float | None = None
     cache: dict[str, Any] = field(default_factory=dict)
     yield_: dict[str, Any] = field(default_factory=dict)
+    host: dict[str, Any] = field(default_factory=dict)  # the host phase's figures (the HiCache leg's)
     yield_log_from: int = 0
     log_lines: list[str] = field(default_factory=list)
     leftover: list[int] = field(default_factory=list)
@@ -30,4 +31,4 @@ class Boot:
         return "--enable-hierarchical-cache" in self.launch_extra
 
     def outputs(self) -> dict[str, list[int]]:
-        return {**self.cache.get("outputs", {}), **self.yield_.get("outputs", {})}
+        return {**self.cache.get("outputs", {}), **self.host.get("outputs", {}), **self.yield_.get("outputs", {})}

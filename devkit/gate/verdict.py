@@ -169,6 +169,11 @@ def rows(a1: Boot, b: Boot, a2: Boot, receipts_gaps: list[str], outputs_equal: b
                           "status": f"not available in this build: refused at boot: {gap}"})
             continue
         table.append(_effect_row(name, a1, b, a2, outputs_equal))
+    if b.host:  # the HiCache leg's host phase: the cone's row over it, or the cone's status where it was not judged
+        cone = next(r for r in table if r["switch"] == "cone_replay")
+        judged = not cone["status"].startswith("not ")  # not available / in this run / in the profile / applicable
+        table.append(_cone_host_row("cone_replay", a1, b, a2, outputs_equal) if judged
+                     else {**cone, "switch": HOST_ROW})
     return table
 
 
@@ -213,7 +218,9 @@ def _cone_row(name: str, a1: Boot, b: Boot, a2: Boot, outputs_equal: bool) -> di
     n = int(b.profile.get("DSV41_SWA_CONE_TOKENS") or 0)
     # SWA thin alone can shorten the branch's recompute (a surviving checkpoint): the row needs
     # the switch's own plan lines as well.
-    plans = sum(1 for line in b.log_lines if _CONE_PLAN in line)
+    # (the host phase's resume plans too: its own row judges it)
+    host = f"rid={b.host['rid']} " if b.host else None
+    plans = sum(1 for line in b.log_lines if _CONE_PLAN in line and not (host and host in line))
     fallbacks = [m.group(1) for line in b.log_lines if (m := _CONE_FALLBACK.search(line))]
     diff = cone_logprob_diff(a1, b, a2)
     row = {"switch": name, "stock": f"{s[0]} / {s[1]} tokens",
@@ -230,6 +237,71 @@ def _cone_row(name: str, a1: Boot, b: Boot, a2: Boot, outputs_equal: bool) -> di
         why.append("outputs differ")
     if diff is None or diff > LOGPROB_TOLERANCE:
         why.append(f"the branch's logprobs differ by {diff} (tolerance {LOGPROB_TOLERANCE})")
+    return {**row, "status": "FAIL: " + "; ".join(why) if why else "pass"}
+
+
+HOST_ROW = "cone_replay (Full KV from host)"  # the HiCache leg's host phase (workload phase 3)
+_CONE_EVENT = re.compile(r"\[dsv41\] cone_replay DSV41_SWA_CONE (plan|load|fallback) (.*)")
+
+
+def cone_events(lines: list[str], rid: str) -> dict[str, list[dict[str, str]]]:
+    """The cone's ``plan`` / ``load`` / ``fallback`` lines of request ``rid``, each as its fields."""
+    events: dict[str, list[dict[str, str]]] = {"plan": [], "load": [], "fallback": []}
+    for line in lines:
+        match = _CONE_EVENT.search(line)
+        if match:
+            fields = dict(re.findall(r"(\w+)=(\S+)", match.group(2)))
+            if fields.get("rid") == rid:
+                events[match.group(1)].append(fields)
+    return events
+
+
+def host_load_gaps(lines: list[str], rid: str, n: int, cached_tokens: int) -> list[str]:
+    """Why the log does not show request ``rid`` resuming with its Full KV loaded back from host by
+    the cone and a replay of ``n`` tokens (empty: it does). It needs a ``plan`` line with a host
+    load (``load=``) and ``N=n``, a ``load`` line of that F and s with ``tokens`` > 0 (HiCache
+    brought the Full KV back), no fallback, and the server's ``cached_tokens`` at the plan's s (the
+    replay started there: the engine recomputed N of the context, not more)."""
+    events = cone_events(lines, rid)
+    gaps = []
+    if events["fallback"]:
+        gaps.append("the cone fell back (" + ", ".join(sorted({f.get("reason", "?") for f in events["fallback"]})) + ")")
+    if not events["plan"]:
+        return [*gaps, "no replay planned for the resume"]
+    plan = events["plan"][-1]
+    F, s, depth = (int(plan.get(k, -1)) for k in ("F", "s", "N"))
+    if depth != n or F - s != n:
+        gaps.append(f"the plan replays N={depth} (F={F} s={s}), not the profile's N={n}")
+    if int(plan.get("load", 0)) <= 0:
+        gaps.append("the plan had no host load: the resume's Full KV was on device")
+    loads = [x for x in events["load"] if (int(x.get("F", -1)), int(x.get("s", -1))) == (F, s)]
+    if not loads:
+        gaps.append(f"no load line for F={F} s={s}: the Full KV did not come back from host through the cone")
+    elif int(loads[-1].get("tokens", 0)) <= 0:
+        gaps.append("the load line brought 0 tokens back from host")
+    if cached_tokens != s:
+        gaps.append(f"the server reported {cached_tokens} tokens cached, not the plan's s={s}")
+    return gaps
+
+
+def _cone_host_row(name: str, a1: Boot, b: Boot, a2: Boot, outputs_equal: bool) -> dict[str, Any]:
+    """The host phase: passes only when the profile's resume loaded the session's Full KV back from
+    host through the cone and replayed N (:func:`host_load_gaps`), recomputing less than both
+    stock + HiCache controls. Where a control recomputed no more than N, HiCache alone brought the
+    session back: the row cannot act."""
+    s = (a1.host["recomputed_tokens"], a2.host["recomputed_tokens"])
+    p = b.host["recomputed_tokens"]
+    n = int(b.profile.get("DSV41_SWA_CONE_TOKENS") or 0)
+    loads = cone_events(b.log_lines, b.host["rid"])["load"]
+    row = {"switch": HOST_ROW, "stock": f"{s[0]} / {s[1]} tokens",
+           "profile": f"{p} tokens" + (f" (load tokens={loads[-1].get('tokens')} D={loads[-1].get('D')} "
+                                      f"F={loads[-1].get('F')} s={loads[-1].get('s')})" if loads else " (no load line)")}
+    if min(s) <= n:
+        return {**row, "status": CANNOT_ACT + f"the controls recomputed {min(s)} of the session's tokens, no more than "
+                f"the replay's N = {n}: HiCache brought it back from host"}
+    why = host_load_gaps(b.log_lines, b.host["rid"], n, b.host["cached_tokens"])
+    if p >= min(s):
+        why.append(f"{p} tokens recomputed, not fewer than the controls' {min(s)}")
     return {**row, "status": "FAIL: " + "; ".join(why) if why else "pass"}
 
 

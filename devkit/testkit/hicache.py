@@ -107,15 +107,8 @@ def max_logprob_diff(a: dict[str, Any], b: dict[str, Any], tokens: int | None = 
 
 
 def flush(url: str, timeout_s: float = 120.0) -> None:
-    """``/flush_cache``, retried while SGLang refuses it (400: the scheduler is not idle yet, e.g. a
-    write-through or L3 backup still in flight, or the boot's health check)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        response = requests.post(url + "/flush_cache", timeout=60)
-        if response.status_code != 400 or time.monotonic() > deadline:
-            response.raise_for_status()
-            return
-        time.sleep(0.5)
+    """``/flush_cache``, retried while SGLang refuses it (:func:`devkit.engine_kit.client.flush_cache`)."""
+    client.flush_cache(url, timeout_s)
 
 
 def _churn(url: str, g: Geometry, tag: str) -> None:

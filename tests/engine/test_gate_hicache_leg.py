@@ -1,11 +1,16 @@
 """The release gate's HiCache leg on the real engine (``gate --quick --hicache``; heavy: three boots per
 run, minutes here): every boot runs the datacenter profile's HiCache flags and churn past its host tier,
 so stock + HiCache loses the idle session; thin's row passes only where thin kept it, and fails when the
-profile boot runs without ``DSV41_SWA_THIN`` while the row is still judged (``--drop-key``)."""
+profile boot runs without ``DSV41_SWA_THIN`` while the row is still judged (``--drop-key``). The host
+phase presses the device Full pool: the row ``cone_replay (Full KV from host)`` passes only on the
+cone's load line for the session's resume, and fails without ``DSV41_SWA_CONE_REPLAY``."""
 
 from __future__ import annotations
 
 import pytest
+
+from devkit.engine_kit.workload import HOST_RESUME_RID
+from devkit.gate.verdict import HOST_ROW
 
 pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
@@ -30,6 +35,11 @@ def test_the_hicache_legs_thin_row_passes_where_thin_kept_what_stock_and_hicache
     assert figures["resume_cached_frac_profile"] == 1.0
     assert figures["rows"]["swa_thin"] == "pass" and figures["rows"]["fast_tree_core"] == "pass (outputs equal)"
     assert figures["rows"]["cone_replay"] == "pass", figures["rows"]
+    # the host phase: the session's Full KV came back from host through the cone, N replayed
+    assert figures["rows"][HOST_ROW] == "pass", figures["rows"]
+    log = (tmp_path / "gate" / "B-profile.log").read_text()
+    assert f"DSV41_SWA_CONE load rid={HOST_RESUME_RID} tokens=" in log
+    assert figures["verdict"] == "PASS", figures["verdict_why"]
 
 
 def test_the_hicache_legs_thin_row_fails_when_the_profile_boot_runs_without_swa_thin(tmp_path):
@@ -37,3 +47,11 @@ def test_the_hicache_legs_thin_row_fails_when_the_profile_boot_runs_without_swa_
     assert "DSV41_SWA_THIN" not in figures["profile"] and figures["drop_keys"] == ["DSV41_SWA_THIN"]
     assert figures["rows"]["swa_thin"].startswith("FAIL"), figures["rows"]
     assert figures["verdict"] == "FAIL"
+
+
+def test_the_hicache_legs_host_row_fails_when_the_profile_boot_runs_without_the_cone(tmp_path):
+    figures = _run(tmp_path, drop=("DSV41_SWA_CONE_REPLAY",))
+    assert figures["rows"][HOST_ROW].startswith("FAIL: no replay planned for the resume"), figures["rows"]
+    assert "DSV41_SWA_CONE load" not in (tmp_path / "gate" / "B-profile.log").read_text()
+    assert figures["verdict"] == "FAIL"
+

@@ -10,6 +10,7 @@ from adapter.ops import cli
 
 # Scheduler log lines in SGLang 0.5.23's format (``--decode-log-interval 1``), trimmed to the fields read.
 from devkit import gate
+from devkit.engine_kit import workload as wl
 
 CHUNK = "[t] Prefill batch, #new-seq: 1, #new-token: 64, #cached-token: 0, #running-req: {r}, #queue-req: 0, #pending-token: {p}, x"
 DECODE = "[t] Decode batch, #running-req: 4, #full token: 100, gen throughput (token/s): 10.0, #queue-req: 0"
@@ -312,11 +313,31 @@ def test_the_hicache_legs_churn_outruns_the_swa_pool_and_host_tier_without_press
         assert churn >= model_kits.OUTRUN * (1 + ratio) * swa
         assert churn + w.session_tokens + w.cone_tokens < model_kits.MELLUM_MAX_TOTAL_TOKENS
     assert model_kits.kit("mellum").workload(True).churn_requests == 10  # the plain leg's workload is unchanged
+    assert model_kits.kit("mellum").workload(True).host_churn_requests == 0  # no host phase without HiCache
+    # the DSV4 kit: refused with what was measured (the kit's workload, not SGLang)
     with pytest.raises(ValueError, match=r"--hicache with --model dsv4 is invalid at --hicache-ratio 2: .* more than the "
-                       r"kit's Full pool of 16384"):
+                       r"kit's Full pool of 16384 .*; not an SGLang limit: .*SWA thin \(the idle session resumed 0.00"):
         model_kits.kit("dsv4").workload(True, 2.0)
     with pytest.raises(ValueError, match="--hicache with --model mellum is invalid at --hicache-ratio 4"):
         model_kits.kit("mellum").workload(True, 4.0)
+
+
+def test_the_hicache_legs_host_phase_presses_the_device_full_pool_while_the_host_tier_holds_the_session():
+    """The host phase's churn passes the device Full pool (its session, the oldest leaf, leaves the
+    device) and leaves room for the session in the host tier (ratio x the pool)."""
+    from devkit.engine_kit import model_kits
+    from devkit.gate import hicache_leg
+
+    ratio = hicache_leg.host_ratio(hicache_leg.launch_args())
+    full = model_kits.MELLUM_MAX_TOTAL_TOKENS
+    for quick in (True, False):
+        w = model_kits.kit("mellum").workload(quick, ratio)
+        churn = w.host_churn_requests * (w.churn_tokens + 4)
+        assert full < churn and churn + w.host_session_tokens + w.turn_tokens < ratio * full
+    with pytest.raises(ValueError, match=r"--hicache with --model mellum is invalid at --hicache-ratio 1: pressing the "
+                       r"Full pool of 16384 tokens takes 40 churn requests of 512 tokens, 21672 tokens in all, more than "
+                       r"the host tier holds"):
+        model_kits.press_full_pool(wl.Workload.quick(), 1.0, model_kits.MELLUM_MAX_TOTAL_TOKENS, "mellum")
 
 
 @pytest.mark.parametrize(("model", "hicache", "drop", "error"), [

@@ -99,3 +99,31 @@ def test_the_streams_tokens_since_the_send_merge_every_streams_arrivals_in_time_
     b = Stream("http://x", "b", [7], 10, ticks=[(0.9, 1), (1.5, 2), (2.5, 3)])
     assert wl.decoded_since([a, b], 1.0, 3.0) == [(0.2, 1), (0.5, 2), (0.9, 4), (1.5, 5)]
     assert wl.decoded_since([a, b], 3.5, 4.0) == []
+
+
+class RidRecorder(Recorder):
+    """Also keeps the ``rid`` each request ran under; answers the resume with 960 tokens cached."""
+
+    def __init__(self):
+        super().__init__()
+        self.rids: list[str | None] = []
+
+    def generate(self, base_url, input_ids, max_new_tokens, timeout_s=0.0, logprobs=False, rid=None):
+        self.rids.append(rid)
+        out = super().generate(base_url, input_ids, max_new_tokens, timeout_s, logprobs)
+        out["meta_info"]["cached_tokens"] = 960 if rid else 0
+        return out
+
+
+def test_the_host_phase_runs_a_turn_churn_past_the_full_pool_and_the_resume_under_its_own_id():
+    w = model_kits.kit("mellum").workload(True, 2.0)
+    api = RidRecorder()
+    out = wl.run_host_phase("http://unused", w, api)
+    session = w.ids("host_session", w.host_session_tokens)
+    assert api.sent[0] == ([], 0, False) and api.sent[1] == (session, w.turn_tokens, False)
+    assert [s[0] for s in api.sent[2:-1]] == [w.ids(f"host_churn{i}", w.churn_tokens) for i in range(w.host_churn_requests)]
+    assert api.sent[-1][0] == session + [7] * w.turn_tokens + w.ids("host_user2", w.new_user_tokens)
+    assert api.rids == [None] * (1 + w.host_churn_requests) + [wl.HOST_RESUME_RID]
+    assert out["rid"] == wl.HOST_RESUME_RID and out["context_tokens"] == 1032 and out["recomputed_tokens"] == 72
+    assert len(out["outputs"]) == 2 + w.host_churn_requests
+    assert wl.run_host_phase("http://unused", model_kits.kit("mellum").workload(True), api) == {}  # no HiCache: no phase
