@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devkit.soak import memory
+from devkit.soak import memory, retractions
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "build" / "soak"
 RETRACT_INTERVAL = 25  # SGLANG_TEST_RETRACT_INTERVAL: a forced retraction every N decode steps
@@ -399,7 +399,10 @@ class RssSampler:
 
 # ---------------------------------------------------------------- the log
 def read_log(lines: list[str]) -> dict[str, Any]:
-    """Failures and overlay counts in a server log."""
+    """Failures and overlay counts in a server log (``retraction_split``: what kv_park did with each
+    retraction, :func:`adapter.switches.kv_park.outcomes.retraction_split`)."""
+    from adapter.switches.kv_park import outcomes
+
     leaks = [ln.strip() for ln in lines if _LEAK.search(ln)]
     errors, noise = [], False
     for ln in lines:
@@ -417,6 +420,7 @@ def read_log(lines: list[str]) -> dict[str, Any]:
         "log_errors": len(errors), "log_error_lines": errors[:8],
         "retractions": sum(1 for ln in lines if "Testing retraction" in ln),
         "kv_park": {w: count(w) for w in ("parked", "restored", "declined", "evicted", "disabled", "unsupported")},
+        "retraction_split": outcomes.retraction_split(lines),
         "kv_park_over_budget": sum(1 for ln in lines if "[dsv41] kv_park declined" in ln and "budget" in ln),
         "refused_switches": [ln.strip() for ln in lines if "[dsv41]" in ln and " refused: " in ln][:5],
     }
@@ -623,6 +627,7 @@ def run(minutes: float = 5.0, model: str = "mellum", seed: int = 1, out: str | P
         "parked_budget": budget,
         "retractions": ps.get("retractions"),
         "kv_park": ps.get("kv_park"),
+        "retraction_split": ps.get("retraction_split"),
         "by_scenario": ps.get("by_scenario"),
         "request_errors": ps.get("request_errors"),
         "log_error_lines": ps.get("log_error_lines"),
@@ -642,6 +647,10 @@ def run(minutes: float = 5.0, model: str = "mellum", seed: int = 1, out: str | P
         "leftover_processes": ps.get("leftover_processes", 0) + ss.get("leftover_processes", 0),
         "wall_s": round(time.monotonic() - t0, 1),
     }
+    if ps.get("retraction_split") is not None:
+        say("retractions on the profile boot, by what kv_park did with each:")
+        for row in retractions.table(ps["retraction_split"], ps.get("retractions")):
+            say(row)
     say(f"soak: {figures['verdict']}: served {figures['served']}, failed {figures['failed']}, leak reports "
         f"{figures['leak_reports']}, memory {mem.verdict} ({mem.reason}), probes equal to stock: {probes_equal}")
     return figures
