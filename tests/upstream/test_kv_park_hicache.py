@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from adapter.core import boot
-from adapter.switches.kv_park.engine import per_view_save
+from adapter.switches.kv_park.page_format import per_view_save
 from devkit.testkit.radix_cache import HiCache
 
 importlib.import_module("sglang.srt.managers.scheduler")
