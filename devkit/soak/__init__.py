@@ -600,6 +600,7 @@ def run(minutes: float = 5.0, model: str = "mellum", seed: int = 1, out: str | P
     budget = parked_budget(ps, bound)
     mem = memory.judge(prof.rss, stock.rss)
     passed = prof.clean and probes_equal and mem.verdict != "leak" and budget["respected"]
+    verdict = soak_verdict(passed, mem.verdict)
     culprits: dict[str, Any] = {}
     if not passed and bisect and not plant_leak_kib:
         say("soak: the profile's soak failed; each switch alone ...")
@@ -610,7 +611,7 @@ def run(minutes: float = 5.0, model: str = "mellum", seed: int = 1, out: str | P
                               "log_errors": lf.get("log_errors"), "receipt_gaps": lf.get("receipt_gaps"),
                               "probes_equal_stock": lf.get("probes_before") == ss.get("probes_before")}
     figures = {
-        "verdict": "PASS" if passed else "FAIL",
+        "verdict": verdict,
         "served": ps.get("served"),
         "failed": ps.get("failed"),
         "leak_reports": ps.get("leak_reports"),
@@ -656,6 +657,15 @@ def run(minutes: float = 5.0, model: str = "mellum", seed: int = 1, out: str | P
     return figures
 
 
+def soak_verdict(passed: bool, memory_verdict: str) -> str:
+    """FAIL on any failure (a leak included); else PASS only when memory was judged and passed:
+    INCONCLUSIVE when the run was too short or too noisy to tell a leak (``inconclusive``,
+    ``unjudged``), whatever else passed."""
+    if not passed:
+        return "FAIL"
+    return "PASS" if memory_verdict == "pass" else "INCONCLUSIVE"
+
+
 def parked_budget(f: dict[str, Any], bound: int | None) -> dict[str, Any]:
     """Parking stayed within its budget: no refusal over the budget, and the whole pool (what
     parking could ever hold at once) is under the smallest budget (``DSV41_KV_PARK_GIB=1``)."""
@@ -685,7 +695,7 @@ def main(args: Any) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(figures, sort_keys=False))
-    return 0 if figures["verdict"] == "PASS" else 1
+    return {"PASS": 0, "INCONCLUSIVE": 3}.get(figures["verdict"], 1)
 
 
 # ---------------------------------------------------------------- two ranks on CPU
