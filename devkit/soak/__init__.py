@@ -4,7 +4,8 @@ real CPU engine, stock vs the gate's profile, counting what was lost and what gr
 One boot at a time (every server started and stopped by :mod:`devkit.engine_kit.launcher`):
 
 1. stock (no ``DSV41_*`` key): the probe set (fixed prompts, greedy) and ``--stock-minutes`` of the
-   same traffic (default 1: a control for the failure and log counts);
+   same traffic (default: 1 on Mellum, as long as the profile's on DSV4, whose warm-up outlasts half
+   the run: :func:`default_stock_minutes`), a control for the failure and log counts and for memory;
 2. the profile: the gate's profile (:func:`devkit.gate.build_profile`, every acting switch with its
    ``gate_role`` keys; decode yield on its default cost model) plus ``DSV41_KV_PARK=ram``, with
    SGLang's own retraction hook forcing retractions (``SGLANG_TEST_RETRACT``, every
@@ -560,7 +561,7 @@ def switch_profiles(profile: dict[str, str]) -> dict[str, dict[str, str]]:
 
 
 def run(minutes: float = 5.0, model: str = "mellum", seed: int = 1, out: str | Path | None = None,
-        stock_minutes: float = 1.0, bisect: bool = True, say: Callable[[str], None] = print,
+        stock_minutes: float | None = None, bisect: bool = True, say: Callable[[str], None] = print,
         plant_leak_kib: int = 0) -> dict[str, Any]:
     """Stock, then the profile (``plant_leak_kib``: its scheduler keeps that many KiB a request);
     on a failed profile soak, each switch alone. Returns the figures."""
@@ -568,6 +569,8 @@ def run(minutes: float = 5.0, model: str = "mellum", seed: int = 1, out: str | P
         raise ValueError(f"--model={model!r} is invalid: expected one of {', '.join(MODELS)}")
     if not 0 < minutes <= 240:
         raise ValueError(f"--minutes={minutes!r} is invalid: expected 0 < minutes <= 240")
+    if stock_minutes is None:
+        stock_minutes = default_stock_minutes(model, minutes)
     if not 0 <= stock_minutes <= 240:
         raise ValueError(f"--stock-minutes={stock_minutes!r} is invalid: expected 0 <= minutes <= 240")
     if not 0 <= plant_leak_kib <= 1 << 20:
@@ -657,6 +660,13 @@ def run(minutes: float = 5.0, model: str = "mellum", seed: int = 1, out: str | P
     return figures
 
 
+def default_stock_minutes(model: str, minutes: float) -> float:
+    """The stock control's minutes when ``--stock-minutes`` is not given: as long as the profile's
+    on DSV4 (its CPU engine warms up past half of a 10-minute run, as its stock boot shows, so only
+    a control as long cancels that out of the plateau), 1 on Mellum (flat after its first minute)."""
+    return minutes if model == "dsv4" else 1.0
+
+
 def soak_verdict(passed: bool, memory_verdict: str) -> str:
     """FAIL on any failure (a leak included); else PASS only when memory was judged and passed:
     INCONCLUSIVE when the run was too short or too noisy to tell a leak (``inconclusive``,
@@ -678,7 +688,8 @@ def parked_budget(f: dict[str, Any], bound: int | None) -> dict[str, Any]:
 
 def add_arguments(parser: Any) -> None:
     parser.add_argument("--minutes", type=float, default=5.0, help="traffic on the profile boot (default 5)")
-    parser.add_argument("--stock-minutes", type=float, default=1.0, help="traffic on the stock control boot (default 1)")
+    parser.add_argument("--stock-minutes", type=float, default=None,
+                        help="traffic on the stock control boot (default: 1 on mellum, --minutes on dsv4)")
     parser.add_argument("--model", default="mellum", help=f"engine kit model: {' or '.join(MODELS)} (default mellum)")
     parser.add_argument("--seed", type=int, default=1, help="document order and token ids (default 1)")
     parser.add_argument("--out", help=f"folder for logs (default {DEFAULT_OUT})")

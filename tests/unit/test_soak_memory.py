@@ -195,3 +195,12 @@ def test_the_soak_passes_only_on_a_judged_memory_and_is_inconclusive_without_one
     from devkit import soak
 
     assert soak.soak_verdict(passed, memory_verdict) == verdict
+
+
+def test_a_dsv4_soak_gets_a_stock_control_as_long_as_its_profile_unless_told():
+    """The DSV4 kit's warm-up outlasts half a 10-minute run (its stock boot climbs as the profile's):
+    only a control as long takes it out of the plateau; Mellum's flattens in its first minute."""
+    from devkit import soak
+
+    assert soak.default_stock_minutes("dsv4", 10.0) == 10.0
+    assert soak.default_stock_minutes("mellum", 10.0) == 1.0
