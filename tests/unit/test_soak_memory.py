@@ -204,3 +204,25 @@ def test_a_dsv4_soak_gets_a_stock_control_as_long_as_its_profile_unless_told():
 
     assert soak.default_stock_minutes("dsv4", 10.0) == 10.0
     assert soak.default_stock_minutes("mellum", 10.0) == 1.0
+
+
+def test_a_recorded_dsv4_soak_with_a_control_as_long_is_inconclusive_and_a_planted_leak_on_it_fails():
+    """Recorded: ``soak --model dsv4 --minutes 10 --stock-minutes 10`` on the loaded machine (247 /
+    244 requests). Stock's floor climbs as the profile's (about 1,330 to 1,790 MiB over the first
+    six minutes, both dropping about 300 MiB in minute 8): the CPU engine's warm-up, not a switch.
+    With 65 requests between the quarters and floors that move by tens of MiB, the plateau resolves
+    only about 3,000 MiB per 1,000 requests: inconclusive, not a leak. The same series with 8 MiB
+    kept a request (8,000 MiB per 1,000) fails."""
+    import json
+    from pathlib import Path
+
+    def rows(leg: str) -> list:
+        path = Path(__file__).parent / "soak_rss" / f"dsv4_10min_equal_control_{leg}.json"
+        return json.loads(path.read_text())["t_s_served_kib"]
+
+    profile, stock = rows("profile"), rows("stock")
+    judged = memory.judge(profile, stock)
+    assert (judged.verdict, judged.rule) == ("inconclusive", "plateau"), judged.reason
+    assert judged.stock_mib_per_1000_requests is not None and judged.resolution > memory.LEAK_MIB_PER_1000
+    leaked = memory.judge(_planted(profile, 8192), stock)
+    assert (leaked.verdict, leaked.rule) == ("leak", "plateau"), leaked.reason
