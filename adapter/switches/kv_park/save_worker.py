@@ -16,19 +16,16 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
 from adapter.switches.kv_park.engine import CopyEngine
 
-if TYPE_CHECKING:
-    from adapter.switches.kv_park.store import Entry
-
 
 @dataclass
 class SaveJob:
-    entry: Entry
+    entry: Any  # the store's Entry: the copy writes its ``rows``
     engine: CopyEngine
     page_ids: torch.Tensor
     after: object
