@@ -49,8 +49,9 @@ from collections.abc import Callable
 
 import torch
 
-from adapter.switches.kv_park.engine import CopyEngine, PageLayout, Region, per_view_restore, per_view_save
+from adapter.switches.kv_park.engine import CopyEngine
 from adapter.switches.kv_park.host_pool import CudaHostRegister, HostPool
+from adapter.switches.kv_park.page_format import PageLayout, Region, per_view_restore, per_view_save
 
 MiB = 1 << 20
 # (region, layers, bytes per page per layer)

@@ -4,7 +4,8 @@ real CPU engine, stock vs the gate's profile, counting what was lost and what gr
 One boot at a time (every server started and stopped by :mod:`devkit.engine_kit.launcher`):
 
 1. stock (no ``DSV41_*`` key): the probe set (fixed prompts, greedy) and ``--stock-minutes`` of the
-   same traffic (default 1: a control for the failure and log counts);
+   same traffic (default: 1 on Mellum, as long as the profile's on DSV4, whose warm-up outlasts half
+   the run: :func:`default_stock_minutes`), a control for the failure and log counts and for memory;
 2. the profile: the gate's profile (:func:`devkit.gate.build_profile`, every acting switch with its
    ``gate_role`` keys; decode yield on its default cost model) plus ``DSV41_KV_PARK=ram``, with
    SGLang's own retraction hook forcing retractions (``SGLANG_TEST_RETRACT``, every
@@ -45,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devkit.soak import memory
+from devkit.soak import memory, retractions
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "build" / "soak"
 RETRACT_INTERVAL = 25  # SGLANG_TEST_RETRACT_INTERVAL: a forced retraction every N decode steps
@@ -399,7 +400,10 @@ class RssSampler:
 
 # ---------------------------------------------------------------- the log
 def read_log(lines: list[str]) -> dict[str, Any]:
-    """Failures and overlay counts in a server log."""
+    """Failures and overlay counts in a server log (``retraction_split``: what kv_park did with each
+    retraction, :func:`adapter.switches.kv_park.outcomes.retraction_split`)."""
+    from adapter.switches.kv_park import outcomes
+
     leaks = [ln.strip() for ln in lines if _LEAK.search(ln)]
     errors, noise = [], False
     for ln in lines:
@@ -417,6 +421,7 @@ def read_log(lines: list[str]) -> dict[str, Any]:
         "log_errors": len(errors), "log_error_lines": errors[:8],
         "retractions": sum(1 for ln in lines if "Testing retraction" in ln),
         "kv_park": {w: count(w) for w in ("parked", "restored", "declined", "evicted", "disabled", "unsupported")},
+        "retraction_split": outcomes.retraction_split(lines),
         "kv_park_over_budget": sum(1 for ln in lines if "[dsv41] kv_park declined" in ln and "budget" in ln),
         "refused_switches": [ln.strip() for ln in lines if "[dsv41]" in ln and " refused: " in ln][:5],
     }
@@ -556,7 +561,7 @@ def switch_profiles(profile: dict[str, str]) -> dict[str, dict[str, str]]:
 
 
 def run(minutes: float = 5.0, model: str = "mellum", seed: int = 1, out: str | Path | None = None,
-        stock_minutes: float = 1.0, bisect: bool = True, say: Callable[[str], None] = print,
+        stock_minutes: float | None = None, bisect: bool = True, say: Callable[[str], None] = print,
         plant_leak_kib: int = 0) -> dict[str, Any]:
     """Stock, then the profile (``plant_leak_kib``: its scheduler keeps that many KiB a request);
     on a failed profile soak, each switch alone. Returns the figures."""
@@ -564,6 +569,8 @@ def run(minutes: float = 5.0, model: str = "mellum", seed: int = 1, out: str | P
         raise ValueError(f"--model={model!r} is invalid: expected one of {', '.join(MODELS)}")
     if not 0 < minutes <= 240:
         raise ValueError(f"--minutes={minutes!r} is invalid: expected 0 < minutes <= 240")
+    if stock_minutes is None:
+        stock_minutes = default_stock_minutes(model, minutes)
     if not 0 <= stock_minutes <= 240:
         raise ValueError(f"--stock-minutes={stock_minutes!r} is invalid: expected 0 <= minutes <= 240")
     if not 0 <= plant_leak_kib <= 1 << 20:
@@ -596,6 +603,7 @@ def run(minutes: float = 5.0, model: str = "mellum", seed: int = 1, out: str | P
     budget = parked_budget(ps, bound)
     mem = memory.judge(prof.rss, stock.rss)
     passed = prof.clean and probes_equal and mem.verdict != "leak" and budget["respected"]
+    verdict = soak_verdict(passed, mem.verdict)
     culprits: dict[str, Any] = {}
     if not passed and bisect and not plant_leak_kib:
         say("soak: the profile's soak failed; each switch alone ...")
@@ -606,7 +614,7 @@ def run(minutes: float = 5.0, model: str = "mellum", seed: int = 1, out: str | P
                               "log_errors": lf.get("log_errors"), "receipt_gaps": lf.get("receipt_gaps"),
                               "probes_equal_stock": lf.get("probes_before") == ss.get("probes_before")}
     figures = {
-        "verdict": "PASS" if passed else "FAIL",
+        "verdict": verdict,
         "served": ps.get("served"),
         "failed": ps.get("failed"),
         "leak_reports": ps.get("leak_reports"),
@@ -623,6 +631,7 @@ def run(minutes: float = 5.0, model: str = "mellum", seed: int = 1, out: str | P
         "parked_budget": budget,
         "retractions": ps.get("retractions"),
         "kv_park": ps.get("kv_park"),
+        "retraction_split": ps.get("retraction_split"),
         "by_scenario": ps.get("by_scenario"),
         "request_errors": ps.get("request_errors"),
         "log_error_lines": ps.get("log_error_lines"),
@@ -642,9 +651,29 @@ def run(minutes: float = 5.0, model: str = "mellum", seed: int = 1, out: str | P
         "leftover_processes": ps.get("leftover_processes", 0) + ss.get("leftover_processes", 0),
         "wall_s": round(time.monotonic() - t0, 1),
     }
+    if ps.get("retraction_split") is not None:
+        say("retractions on the profile boot, by what kv_park did with each:")
+        for row in retractions.table(ps["retraction_split"], ps.get("retractions")):
+            say(row)
     say(f"soak: {figures['verdict']}: served {figures['served']}, failed {figures['failed']}, leak reports "
         f"{figures['leak_reports']}, memory {mem.verdict} ({mem.reason}), probes equal to stock: {probes_equal}")
     return figures
+
+
+def default_stock_minutes(model: str, minutes: float) -> float:
+    """The stock control's minutes when ``--stock-minutes`` is not given: as long as the profile's
+    on DSV4 (its CPU engine warms up past half of a 10-minute run, as its stock boot shows, so only
+    a control as long cancels that out of the plateau), 1 on Mellum (flat after its first minute)."""
+    return minutes if model == "dsv4" else 1.0
+
+
+def soak_verdict(passed: bool, memory_verdict: str) -> str:
+    """FAIL on any failure (a leak included); else PASS only when memory was judged and passed:
+    INCONCLUSIVE when the run was too short or too noisy to tell a leak (``inconclusive``,
+    ``unjudged``), whatever else passed."""
+    if not passed:
+        return "FAIL"
+    return "PASS" if memory_verdict == "pass" else "INCONCLUSIVE"
 
 
 def parked_budget(f: dict[str, Any], bound: int | None) -> dict[str, Any]:
@@ -659,7 +688,8 @@ def parked_budget(f: dict[str, Any], bound: int | None) -> dict[str, Any]:
 
 def add_arguments(parser: Any) -> None:
     parser.add_argument("--minutes", type=float, default=5.0, help="traffic on the profile boot (default 5)")
-    parser.add_argument("--stock-minutes", type=float, default=1.0, help="traffic on the stock control boot (default 1)")
+    parser.add_argument("--stock-minutes", type=float, default=None,
+                        help="traffic on the stock control boot (default: 1 on mellum, --minutes on dsv4)")
     parser.add_argument("--model", default="mellum", help=f"engine kit model: {' or '.join(MODELS)} (default mellum)")
     parser.add_argument("--seed", type=int, default=1, help="document order and token ids (default 1)")
     parser.add_argument("--out", help=f"folder for logs (default {DEFAULT_OUT})")
@@ -676,7 +706,7 @@ def main(args: Any) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(figures, sort_keys=False))
-    return 0 if figures["verdict"] == "PASS" else 1
+    return {"PASS": 0, "INCONCLUSIVE": 3}.get(figures["verdict"], 1)
 
 
 # ---------------------------------------------------------------- two ranks on CPU

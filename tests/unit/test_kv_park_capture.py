@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from adapter.switches.kv_park.capture import CaptureConflict, CaptureLock, locked_capture_begin, locked_capture_end
-from adapter.switches.kv_park.engine import CopyEngine, PageLayout, Region
+from adapter.switches.kv_park.engine import CopyEngine
+from adapter.switches.kv_park.page_format import PageLayout, Region
 
 
 def _on_thread(fn) -> tuple[threading.Thread, list]:

@@ -36,7 +36,8 @@ import pytest
 import torch
 
 from adapter.switches.kv_park.capture import CaptureConflict, CaptureLock, locked_capture_begin, locked_capture_end
-from adapter.switches.kv_park.engine import CopyEngine, PageLayout, page_rows, per_view_save
+from adapter.switches.kv_park.engine import CopyEngine
+from adapter.switches.kv_park.page_format import PageLayout, page_rows, per_view_save
 from adapter.switches.kv_park.store import ParkStore
 
 pytestmark = [

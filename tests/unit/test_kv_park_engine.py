@@ -7,8 +7,8 @@ import itertools
 import pytest
 import torch
 
-from adapter.switches.kv_park.engine import (
-    CopyEngine,
+from adapter.switches.kv_park.engine import CopyEngine
+from adapter.switches.kv_park.page_format import (
     PageLayout,
     Region,
     check_page_ids,

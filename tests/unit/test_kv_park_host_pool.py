@@ -14,8 +14,9 @@ import torch
 
 from adapter.core.api import BootError
 from adapter.switches.kv_park import switch
-from adapter.switches.kv_park.engine import CopyEngine, PageLayout, Region, per_view_save
+from adapter.switches.kv_park.engine import CopyEngine
 from adapter.switches.kv_park.host_pool import HOST_PAGE, HostPool, PageLocker, PoolError
+from adapter.switches.kv_park.page_format import PageLayout, Region, per_view_save
 from adapter.switches.kv_park.store import ParkStore
 
 MiB = 1 << 20

@@ -24,13 +24,15 @@ def test_the_split_counts_each_retraction_once_by_what_kv_park_did_with_it():
         "retractions": 5, "parked": 1,
         "not_parked": {"window_below_the_servable_prefix": 2, "refused_by_the_store": 1, "tree_holds_it": 1},
         "restored": 1, "resumed_from_tree": 1, "dropped": {"prefix_gone_from_the_tree": 1},
+        "tokens_restored": 256, "tokens_resumed_from_tree": 256,
     }
     assert outcomes.describe(split) == (
         "5 retractions: 1 parked, 4 not parked (window_below_the_servable_prefix: 2, refused_by_the_store: 1, "
-        "tree_holds_it: 1); at re-admission 1 restored, 1 resumed from the tree, 1 dropped "
-        "(prefix_gone_from_the_tree: 1)")
+        "tree_holds_it: 1); at re-admission 1 restored (256 tokens not recomputed), 1 resumed from the tree "
+        "(256 tokens), 1 dropped (prefix_gone_from_the_tree: 1)")
 
 
 def test_a_log_without_kv_park_lines_splits_into_zeros():
     assert outcomes.describe(outcomes.retraction_split(["[2026] Testing retraction\n"])) == (
-        "0 retractions: 0 parked, 0 not parked; at re-admission 0 restored, 0 resumed from the tree, 0 dropped")
+        "0 retractions: 0 parked, 0 not parked; at re-admission 0 restored (0 tokens not recomputed), 0 resumed "
+        "from the tree (0 tokens), 0 dropped")

@@ -9,7 +9,8 @@ import time
 import pytest
 import torch
 
-from adapter.switches.kv_park.engine import CopyEngine, PageLayout, Region
+from adapter.switches.kv_park.engine import CopyEngine
+from adapter.switches.kv_park.page_format import PageLayout, Region
 from adapter.switches.kv_park.store import ParkStore
 
 PAGE_BYTES = 64

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from adapter.core import receipts, registry
-from adapter.switches.kv_park.engine import CopyEngine, PageLayout, Region
+from adapter.switches.kv_park.engine import CopyEngine
+from adapter.switches.kv_park.page_format import PageLayout, Region
 from adapter.switches.kv_park.store import ParkStore
 
 PROFILE = registry.resolve({"DSV41_KV_PARK": "ram"})

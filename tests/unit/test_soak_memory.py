@@ -13,17 +13,22 @@ MIB = 1024  # KiB
 
 
 def series(minutes: float, per_min: float, base_mib: float, *, warm_mib: float = 0.0, warm_min: float = 3.0,
-           leak_kib: float = 0.0, noise_mib: float = 0.0, peaks_mib: float = 0.0, seed: int = 0) -> list[tuple]:
+           leak_kib: float = 0.0, noise_mib: float = 0.0, peaks_mib: float = 0.0, wander_mib: float = 0.0,
+           seed: int = 0) -> list[tuple]:
     """A scheduler's RSS every 2 s: ``base`` plus a warm-up of ``warm_mib`` that levels off over
-    ``warm_min`` minutes, ``leak_kib`` per request served, noise, and a transient peak (a big
-    prefill's temporaries) on one sample in ten."""
+    ``warm_min`` minutes, ``leak_kib`` per request served, noise, a transient peak (a big
+    prefill's temporaries) on one sample in ten, and a floor that wanders by up to ``wander_mib``
+    every 30 s (the allocator keeping or giving back what a burst took)."""
     rng = random.Random(seed)
     rows = []
+    level = 0.0
     for i in range(int(minutes * 30) + 1):
         t = i * 2.0
         served = int(t / 60 * per_min)
         warm = warm_mib * min(1.0, t / 60 / warm_min) ** 0.5
-        kib = (base_mib + warm + rng.uniform(-noise_mib, noise_mib)) * MIB + leak_kib * served
+        if wander_mib and i % 15 == 0:  # drawn only then: the other series keep their draws
+            level = rng.uniform(-wander_mib, wander_mib)
+        kib = (base_mib + warm + level + rng.uniform(-noise_mib, noise_mib)) * MIB + leak_kib * served
         if peaks_mib and rng.random() < 0.1:
             kib += rng.uniform(0, peaks_mib) * MIB
         rows.append((t, served, int(kib)))
@@ -56,6 +61,13 @@ CASES = [
     ("a_leak_past_a_control_as_long",
      series(10, 53, 1400, warm_mib=600, warm_min=12, noise_mib=20, peaks_mib=600, leak_kib=256, seed=9),
      series(10, 53, 1400, warm_mib=600, warm_min=12, noise_mib=20, peaks_mib=600, seed=10), "leak", "plateau"),
+    ("a_thin_run_whose_floor_wanders_more_than_the_limit_resolves",
+     series(10, 20, 1400, wander_mib=40, noise_mib=10, seed=11), [], "inconclusive", "plateau"),
+    ("the_same_thin_run_with_a_leak_past_its_resolution", series(10, 20, 1400, wander_mib=40, noise_mib=10,
+                                                                   leak_kib=16384, seed=11), [], "leak", "plateau"),
+    ("a_short_run_whose_floor_wanders_past_the_control_margin",
+     series(4, 30, 1400, wander_mib=80, noise_mib=10, seed=12), series(3, 30, 1400, wander_mib=80, seed=112),
+     "inconclusive", "control"),
     ("short_run_without_a_control", series(1.5, 53, 1400, noise_mib=10, seed=8), [], "unjudged", None),
     ("no_samples", [], [], "unjudged", None),
 ]
@@ -163,3 +175,54 @@ def test_a_real_soak_with_the_planted_leak_fails_on_it_and_passes_with_it_taken_
     assert judged.mib_per_1000_requests == pytest.approx(4096 * 1000 / 1024, rel=0.15)
     taken_out = [(t, served, kib - 4096 * served) for t, served, kib in planted]
     assert memory.judge(taken_out, []).verdict == "pass"
+
+
+def test_a_rule_passes_only_with_a_resolution_finer_than_its_limit():
+    """The plateau's resolution shrinks with the requests between its quarters: the same wandering
+    floor is inconclusive over 50 requests and passes over 1,250."""
+    thin = memory.judge(series(10, 20, 1400, wander_mib=40, noise_mib=10, seed=11), [])
+    busy = memory.judge(series(10, 500, 1400, wander_mib=40, noise_mib=10, seed=11), [])
+    assert thin.verdict == "inconclusive" and thin.resolution > memory.LEAK_MIB_PER_1000, thin.reason
+    assert busy.verdict == "pass" and busy.resolution < memory.LEAK_MIB_PER_1000, busy.reason
+    assert busy.resolution == pytest.approx(thin.resolution * thin.requests_between / busy.requests_between, rel=0.01)
+
+
+@pytest.mark.parametrize("passed, memory_verdict, verdict", [
+    (True, "pass", "PASS"), (True, "inconclusive", "INCONCLUSIVE"), (True, "unjudged", "INCONCLUSIVE"),
+    (False, "pass", "FAIL"), (False, "inconclusive", "FAIL"), (False, "leak", "FAIL"),
+])
+def test_the_soak_passes_only_on_a_judged_memory_and_is_inconclusive_without_one(passed, memory_verdict, verdict):
+    from devkit import soak
+
+    assert soak.soak_verdict(passed, memory_verdict) == verdict
+
+
+def test_a_dsv4_soak_gets_a_stock_control_as_long_as_its_profile_unless_told():
+    """The DSV4 kit's warm-up outlasts half a 10-minute run (its stock boot climbs as the profile's):
+    only a control as long takes it out of the plateau; Mellum's flattens in its first minute."""
+    from devkit import soak
+
+    assert soak.default_stock_minutes("dsv4", 10.0) == 10.0
+    assert soak.default_stock_minutes("mellum", 10.0) == 1.0
+
+
+def test_a_recorded_dsv4_soak_with_a_control_as_long_is_inconclusive_and_a_planted_leak_on_it_fails():
+    """Recorded: ``soak --model dsv4 --minutes 10 --stock-minutes 10`` on the loaded machine (247 /
+    244 requests). Stock's floor climbs as the profile's (about 1,330 to 1,790 MiB over the first
+    six minutes, both dropping about 300 MiB in minute 8): the CPU engine's warm-up, not a switch.
+    With 65 requests between the quarters and floors that move by tens of MiB, the plateau resolves
+    only about 3,000 MiB per 1,000 requests: inconclusive, not a leak. The same series with 8 MiB
+    kept a request (8,000 MiB per 1,000) fails."""
+    import json
+    from pathlib import Path
+
+    def rows(leg: str) -> list:
+        path = Path(__file__).parent / "soak_rss" / f"dsv4_10min_equal_control_{leg}.json"
+        return json.loads(path.read_text())["t_s_served_kib"]
+
+    profile, stock = rows("profile"), rows("stock")
+    judged = memory.judge(profile, stock)
+    assert (judged.verdict, judged.rule) == ("inconclusive", "plateau"), judged.reason
+    assert judged.stock_mib_per_1000_requests is not None and judged.resolution > memory.LEAK_MIB_PER_1000
+    leaked = memory.judge(_planted(profile, 8192), stock)
+    assert (leaked.verdict, leaked.rule) == ("leak", "plateau"), leaked.reason

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from adapter.core import boot
-from adapter.switches.kv_park.engine import per_view_save
+from adapter.switches.kv_park.page_format import per_view_save
 from overlay_tools.simulate.cache_kit import HiCache
 
 importlib.import_module("sglang.srt.managers.scheduler")

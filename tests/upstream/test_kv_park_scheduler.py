@@ -20,6 +20,7 @@ import torch
 
 from adapter.core import boot
 from adapter.switches.kv_park import engine as engine_mod
+from adapter.switches.kv_park import page_format as format_mod
 from adapter.switches.kv_park import regions
 
 # Imported first, so that boot.install() in each test installs the switch at once.
@@ -387,7 +388,7 @@ def test_every_region_of_a_real_swa_pool_round_trips_byte_for_byte():
         eng = engine_mod.CopyEngine(layout, chunk_bytes=3 * layout.page_bytes, stage=True)
         src = torch.randperm(layout.num_pages, generator=g)[:9]
         entry = eng.save(src)
-        assert torch.equal(entry, engine_mod.per_view_save(layout, src.tolist(), torch.empty_like(entry)))
+        assert torch.equal(entry, format_mod.per_view_save(layout, src.tolist(), torch.empty_like(entry)))
         dst = torch.randperm(layout.num_pages, generator=g)[:9]
         eng.restore(entry, dst)
         for r in layout.regions:
@@ -414,7 +415,7 @@ def test_every_buffer_of_a_real_deepseek_v4_pool_round_trips_byte_for_byte():
         n = min(7, layout.num_pages)
         src = torch.randperm(layout.num_pages, generator=g)[:n]
         entry = eng.save(src)
-        assert torch.equal(entry, engine_mod.per_view_save(layout, src.tolist(), torch.empty_like(entry))), space
+        assert torch.equal(entry, format_mod.per_view_save(layout, src.tolist(), torch.empty_like(entry))), space
         dst = torch.randperm(layout.num_pages, generator=g)[:n]
         eng.restore(entry, dst)
         assert torch.equal(eng.save(dst), entry), space
@@ -468,7 +469,7 @@ def test_a_retraction_whose_servable_prefix_the_tree_holds_parks_nothing_and_res
     assert step.kind == "prefill" and step.prefix_lens == (n,)
     split = outcomes.retraction_split(r.getMessage() for r in records)
     assert split == {"retractions": 1, "parked": 0, "not_parked": {"tree_holds_it": 1}, "restored": 0,
-                     "resumed_from_tree": 1, "dropped": {}}, split
+                     "resumed_from_tree": 1, "dropped": {}, "tokens_restored": 0, "tokens_resumed_from_tree": n}, split
     h.run_until(a.finished, max_passes=500)
 
 
@@ -492,3 +493,23 @@ def test_a_parked_tail_whose_prefix_the_tree_lost_is_dropped_and_the_request_rec
     h.run_until(lambda: a.finished() and b.finished(), max_passes=1000)
     _evict_tree_and_zero_free_pages(h)
     assert h.scheduler.token_to_kv_pool_allocator.available_size() == 1024
+
+
+def test_the_split_counts_the_tokens_a_restore_wrote_back_past_what_the_tree_held(harness, records):
+    """Each restored row adds its restored tokens less what the tree still held at re-admission (the
+    prompt's whole pages) to ``tokens_restored``: what the admission found cached and did not
+    recompute because kv_park brought it back."""
+    _install({"DSV41_KV_PARK": "ram", "DSV41_DEBUG_LOG": "1"})
+    from adapter.switches.kv_park import outcomes
+
+    h = harness
+    a, b = _run_two_rows(h)
+    h.retract_all()
+    _zero_free_pages(h)
+    step = h.step()
+    prefix = dict(zip(step.rids, step.prefix_lens))
+    held_by_tree = {r.rid: len(r.origin_input_ids) // PAGE * PAGE for r in (a, b)}
+    split = outcomes.retraction_split(r.getMessage() for r in records)
+    assert (split["parked"], split["restored"]) == (2, 2), split
+    assert split["tokens_restored"] == sum(prefix[rid] - held_by_tree[rid] for rid in prefix) > 0, (split, prefix)
+    h.run_until(lambda: a.finished() and b.finished(), max_passes=1000)

@@ -31,7 +31,8 @@ def _scenario(name: str) -> dict:
 
     sys.path.insert(0, ROOT)
     from adapter.switches.kv_park.capture import CaptureLock, locked_capture_begin, locked_capture_end
-    from adapter.switches.kv_park.engine import CopyEngine, PageLayout, Region, per_view_save
+    from adapter.switches.kv_park.engine import CopyEngine
+    from adapter.switches.kv_park.page_format import PageLayout, Region, per_view_save
 
     dev = "cuda"
     g = torch.Generator(device=dev).manual_seed(0)

@@ -143,7 +143,7 @@ class NoSGLang(importlib.abc.MetaPathFinder):
             raise ImportError(f"sglang is blocked in this check ({name})")
         return None
 sys.meta_path.insert(0, NoSGLang())
-mods = ["adapter.switches.kv_park.engine", "adapter.switches.kv_park.capture", "adapter.switches.kv_park.store", "adapter.switches.kv_park.host_pool", "adapter.switches.kv_park.host_ledger", "adapter.switches.kv_park.state", "adapter.switches.kv_park.tree", "adapter.switches.kv_park.park", "adapter.switches.kv_park.restore", "adapter.switches.kv_park.pool_boot", "adapter.switches.kv_park.outcomes", "adapter.switches.kv_park.switch", "devkit.bench.kv_park", "adapter.ops.cli"]
+mods = ["adapter.switches.kv_park.page_format", "adapter.switches.kv_park.engine", "adapter.switches.kv_park.capture", "adapter.switches.kv_park.store", "adapter.switches.kv_park.save_worker", "adapter.switches.kv_park.host_pool", "adapter.switches.kv_park.host_ledger", "adapter.switches.kv_park.state", "adapter.switches.kv_park.tree", "adapter.switches.kv_park.park", "adapter.switches.kv_park.restore", "adapter.switches.kv_park.pool_boot", "adapter.switches.kv_park.outcomes", "adapter.switches.kv_park.switch", "devkit.bench.kv_park", "adapter.ops.cli"]
 out = {"ok": True, "modules": mods, "error": None}
 try:
     for m in mods:

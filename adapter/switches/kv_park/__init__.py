@@ -18,13 +18,16 @@ Map (per module: what it cares about; in -> out)
 * :mod:`~adapter.switches.kv_park.pool_boot`: the park pool at boot; the scheduler's KV cache ->
   a pinned pool (ranks agreed) or a carve-out of HiCache's, one timed ``kv_park pool`` line.
 * :mod:`~adapter.switches.kv_park.regions`: which tensors of a pool make up a page; a KV pool ->
-  one or two :class:`~adapter.switches.kv_park.engine.PageLayout` (Full side, SWA side) or
+  one or two :class:`~adapter.switches.kv_park.page_format.PageLayout` (Full side, SWA side) or
   ``Unsupported`` with the reason.
-* :mod:`~adapter.switches.kv_park.engine`: the byte format and the copy schedule; page ids + a
-  layout -> host rows and back (staged, chunked, two streams on CUDA; events, never a host wait,
-  into pinned rows).
+* :mod:`~adapter.switches.kv_park.page_format`: the byte format of a parked entry; device tensors ->
+  regions and a page layout (a page's bytes, in order), page ids checked on the host.
+* :mod:`~adapter.switches.kv_park.engine`: the copy schedule; page ids + a layout -> host rows and
+  back (staged, chunked, two streams on CUDA; events, never a host wait, into pinned rows).
 * :mod:`~adapter.switches.kv_park.store`: the parked entries under one budget; offers -> entries
   (LRU eviction, refusals, the failure latch, device events queried to free pool rows).
+* :mod:`~adapter.switches.kv_park.save_worker`: the store's background thread; a queued copy -> run
+  off the caller's thread (what a dead or stopped worker left fails, never hangs).
 * :mod:`~adapter.switches.kv_park.host_pool`: the pinned park pool; a size -> page-aligned chunks
   page-locked once, carved per entry; the host's room (``MemAvailable``, cgroup).
 * :mod:`~adapter.switches.kv_park.host_ledger`: one verdict on host RAM for a server's TP ranks on

@@ -1,6 +1,6 @@
 """Which device tensors of a KV pool make up a parked page, in byte-format order.
 
-Every function returns a :class:`adapter.switches.kv_park.engine.PageLayout` whose page ids are the pool's
+Every function returns a :class:`adapter.switches.kv_park.page_format.PageLayout` whose page ids are the pool's
 page ids (``slot // page_size``), or raises :class:`Unsupported` with a one-line reason.
 
 * ``MHATokenToKVPool``: per layer ``k``, then per layer ``v`` (then the FP4 scale buffers when
@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from adapter.switches.kv_park.engine import PageLayout, Region, page_rows
+from adapter.switches.kv_park.page_format import PageLayout, Region, page_rows
 
 
 class Unsupported(Exception):

@@ -1,4 +1,5 @@
-"""The host store of parked entries: a byte budget, LRU eviction and a background save worker.
+"""The host store of parked entries: a byte budget, LRU eviction, the pool rows they hold, and
+the landing of their copies (the background save worker's thread: :mod:`.save_worker`).
 
 Invariants (tests check each one):
 
@@ -33,9 +34,7 @@ from __future__ import annotations
 
 import atexit
 import logging
-import queue
 import threading
-import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
@@ -45,8 +44,10 @@ from typing import Any
 import torch
 
 from adapter.core import api
-from adapter.switches.kv_park.engine import CopyEngine, check_page_ids, on_a_device
+from adapter.switches.kv_park.engine import CopyEngine
 from adapter.switches.kv_park.host_pool import Carving, HostPool
+from adapter.switches.kv_park.page_format import check_page_ids, on_a_device
+from adapter.switches.kv_park.save_worker import SaveJob, SaveWorker, run_save
 
 SWITCH = api.handle(__name__)
 _LIVE_STORES: weakref.WeakSet[ParkStore] = weakref.WeakSet()
@@ -103,17 +104,6 @@ class Entry:
 
 
 @dataclass
-class _Job:
-    entry: Entry
-    engine: CopyEngine
-    page_ids: torch.Tensor
-    after: object
-    on_landed: Callable[[], None] | None
-    done: threading.Event = field(default_factory=threading.Event)
-    error: Exception | None = None
-
-
-@dataclass
 class Stats:
     saved: int = 0  # entries that landed
     queued: int = 0  # offers handed to the worker
@@ -148,12 +138,9 @@ class ParkStore:
         self.stats = Stats()
         self.disabled_reason: str | None = None
         self._entries: OrderedDict[Hashable, Entry] = OrderedDict()  # least recently used first
-        self._pending: OrderedDict[Hashable, _Job] = OrderedDict()  # in submission order
+        self._pending: OrderedDict[Hashable, SaveJob] = OrderedDict()  # in submission order
         self._lock = threading.Lock()
-        self.worker = bool(worker)
-        self.idle_exit_s = idle_exit_s
-        self._queue: queue.Queue[_Job | None] = queue.Queue(maxsize=queue_depth or 0)  # 0: unbounded
-        self._thread: threading.Thread | None = None
+        self._saver = SaveWorker(enabled=worker, queue_depth=queue_depth, idle_exit_s=idle_exit_s)
         self.host_pool = host_pool
         # Carvings a restore still reads on the device (its event not yet done): freed once it is.
         self._draining: list[tuple[list[Any], Carving]] = []
@@ -238,20 +225,14 @@ class ParkStore:
             entry = Entry(key, None, dict(meta or {}), carving)
         else:
             entry = Entry(key, engine.new_entry(ids.numel()), dict(meta or {}))
-        job = _Job(entry, engine, ids, after, on_landed)
+        job = SaveJob(entry, engine, ids, after, on_landed)
         with self._lock:
             self._pending[key] = job
-        if self.worker and read is None:
-            try:
-                self._queue.put_nowait(job)
-            except queue.Full:
-                pass  # fall back to a synchronous save below
-            else:
-                self.stats.queued += 1
-                self._ensure_worker()
-                return "queued"
+        if read is None and self._saver.submit(job):  # else (off, or a full queue): a synchronous save below
+            self.stats.queued += 1
+            return "queued"
         events: list = []
-        self._run(job, events if read is not None else None)
+        run_save(job, events if read is not None else None)
         if events:  # queued on the device: the rows hold the bytes once ``written`` is done
             pages_read, job.entry.written = events[0]
             read.append(pages_read)  # type: ignore[union-attr]
@@ -335,88 +316,19 @@ class ParkStore:
         once that device event is done, e.g. the restore's copy). Pageable entries need nothing."""
         self._free(entry, after)
 
-    @staticmethod
-    def _run(job: _Job, events: list | None = None) -> None:
-        try:
-            if events is None:
-                job.engine.save(job.page_ids, out=job.entry.rows, after=job.after)
-            else:
-                job.engine.save(job.page_ids, out=job.entry.rows, after=job.after, events=events)
-        except BaseException as exc:  # any failure disables parking; it never reaches the engine
-            job.error = exc  # a BaseException too: the copy is unfinished, never a saved entry
-            if not isinstance(exc, Exception):
-                raise  # it ends the thread (or reaches the caller of a synchronous save)
-        finally:
-            job.done.set()
-
-    def _ensure_worker(self) -> None:
-        # Started on demand; it exits after idle_exit_s without work, so an unused or
-        # uninstalled store leaves no thread behind.
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._work, name="dsv41-kv-park", daemon=True)
-                self._thread.start()
-
-    def _work(self) -> None:
-        while True:
-            try:
-                job = self._queue.get(timeout=self.idle_exit_s)
-            except queue.Empty:
-                with self._lock:
-                    if self._queue.empty():
-                        self._thread = None
-                        return
-                continue
-            if job is None:  # stop_worker()
-                return
-            try:
-                self._run(job)
-            except BaseException as exc:  # the worker dies: no queued copy may be waited for forever
-                self._orphan_queue(f"the park worker died: {type(exc).__name__}: {exc}")
-                return
-
-    def _orphan_queue(self, why: str) -> None:
-        """Fail every copy still queued (no thread will run them): each lands as a failed copy,
-        which disables parking; later offers save synchronously."""
-        with self._lock:
-            self._thread = None
-            self.worker = False
-        while True:
-            try:
-                job = self._queue.get_nowait()
-            except queue.Empty:
-                return
-            if job is not None:
-                job.error = RuntimeError(why)
-                job.done.set()
-
-    def _wait(self, job: _Job, timeout: float | None) -> bool:
-        """Wait for one copy; a copy left without a live worker fails instead of hanging the caller."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            left = 0.5 if deadline is None else min(0.5, deadline - time.monotonic())
-            if job.done.wait(max(left, 0.0)):
-                return True
-            if deadline is not None and time.monotonic() >= deadline:
-                return False
-            thread = self._thread
-            if thread is None or not thread.is_alive():
-                self._orphan_queue("a queued copy has no live park worker to run it")
+    @property
+    def worker(self) -> bool:
+        """Whether offers are queued for the background save worker (False: copied synchronously)."""
+        return self._saver.enabled
 
     def stop_worker(self, timeout: float = 10.0) -> None:
         """Land what is in flight and stop the worker thread; later offers save synchronously."""
-        self.worker = False
+        self._saver.enabled = False
         self.fence(timeout=timeout)
-        thread = self._thread
-        if thread is not None and thread.is_alive():
-            try:
-                self._queue.put(None, timeout=timeout)
-            except queue.Full:
-                return
-            thread.join(timeout)
+        self._saver.stop(timeout)
 
     # -- landing (caller's thread) ---------------------------------------------------------------
-    def _land(self, job: _Job) -> None:
+    def _land(self, job: SaveJob) -> None:
         with self._lock:
             self._pending.pop(job.entry.key, None)
         if job.error is not None:
@@ -476,7 +388,7 @@ class ParkStore:
         Nothing to wait for when the store has no worker (the switch's)."""
         jobs = list(self._pending.values()) if key is None else [j for k, j in self._pending.items() if k == key]
         for job in jobs:
-            if not self._wait(job, timeout):
+            if not self._saver.wait(job, timeout):
                 return False
         if jobs:
             self.poll()
@@ -494,7 +406,7 @@ class ParkStore:
                 continue
             if job.done.is_set() or not pages.intersection(job.page_ids.tolist()):
                 continue
-            if not self._wait(job, timeout):
+            if not self._saver.wait(job, timeout):
                 return False
         self.poll()
         return True
