@@ -1,5 +1,5 @@
 """SWA thin and SGLang's session radix cache both on, on the Mellum kit server (one boot): each does
-its part (``bench swa-thin``'s thin+session row, :mod:`devkit.bench.swa_thin_kit`).
+its part (``bench swa-thin``'s thin+session row, :mod:`devkit.bench.swa_thin.kit`).
 
 * thin installs on the server built with ``--enable-session-radix-cache`` (the Python tree core);
 * under SWA pressure alone the agent that sends no session id (B) keeps its resume point: thin's
@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from adapter.core import receipts, registry
-from devkit.bench import swa_thin_kit as sk
+from devkit.bench.swa_thin import kit as sk
 from devkit.gate import kits
 
 pytestmark = pytest.mark.slow

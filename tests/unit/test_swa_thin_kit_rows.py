@@ -1,11 +1,11 @@
-"""The kit rows of ``bench swa-thin`` (:mod:`devkit.bench.swa_thin_kit`): what the client sends per
+"""The kit rows of ``bench swa-thin`` (:mod:`devkit.bench.swa_thin.kit`): what the client sends per
 phase, and how a row reads the server's answers."""
 
 from __future__ import annotations
 
 import pytest
 
-from devkit.bench import swa_thin_kit as sk
+from devkit.bench.swa_thin import kit as sk
 
 
 class RecordingClient:

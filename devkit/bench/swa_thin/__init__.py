@@ -20,7 +20,7 @@ victims, so its tree drifts slightly from theirs.
 
 Part 3, the kit rows (not with ``--quick``: four server boots; ``--model mellum`` runs them alone):
 stock, thin, session (``--enable-session-radix-cache``, the client sending session ids) and
-thin+session on the Mellum kit server, :mod:`devkit.bench.swa_thin_kit`.
+thin+session on the Mellum kit server, :mod:`devkit.bench.swa_thin.kit`.
 """
 
 from __future__ import annotations
@@ -199,10 +199,10 @@ def _kit_rows() -> dict[str, Any]:
     import tempfile
     from pathlib import Path
 
-    from devkit.bench import swa_thin_kit
+    from devkit.bench.swa_thin import kit
 
     with tempfile.TemporaryDirectory(prefix="swa_thin_kit_") as out:
-        return swa_thin_kit.run(Path(out))
+        return kit.run(Path(out))
 
 
 def run(quick: bool, model: str | None = None) -> dict[str, Any]:
