@@ -18,12 +18,14 @@ def greedy(max_new_tokens: int, **extra: Any) -> dict[str, Any]:
 
 
 def generate(base_url: str, input_ids: list[int], max_new_tokens: int, timeout_s: float = TIMEOUT_S,
-             logprobs: bool = False, rid: str | None = None) -> dict[str, Any]:
+             logprobs: bool = False, rid: str | None = None, session_id: str | None = None) -> dict[str, Any]:
     """One greedy ``/generate`` call; returns ``{"output_ids", "meta_info", "e2e_s"}`` (with
     ``logprobs``: ``meta_info["output_token_logprobs"]`` holds each output token's logprob; with
-    ``rid``: the request runs under that id, which the server's log lines name)."""
+    ``rid``: the request runs under that id, which the server's log lines name).
+    ``session_id``: the request's top-level ``GenerateReqInput.session_id`` (with
+    ``--enable-session-radix-cache`` a radix-native session: the finished turn's KV is tagged with it)."""
     t0 = time.monotonic()
-    body = _post_generate(base_url, input_ids, max_new_tokens, timeout_s, logprobs, rid)
+    body = _post_generate(base_url, input_ids, max_new_tokens, timeout_s, logprobs, rid, session_id)
     return {"output_ids": list(body["output_ids"]), "meta_info": body["meta_info"], "e2e_s": time.monotonic() - t0}
 
 
@@ -43,15 +45,47 @@ def generate_batch(base_url: str, prompts: list[list[int]], max_new_tokens: int,
 
 
 def _post_generate(base_url: str, input_ids: Any, max_new_tokens: int, timeout_s: float, logprobs: bool,
-                   rid: str | None = None) -> Any:
+                   rid: str | None = None, session_id: str | None = None) -> Any:
     body: dict[str, Any] = {"input_ids": input_ids, "sampling_params": greedy(max_new_tokens)}
     if logprobs:
         body["return_logprob"] = True
     if rid is not None:
         body["rid"] = rid
+    if session_id is not None:
+        body["session_id"] = session_id
     response = requests.post(base_url + "/generate", timeout=timeout_s, json=body)
     response.raise_for_status()
     return response.json()
+
+
+def generate_streamed(base_url: str, input_ids: list[int], max_new_tokens: int, timeout_s: float = TIMEOUT_S,
+                      session_id: str | None = None) -> dict[str, Any]:
+    """One greedy streamed ``/generate`` call: ``{"output_ids", "meta_info", "ttft_s", "e2e_s"}``,
+    ``ttft_s`` the client's time to the first streamed chunk (the first token), ``meta_info`` the
+    last chunk's."""
+    body: dict[str, Any] = {"input_ids": input_ids, "sampling_params": greedy(max_new_tokens), "stream": True}
+    if session_id is not None:
+        body["session_id"] = session_id
+    t0 = time.monotonic()
+    ttft, last = None, None
+    with requests.post(base_url + "/generate", json=body, stream=True, timeout=timeout_s) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            if ttft is None:
+                ttft = time.monotonic() - t0
+            last = json.loads(line[6:])
+    if last is None:
+        raise RuntimeError(f"/generate streamed no chunk for a {len(input_ids)}-token prompt")
+    return {"output_ids": list(last.get("output_ids") or []), "meta_info": last["meta_info"], "ttft_s": ttft,
+            "e2e_s": time.monotonic() - t0}
+
+
+def close_session(base_url: str, session_id: str) -> None:
+    """``/close_session``: with ``--enable-session-radix-cache`` it only dereferences the session's KV
+    (``UnifiedSessionRefTracker.release_radix_session``); without it SGLang logs that no such session exists."""
+    requests.post(base_url + "/close_session", json={"session_id": session_id}, timeout=60).raise_for_status()
 
 
 def flush_cache(base_url: str, timeout_s: float = 120.0) -> None:

@@ -7,7 +7,11 @@ included; every cache assert the profile fails, stock fails too (an assert stock
 as cached / expected, not skipped); the radix, abort-all and streaming-session kits pass on both.
 
 The Mellum kit runs in CI's lane (two boots: 495 s and 898 s in two runs on this shared 2-core
-machine); the DSV4 kit is ``heavy``.
+machine); the DSV4 kit is ``heavy`` (two boots, 1,994 s together at load 13 on 2 cores: its decode
+steps take about a second, so its turns generate 4 tokens). On the DSV4 kit stock itself
+exceeds the KL threshold on some runs (``multiturn`` with three turns, ``decode_hit`` with three:
+1.5e-3 and 1.2e-3): there the contract is that every KL run the profile fails, stock fails too, with
+both figures in the printed table; every flow runs on CPU (none is skipped).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 MELLUM = upstream_kits.Sizes(vocab=1024, prompt=200, suffix=40, out=16, pressure_prompt=600, pressure_samples=8,
                              request_length=256, clients=8, radix_nodes=24, radix_chunk=64)
-DSV4 = upstream_kits.Sizes(vocab=1024, prompt=1024, suffix=256, out=16, pressure_prompt=1536, pressure_samples=3,
+DSV4 = upstream_kits.Sizes(vocab=1024, prompt=512, suffix=256, out=4, pressure_prompt=1536, pressure_samples=3,
                            request_length=768, clients=3, radix_nodes=8, radix_chunk=256)
 STREAMING = ["--enable-streaming-session"]
 
@@ -33,15 +37,24 @@ def _profile(kit) -> dict[str, str]:
 
 
 def _boot(kit, model, log, profile, sizes, dataset) -> dict:
+    """Every check on one boot; each check's result is written beside the log as it lands
+    (``<log>.json``: a long DSV4 run stopped midway keeps what it measured)."""
+    import json
+
     from transformers import AutoTokenizer
 
+    out: dict = {}
     with kit.server(model, log, profile, STREAMING) as server:
         url, page = server.base_url, _page(server.base_url)
-        out = {"kl": upstream_kits.run_kl(url, page, sizes),
-               "cache_hit": upstream_kits.run_cache_hit(url, str(model), dataset, page, sizes),
-               "radix": upstream_kits.run_radix(url, sizes),
-               "abort_all": upstream_kits.run_abort_all(url, server.proc),
-               "streaming_session": upstream_kits.run_streaming_session(url, AutoTokenizer.from_pretrained(model))}
+        checks = {"kl": lambda: upstream_kits.run_kl(url, page, sizes),
+                  "cache_hit": lambda: upstream_kits.run_cache_hit(url, str(model), dataset, page, sizes),
+                  "radix": lambda: upstream_kits.run_radix(url, sizes),
+                  "abort_all": lambda: upstream_kits.run_abort_all(url, server.proc),
+                  "streaming_session": lambda: upstream_kits.run_streaming_session(
+                      url, AutoTokenizer.from_pretrained(model))}
+        for name, check in checks.items():
+            out[name] = check()
+            log.with_suffix(".json").write_text(json.dumps(out, default=str))
     return out
 
 
@@ -71,6 +84,12 @@ def mellum(tmp_path_factory):
 @pytest.fixture(scope="module")
 def dsv4(tmp_path_factory):
     return _run(model_kits.Dsv4Kit(), DSV4, tmp_path_factory)
+
+
+def _kl_failed_runs(results: dict, boot: str) -> set[tuple[str, int]]:
+    """(flow, run) of every KL run over the threshold (or not measured) on ``boot``."""
+    return {(flow, i) for flow, r in results[boot]["kl"].items() for i, k in enumerate(r["kl"])
+            if k is None or k >= upstream_kits.KL_THRESHOLD}
 
 
 def _kl_fails(results: dict) -> dict:
@@ -110,5 +129,6 @@ def test_upstream_radix_abort_and_streaming_session_kits_pass_stock_and_profile_
 
 
 @pytest.mark.heavy
-def test_upstream_kits_hold_stock_and_profile_on_the_dsv4_kit(dsv4):
-    assert (_kl_fails(dsv4), _cache_fails_beyond_stock(dsv4), _kits_failed(dsv4)) == ({}, {}, {})
+def test_upstream_kits_hold_on_the_dsv4_kit_where_stock_holds(dsv4):
+    profile_only = _kl_failed_runs(dsv4, "profile") - _kl_failed_runs(dsv4, "stock")
+    assert (profile_only, _cache_fails_beyond_stock(dsv4), _kits_failed(dsv4)) == (set(), {}, {})

@@ -17,6 +17,10 @@ checkpoint / release / evict(1024 SWA tokens) median and p99, in CPU time of the
 (``time.thread_time_ns``: the machine is shared, and wall-clock samples mostly measure preemption). The first three keep stock LRU order
 and hold identical trees (checked: same match on every turn); the thin cache evicts other SWA
 victims, so its tree drifts slightly from theirs.
+
+Part 3, the kit rows (not with ``--quick``: four server boots; ``--model mellum`` runs them alone):
+stock, thin, session (``--enable-session-radix-cache``, the client sending session ids) and
+thin+session on the Mellum kit server, :mod:`devkit.bench.swa_thin.kit`.
 """
 
 from __future__ import annotations
@@ -193,7 +197,24 @@ def _cost(sizes: list[int], events: int, seed: int) -> list[dict[str, Any]]:
     return rows
 
 
-def run(quick: bool) -> dict[str, Any]:
+def _kit_rows() -> dict[str, Any]:
+    import tempfile
+    from pathlib import Path
+
+    from devkit.bench.swa_thin import kit
+
+    with tempfile.TemporaryDirectory(prefix="swa_thin_kit_") as out:
+        return kit.run(Path(out))
+
+
+def run(quick: bool, model: str | None = None) -> dict[str, Any]:
+    if model is not None:
+        if model != "mellum":
+            raise ValueError(f"--model {model!r} is invalid for swa-thin: its kit rows run on mellum only")
+        if quick:
+            raise ValueError("--quick with --model mellum is invalid for swa-thin: the kit rows boot four servers "
+                             "(a minute or more each here); run them without --quick")
+        return {"kit": _kit_rows()}
     t_start = time.process_time()
     install_thin()
     server_args()
@@ -244,6 +265,10 @@ def run(quick: bool) -> dict[str, Any]:
                         "fast/rs"], cost_rows, align="left"))
 
     print(f"\nCPU seconds: survival and re-prefill runs {survival_s:.1f}, cost {time.process_time() - t_start - survival_s:.1f}")
+    if quick:
+        print("kit rows (stock / thin / session / thin+session on the Mellum kit server): four boots, not with --quick;"
+              " python -m adapter bench swa-thin --model mellum")
+    kit = {} if quick else {"kit": _kit_rows()}
     default = figures[DEFAULT_TAILS]
     stock_survival = statistics.mean(default["stock"]["survived_slots"])
     thin_survival = statistics.mean(default["thin"]["survived_slots"])
@@ -267,4 +292,5 @@ def run(quick: bool) -> dict[str, Any]:
         "fast_python_vs_rust_match": round(ratio("match", "fast_python"), 2),
         "fast_python_thin_vs_rust_cost": round(ratio("checkpoint", "fast_python_thin"), 2),
         "tails": {str(t): {p: figures[t][p]["survived_slots"] for p in figures[t]} for t in figures},
+        **kit,
     }
