@@ -15,7 +15,7 @@ import pytest
 
 from adapter.core import receipts, registry
 from devkit.bench.swa_thin import kit as sk
-from devkit.gate import kits
+from devkit.engine_kit import model_kits
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def both_on(tmp_path_factory):
     out = tmp_path_factory.mktemp("thin_session")
-    model = kits.MellumKit().build(out / "model")
+    model = model_kits.MellumKit().build(out / "model")
     return sk.run_boot("thin+session", model, out)
 
 

@@ -55,7 +55,7 @@ def test_a_resume_hits_when_the_cache_reaches_its_history_less_the_unwritten_las
 
 
 def test_the_full_phase_outruns_the_kits_full_pool_and_the_swa_phase_does_not():
-    from devkit.gate.kits import MELLUM_MAX_TOTAL_TOKENS, MELLUM_SWA_RATIO
+    from devkit.engine_kit.model_kits import MELLUM_MAX_TOTAL_TOKENS, MELLUM_SWA_RATIO
 
     def held(phase):
         return 2 * (sk.CONTEXT + sk.OUT) + sk.PHASES[phase] * (sk.SUBAGENT + sk.SUBAGENT_OUT)

@@ -140,11 +140,10 @@ def thin_state(log_lines: list[str]) -> str:
 
 def run_boot(name: str, model: Path, out: Path) -> dict[str, Any]:
     """One boot of the Mellum kit server for ``name``: each phase's resumes and the thin receipt."""
-    from devkit.engine_kit import launcher
-    from devkit.gate import kits
+    from devkit.engine_kit import launcher, model_kits
 
     p = policy(name)
-    server = kits.MellumKit().server(model, out / f"{name.replace('+', '_')}.log", p.profile, p.extra)
+    server = model_kits.MellumKit().server(model, out / f"{name.replace('+', '_')}.log", p.profile, p.extra)
 
     def work(s: Any) -> dict[str, Any]:
         return {"phases": {phase: run_phase(s.base_url, phase) for phase in PHASES}}
@@ -158,10 +157,10 @@ def run_boot(name: str, model: Path, out: Path) -> dict[str, Any]:
 def run(out: Path, say: Callable[[str], None] = print) -> dict[str, Any]:
     """The four boots; the table printed; per row the figures."""
     from adapter.ops import table
-    from devkit.gate import kits
+    from devkit.engine_kit import model_kits
 
     t0 = time.monotonic()
-    model = kits.MellumKit().build(out / "model")
+    model = model_kits.MellumKit().build(out / "model")
     rows, receipts = [], {}
     for name in POLICIES:
         boot = run_boot(name, model, out)
