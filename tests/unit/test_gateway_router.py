@@ -254,6 +254,8 @@ def test_a_bad_router_arg_names_the_key_and_what_is_allowed():
     assert config_from_args(["disable_worker_overload_protection=true"]) == RouterConfig(worker_overload_protection=False)
     with pytest.raises(env.ConfigError, match=r"worker_overload_token_usage=1.5.*\(0, 1\]"):
         config_from_args(["worker_overload_token_usage=1.5"])
+    with pytest.raises(env.ConfigError, match=r"first_poll_s=10.0.*\[0, load_monitor_interval=10\)"):
+        config_from_args(["first_poll_s=10"])
     with pytest.raises(env.ConfigError, match=r"--router-arg.*cache_treshold"):
         config_from_args(["cache_treshold=0.5"])
     with pytest.raises(env.ConfigError, match=r"balance_abs_threshold as a int"):

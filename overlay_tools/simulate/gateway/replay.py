@@ -208,7 +208,7 @@ def _drive(insts: list[Any], kits: list[Any], router: Router, requests: list[Any
     heapq.heapify(events)
     start = min(arrival.values())
     poll_fs, trim_fs = int(cfg.load_monitor_interval * FS_PER_S), int(cfg.eviction_interval_secs * FS_PER_S)
-    next_poll = start if cfg.loads else None
+    next_poll = start + int(cfg.first_poll_s * FS_PER_S) if cfg.loads else None
     next_trim = start + trim_fs if trim_fs > 0 else None
     completions: list[tuple[int, int]] = []  # (finish time, instance)
     decisions: dict[int, tuple[int, Any, int]] = {}  # index -> (instance, decision, routed at)

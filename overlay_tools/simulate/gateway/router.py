@@ -62,7 +62,9 @@ seeded ``random.Random``, so a run is deterministic.
   ``round_robin`` keeps one rotation per eligible set, a new set starting at the next shared
   position (``round_robin.rs:75-110``); the hash ring walks on to the first eligible worker
   (``hash_ring.rs:192``). With every worker vetoed the request goes to the fewest in flight, ties
-  drawn (``routers/common/overload.rs:115-161, 234``).
+  drawn (``routers/common/overload.rs:115-161, 234``). smg polls on its own clock from its start;
+  the replay's first poll is at the first arrival plus ``first_poll_s`` (default 0): where a trace is
+  short against the 10 s interval, which instants the polls catch decides whether the veto fires.
 
 Defaults are the CLI's (``smg/router_args.py:88-99, 247-254``): cache_threshold 0.3, balance_abs 64,
 balance_rel 1.5, eviction 60 s, max_tree_size 2^26, load poll 10 s. The Rust ``CacheAwareConfig``
@@ -101,6 +103,7 @@ class RouterConfig:
     eviction_interval_secs: float = 60.0
     max_tree_size: int = 2**26  # characters (HTTP); the tree counts tokens * CHARS_PER_TOKEN
     load_monitor_interval: float = 10.0
+    first_poll_s: float = 0.0  # the replay's: the first poll this long after the first arrival (smg's phase is its own)
     kv_pressure_weight: float = 0.15
     default_throughput: float = 2000.0
     mean_prefill_tokens: int = 1024
@@ -165,6 +168,9 @@ def config_from_args(pairs: list[str] | None) -> RouterConfig:
     if not 0 <= cfg.worker_overload_token_usage <= 1:
         raise env.ConfigError("--router-arg", f"worker_overload_token_usage={cfg.worker_overload_token_usage}",
                               "a usage in (0, 1] (0: that signal off)")
+    if not 0 <= cfg.first_poll_s < cfg.load_monitor_interval:
+        raise env.ConfigError("--router-arg", f"first_poll_s={cfg.first_poll_s}",
+                              f"seconds in [0, load_monitor_interval={cfg.load_monitor_interval:g})")
     if cfg.eviction_interval_secs < 0 or cfg.load_monitor_interval <= 0:
         raise env.ConfigError("--router-arg", "eviction_interval_secs / load_monitor_interval",
                               "eviction interval >= 0 (0: never trimmed), poll interval > 0")
