@@ -182,12 +182,80 @@ def test_the_expected_wait_reads_polled_queues_and_credits_dispatches_until_the_
     first = router.route(_request([1], index=0), now=1.0).instance
     second = router.route(_request([2], index=1), now=1.0).instance
     assert {first, second} == {0, 1}
-    router.poll([Load(50_000, 10, 4, 0.0, 0.2), idle], now=10.0)
+    router.poll([Load(50_000, 7, 4, 0.0, 0.2), idle], now=10.0)  # 7 waiting: under the overload veto's 8
     assert [router.route(_request([10 + i], index=2 + i), now=11.0).instance for i in range(3)] == [1, 1, 1]
+
+
+@dataclass(frozen=True)
+class VetoRow:
+    name: str
+    load: Load
+    args: tuple[str, ...]
+    vetoed: bool
+
+
+VETO_ROWS = [
+    VetoRow("KV usage at the 0.8 ceiling", Load(0, 0, 2, 0.0, 0.8), (), True),
+    VetoRow("KV usage just under it", Load(0, 0, 2, 0.0, 0.7999), (), False),
+    VetoRow("8 waiting requests", Load(0, 8, 2, 0.0, 0.1), (), True),
+    VetoRow("7 waiting requests", Load(0, 7, 2, 0.0, 0.1), (), False),
+    VetoRow("smg's flag switches both signals off", Load(0, 8, 2, 0.0, 1.0),
+            ("disable_worker_overload_protection=true",), False),
+    VetoRow("a signal set to 0 is off, the other still vetoes", Load(0, 8, 2, 0.0, 0.9),
+            ("worker_overload_token_usage=0",), True),
+    VetoRow("a raised ceiling", Load(0, 0, 2, 0.0, 0.9), ("worker_overload_token_usage=1.0",), False),
+]
+
+
+@pytest.mark.parametrize("row", VETO_ROWS, ids=lambda r: r.name)
+def test_a_poll_at_or_over_an_overload_threshold_takes_the_holder_out_of_routing(row):
+    """smg's veto (``worker/overload.rs:114``: ``>=`` either threshold) latched at a poll: the holder of
+    the request's history is skipped (the miss path over the others) until a poll reads it under; the
+    moved conversation's next turn then follows its deeper history on the other worker."""
+    router = Router("cache_aware", 2, config_from_args(list(row.args)), seed=0)
+    _seeded_tree(router, 1, [1, 2, 3, 4])
+    idle = Load(0, 0, 0, 0.0, 0.0)
+    router.poll([idle, row.load], now=10.0)
+    decision = router.route(_request([1, 2, 3, 4, 5]), now=10.5)
+    assert (decision.instance, decision.branch) == ((0, "veto") if row.vetoed else (1, "hit"))
+    assert router.vetoed == [False, row.vetoed] and router.veto_polls == [0, int(row.vetoed)]
+    router.poll([idle, idle], now=20.0)
+    assert router.vetoed == [False, False]
+    assert router.route(_request([1, 2, 3, 4, 5, 6]), now=20.5).instance == decision.instance
+
+
+def test_the_veto_steers_every_policy_to_the_eligible_workers_and_all_vetoed_to_the_fewest_in_flight():
+    busy = Load(0, 0, 1, 0.0, 0.95)
+    idle = Load(0, 0, 0, 0.0, 0.0)
+    # round_robin: one rotation per eligible set, a new set starting at the next shared position
+    router = Router("round_robin", 3)
+    assert [router.route(_request([i]), now=0.0).instance for i in range(2)] == [0, 1]
+    router.poll([idle, busy, idle], now=10.0)
+    assert [router.route(_request([i]), now=10.0).instance for i in range(4)] == [2, 0, 2, 0]  # set (0, 2) starts at 1
+    router.poll([idle, idle, idle], now=20.0)
+    assert router.route(_request([9]), now=20.0).instance == 2  # the whole set's rotation resumes
+    # consistent_hashing: the ring walks on to the next eligible worker; the key returns home after
+    ring = Router("consistent_hashing", 4)
+    home = ring.route(_request([1], key="conv-7"), now=0.0).instance
+    ring.poll([busy if i == home else idle for i in range(4)], now=10.0)
+    away = ring.route(_request([1, 2], key="conv-7"), now=10.0)
+    assert away.instance != home and away.branch == "veto"
+    ring.poll([idle] * 4, now=20.0)
+    assert ring.route(_request([1, 2, 3], key="conv-7"), now=20.0).instance == home
+    # every worker vetoed: the fewest in flight
+    router = Router("cache_aware", 3, seed=0)
+    router.in_flight = [3, 1, 2]
+    router.poll([busy] * 3, now=10.0)
+    assert (router.route(_request([5]), now=10.0).instance, router.branches) == (1, {"all vetoed": 1})
 
 
 def test_a_bad_router_arg_names_the_key_and_what_is_allowed():
     assert config_from_args(["cache_threshold=0.5", "loads=off"]) == RouterConfig(cache_threshold=0.5, loads=False)
+    assert config_from_args(["disable_worker_overload_protection=true"]) == RouterConfig(worker_overload_protection=False)
+    with pytest.raises(env.ConfigError, match=r"worker_overload_token_usage=1.5.*\(0, 1\]"):
+        config_from_args(["worker_overload_token_usage=1.5"])
+    with pytest.raises(env.ConfigError, match=r"first_poll_s=10.0.*\[0, load_monitor_interval=10\)"):
+        config_from_args(["first_poll_s=10"])
     with pytest.raises(env.ConfigError, match=r"--router-arg.*cache_treshold"):
         config_from_args(["cache_treshold=0.5"])
     with pytest.raises(env.ConfigError, match=r"balance_abs_threshold as a int"):

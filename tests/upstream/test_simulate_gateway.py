@@ -168,3 +168,49 @@ def test_routing_keys_from_the_caller_replace_the_one_a_conversation_key(tmp_pat
     run = run_fleet("stock", _geometry(), requests, 3, Router("consistent_hashing", 3, page=PAGE), coef=_coef(),
                     routing_keys=["group-a"] * len(requests))
     assert len({o.instance for o in run.outcomes}) == 1
+
+
+def _veto_trace(tmp_path) -> list[trace.Request]:
+    """Conversation A's first turn at 0 s; two other users at 5.5 s sharing A's first block (a match
+    rate over 0.3: cache_aware sends them to A's instance), each decoding 120 tokens; A's second turn
+    at 10.5 s, after the 10 s load poll."""
+    rows = [{"timestamp": 0, "input_length": 600, "output_length": 4, "hash_ids": [1, 2], "session": "A"},
+            {"timestamp": 5500, "input_length": 1000, "output_length": 120, "hash_ids": [1, 50], "session": "D1"},
+            {"timestamp": 5510, "input_length": 1000, "output_length": 120, "hash_ids": [1, 60], "session": "D2"},
+            {"timestamp": 10_500, "input_length": 1100, "output_length": 4, "hash_ids": [1, 3, 4], "session": "A"}]
+    path = tmp_path / "veto.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return trace.load(str(path), PAGE, session_key="session")
+
+
+def test_a_small_swa_pool_trips_the_overload_veto_and_the_next_turn_moves_to_the_other_instance(tmp_path):
+    """A 256-slot SWA pool: the two users decoding on A's instance hold over 0.8 of it at the 10 s poll
+    (SGLang's token_usage is max(Full, SWA); the Full pool is nearly empty), so smg takes that instance
+    out of routing and A's second turn goes to the other one, which holds nothing of it. With
+    ``disable_worker_overload_protection=true`` it stays with its history; under SWA pressure its
+    window is gone there, and thin + cone resume it from the cone's start (stock would find nothing
+    either: the router's hit and the engine's part ways), so it recomputes less than when moved."""
+    from overlay_tools.simulate.gateway.router import config_from_args
+
+    requests = _veto_trace(tmp_path)
+    ideal = engine.ideal_prefixes(requests, PAGE)
+    runs = {}
+    for args in ([], ["disable_worker_overload_protection=true"]):
+        router = Router("cache_aware", 2, config_from_args(args), seed=0, page=PAGE)
+        run = runs[bool(args)] = run_fleet("thin+cone", small_fleet(swa_pool=256), requests, 2, router, coef=_coef())
+        assert run.leaks == [0, 0]
+        first, d1, d2, _ = run.outcomes
+        assert d1.instance == d2.instance == first.instance and d1.branch == d2.branch == "hit"
+    vetoed, kept = runs[False], runs[True]
+    home = vetoed.outcomes[0].instance
+    assert vetoed.veto_polls[home] == 1 and vetoed.veto_polls[1 - home] == 0
+    second = vetoed.outcomes[3]
+    assert (second.instance, second.branch, second.cached_tokens, second.predicted_tokens) == (1 - home, "veto", 0, 0)
+    assert report.summarize(vetoed, ideal)["moved_turns"] == 1
+    assert kept.veto_polls == [0, 0]
+    second = kept.outcomes[3]
+    assert (second.instance, second.branch, second.predicted_tokens) == (home, "hit", requests[0].history_len)
+    assert 0 < second.cached_tokens < requests[0].history_len
+    row = report.summarize(kept, ideal)
+    assert row["moved_turns"] == 0
+    assert row["recomputed_tokens"] == report.summarize(vetoed, ideal)["recomputed_tokens"] - second.cached_tokens

@@ -26,6 +26,18 @@ from overlay_tools.simulate.gateway.router import Load, RequestView, Router, Rou
 
 FS_PER_S = 10**15
 
+# SGLang's KV usage as its /v1/loads reports it (``token_usage``, what smg's overload veto and expected
+# wait read): the replay builds the scheduler's own observer over each instance's cache and calls it.
+POOL_STATS = "sglang.srt.managers.scheduler_components.pool_stats_observer"
+PINS = {
+    f"{POOL_STATS}:PoolStats.get_kv_token_stats": (
+        "6b2543ff2ac35734a63903e89b2a364e1feaeb18361c089fb34ef510e61a57ea"),
+    f"{POOL_STATS}:SchedulerPoolStatsObserver.get_pool_stats": (
+        "041443c090b285e4980c77aeda84336fd411652582a4d6642eac67c2779a32de"),
+    f"{POOL_STATS}:SchedulerPoolStatsObserver._get_swa_token_info": (
+        "55c7c7384307a24cf65b758df4578df29034eb7db1fda044c27e3651d9350718"),
+}
+
 LEFT_OUT = [
     "fleet: every instance is the single-instance replay above at the profile's geometry, on one shared modelled "
     "clock; the router reads an instance after its current iteration (a prefill pass is indivisible, so an "
@@ -47,6 +59,7 @@ class Outcome:
     ttft_s: float | None  # modelled; None when the instance could never hold the request
     branch: str  # the router's branch (hit, miss, spill, rotation, ring, ...)
     routed_s: float  # when the router placed it (modelled)
+    moved: bool = False  # a later turn placed on another instance than its parent turn
 
 
 @dataclass
@@ -62,6 +75,8 @@ class FleetRun:
     branches: dict[str, int]
     tree_evicted_pages: int
     leaks: list[int] = field(default_factory=list)
+    veto_polls: list[int] = field(default_factory=list)  # per instance: polls that found it over a threshold
+    veto_edges: list[int] = field(default_factory=list)  # per instance: times it went out of routing
 
 
 def page_keys(requests: list[Any], page: int) -> dict[int, tuple[int, ...]]:
@@ -85,8 +100,30 @@ def routing_key(r: Any) -> str:
     return str(r.session_id) if r.session_id is not None else f"session-{r.session}"
 
 
-def _load(inst: Any, kit: Any, since_decoded: int, interval_s: float) -> Load:
-    """The instance's /v1/loads at this instant (what SGLang's load inquirer reports)."""
+def pool_observer(kit: Any) -> Any:
+    """SGLang's ``SchedulerPoolStatsObserver`` over one instance's cache, as the scheduler builds it
+    for a hybrid SWA pool (``scheduler.py:2508``; the capacities are the pools' free slots at boot)."""
+    from sglang.srt.managers.scheduler_components.pool_stats_observer import SchedulerPoolStatsObserver
+
+    from adapter.core.pins import drifted
+
+    found = drifted(PINS)
+    if found:
+        raise RuntimeError(f"simulate's fleet replay refused: {'; '.join(found)}")
+    full, swa = kit.baseline
+    return SchedulerPoolStatsObserver(tree_cache=kit.cache, token_to_kv_pool_allocator=kit.allocator,
+                                      req_to_token_pool=kit.pool, session_controller=None, hisparse_coordinator=None,
+                                      is_hybrid_swa=True, is_hybrid_ssm=False, enable_hisparse=False,
+                                      full_tokens_per_layer=full, swa_tokens_per_layer=swa, max_total_num_tokens=full)
+
+
+def _load(inst: Any, observer: Any, since_decoded: int, interval_s: float) -> Load:
+    """The instance's /v1/loads at this instant (what SGLang's load inquirer reports,
+    ``load_inquirer.py:109-240``): the waiting queue (requests routed here and not yet admitted,
+    a retracted one among them; ``num_waiting_reqs`` counts the scheduler's waiting queue), their
+    uncached tokens at the instance's hit rate so far, running requests, and ``token_usage`` from
+    SGLang's own pool observer rounded as it reports it: on a hybrid SWA pool the larger of the Full
+    and SWA pools' non-evictable shares."""
     queued = [inst.by_index[i] for _, i in inst.ready] + [r for _, r in inst.waiting]
     turns = inst.turns.values()
     prompt = sum(t.prompt for t in turns if not t.skipped)
@@ -94,10 +131,9 @@ def _load(inst: Any, kit: Any, since_decoded: int, interval_s: float) -> Load:
     uncached = int(sum(r.prompt_len for r in queued) * (1 - hit))
     if inst.chunked is not None:
         uncached += inst.chunked.prompt_len - inst.chunked.ct.pos
-    total = kit.baseline[0]
-    held = total - kit.allocator.full_available_size() - kit.cache.full_evictable_size()
+    _, usage = observer.get_pool_stats().get_kv_token_stats()
     return Load(uncached, len(queued), len(inst.decoding) + (inst.chunked is not None),
-                since_decoded / interval_s if interval_s > 0 else 0.0, held / total if total else 0.0)
+                since_decoded / interval_s if interval_s > 0 else 0.0, round(usage, 4))
 
 
 LAZY_BUFFER_BYTES = 1 << 20
@@ -160,7 +196,8 @@ def run_fleet(policy: str, geo: Any, requests: list[Any], instances: int, router
     return FleetRun(policy, router.policy, instances, outcomes, [[inst.turns[i] for i in sorted(inst.turns)]
                                                                   for inst in insts],
                     [inst.prefill_busy_fs / FS_PER_S for inst in insts], [inst.busy_fs / FS_PER_S for inst in insts],
-                    insts[0].span_fs / FS_PER_S, dict(router.branches), router.tree.evicted, leaks)
+                    insts[0].span_fs / FS_PER_S, dict(router.branches), router.tree.evicted, leaks,
+                    list(router.veto_polls), list(router.veto_edges))
 
 
 def _drive(insts: list[Any], kits: list[Any], router: Router, requests: list[Any], by_index: dict[int, Any],
@@ -171,12 +208,13 @@ def _drive(insts: list[Any], kits: list[Any], router: Router, requests: list[Any
     heapq.heapify(events)
     start = min(arrival.values())
     poll_fs, trim_fs = int(cfg.load_monitor_interval * FS_PER_S), int(cfg.eviction_interval_secs * FS_PER_S)
-    next_poll = start if cfg.loads else None
+    next_poll = start + int(cfg.first_poll_s * FS_PER_S) if cfg.loads else None
     next_trim = start + trim_fs if trim_fs > 0 else None
     completions: list[tuple[int, int]] = []  # (finish time, instance)
     decisions: dict[int, tuple[int, Any, int]] = {}  # index -> (instance, decision, routed at)
     harvested = [0] * len(insts)
     decoded_at_poll = [0] * len(insts)
+    observers = [pool_observer(kit) for kit in kits]
 
     def harvest(k: int) -> None:
         log = insts[k].finished_log
@@ -204,8 +242,8 @@ def _drive(insts: list[Any], kits: list[Any], router: Router, requests: list[Any
         while completions and completions[0][0] <= horizon:
             router.complete(heapq.heappop(completions)[1])
         if next_poll is not None and next_poll == horizon:
-            router.poll([_load(inst, kit, inst.decoded_tokens - decoded_at_poll[k], cfg.load_monitor_interval)
-                         for k, (inst, kit) in enumerate(zip(insts, kits))], horizon / FS_PER_S)
+            router.poll([_load(inst, observers[k], inst.decoded_tokens - decoded_at_poll[k], cfg.load_monitor_interval)
+                         for k, inst in enumerate(insts)], horizon / FS_PER_S)
             decoded_at_poll = [inst.decoded_tokens for inst in insts]
             next_poll += poll_fs
             continue
@@ -224,8 +262,9 @@ def _drive(insts: list[Any], kits: list[Any], router: Router, requests: list[Any
         k, decision, at = decisions[r.index]
         turn = insts[k].turns[r.index]
         ttft = None if turn.skipped else (turn.first_token_fs - turn.ready_fs) / FS_PER_S
+        moved = r.parent in decisions and decisions[r.parent][0] != k
         outcomes.append(Outcome(r.index, r.line, k, decision.predicted_tokens, turn.prefix, turn.prompt, ttft,
-                                decision.branch, at / FS_PER_S))
+                                decision.branch, at / FS_PER_S, moved))
     return outcomes
 
 

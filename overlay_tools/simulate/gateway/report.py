@@ -6,7 +6,9 @@ hit tokens (the tree's match on the chosen worker) beside engine-realized ones (
 request ran from) and the requests the router over-promised; requests and prefilled tokens per
 instance with the spread (max / mean of prefilled tokens); modelled TTFT mean / p90 / p99; and
 per instance whether its modelled prefill alone outlasts the trace's arrivals (overloaded: its
-queue and TTFT grow for as long as the trace lasts).
+queue and TTFT grow for as long as the trace lasts); later turns placed on another instance than
+their parent turn (moved); per instance the load polls at which smg's worker overload veto took it
+out of routing.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ def summarize(run: FleetRun, ideal: dict[int, int]) -> dict[str, Any]:
         "ttft_s_mean": rounded(sum(ttft) / len(ttft)) if ttft else None,
         "ttft_s_p90": rounded(percentile(ttft, 90)) if ttft else None,
         "ttft_s_p99": rounded(percentile(ttft, 99)) if ttft else None,
+        "moved_turns": sum(o.moved for o in ran),
+        "veto_polls_per_instance": run.veto_polls,
         "router_branches": run.branches,
         "tree_evicted_pages": run.tree_evicted_pages,
         "leak": sum(run.leaks),
@@ -62,8 +66,8 @@ def summarize(run: FleetRun, ideal: dict[int, int]) -> dict[str, Any]:
 
 
 COLUMNS = ("profile", "router", "recomputed", "beyond ideal", "predicted hit", "realized hit", "real./pred.",
-           "over-promised", "requests / instance", "prefill spread", "TTFT mean / p90 / p99 s (model)",
-           "overloaded")
+           "over-promised", "requests / instance", "prefill spread", "moved turns", "vetoed polls / instance",
+           "TTFT mean / p90 / p99 s (model)", "overloaded")
 
 
 def table(rows: dict[tuple[str, str], dict[str, Any]]) -> str:
@@ -74,6 +78,7 @@ def table(rows: dict[tuple[str, str], dict[str, Any]]) -> str:
                      f"{row['predicted_hit_tokens']:,}", f"{row['realized_hit_tokens']:,}",
                      f"{row['realized_over_predicted']}", f"{row['overpromised_requests']:,}",
                      "/".join(map(str, row["requests_per_instance"])), f"{row['prefill_spread']}",
+                     f"{row['moved_turns']:,}", "/".join(map(str, row["veto_polls_per_instance"])) or "-",
                      f"{row['ttft_s_mean']} / {row['ttft_s_p90']} / {row['ttft_s_p99']}",
                      ("instances " + ",".join(map(str, over))) if over else "none"])
     widths = [max(len(str(x)) for x in col) for col in zip(COLUMNS, *body)]

@@ -9,7 +9,7 @@ seeded ``random.Random``, so a run is deterministic.
   set, starting at 0.
 * ``power_of_two`` (``power_of_two.rs:52``): two distinct workers drawn, the lower expected wait
   (:class:`ExpectedWait`) wins; ``load_metric=requests`` first keeps the fewer in flight
-  (CLI default ``expected_wait``, ``bindings/python/src/smg/router_args.py:367``).
+  (CLI default ``expected_wait``, ``smg/router_args.py:367``).
 * ``cache_aware`` over HTTP (``cache_aware.rs:3215`` ``select_worker_with_text``): the approximate
   tree (:mod:`.tree`) gives the longest match over all workers and the workers holding its deepest
   node; ``match_rate = matched / input``. Above ``cache_threshold`` those holders are the affinity
@@ -39,9 +39,34 @@ seeded ``random.Random``, so a run is deterministic.
   ``prefix_hash.rs:217``), else the least loaded within it. Without a key: the first
   ``prefix_token_count`` tokens.
 * ``manual`` (``manual.rs:281``): a key seen first goes to a random worker (assignment mode
-  ``random``, the manual policy's default, ``config/types.rs:848``), then stays there.
+  ``random``, the manual policy's default, ``config/types.rs:848``), then stays there; a key whose
+  workers are all out of routing gets a new one, the key keeping its last two (``manual.rs:260-267``,
+  ``MAX_CANDIDATE_WORKERS`` l.76).
+* The worker overload veto (``model_gateway/src/worker/overload.rs``), on by default
+  (``smg/router_args.py:271-275``: ``worker_overload_waiting_requests`` 8,
+  ``worker_overload_token_usage`` 0.8, ``worker_overload_protection`` True;
+  ``--disable-worker-overload-protection`` switches both off, ``overload.rs:89-97``): at each load
+  poll (``worker/monitor.rs:1480``, every ``load_monitor_interval``) a worker whose report has
+  ``total_waiting_reqs() >= 8`` or ``effective_kv_pressure() >= 0.8`` (``overload.rs:114-126``) is
+  latched out of routing until a later poll reads it under both. The waiting count is SGLang's
+  ``num_waiting_reqs`` (its waiting queue, ``load_inquirer.py:141``); the KV pressure is the report's
+  ``active_token_usage`` or else its ``token_usage`` (``crates/protocols/src/worker.rs:1564-1573``),
+  and SGLang 0.5.23 sends no ``active_token_usage``: its ``token_usage`` is
+  ``PoolStats.get_kv_token_stats``' (``pool_stats_observer.py:84-93``), on a hybrid SWA pool the
+  larger of the Full and the SWA pool's non-evictable share. The same figure is the expected wait's
+  ``k``. A vetoed worker is left out of every policy's candidates (``Worker::is_available``,
+  ``worker/worker.rs:570``; ``policies/mod.rs:267``); ``cache_aware`` still matches over the whole
+  tree, drops the vetoed holders (``cache_aware.rs:2296-2304``) and, with none left, takes the miss
+  path over the eligible workers (``select_final_from_affinity`` with no group, l.2089; smg's branch
+  metric calls it ``spill``, l.2817-2826), its mean load over the eligible only (l.1495-1515);
+  ``round_robin`` keeps one rotation per eligible set, a new set starting at the next shared
+  position (``round_robin.rs:75-110``); the hash ring walks on to the first eligible worker
+  (``hash_ring.rs:192``). With every worker vetoed the request goes to the fewest in flight, ties
+  drawn (``routers/common/overload.rs:115-161, 234``). smg polls on its own clock from its start;
+  the replay's first poll is at the first arrival plus ``first_poll_s`` (default 0): where a trace is
+  short against the 10 s interval, which instants the polls catch decides whether the veto fires.
 
-Defaults are the CLI's (``router_args.py:88-99, 247-254``): cache_threshold 0.3, balance_abs 64,
+Defaults are the CLI's (``smg/router_args.py:88-99, 247-254``): cache_threshold 0.3, balance_abs 64,
 balance_rel 1.5, eviction 60 s, max_tree_size 2^26, load poll 10 s. The Rust ``CacheAwareConfig``
 default differs (0.5 / 32 / 1.1 / 30 s / 10,000, ``policies/mod.rs:218``); ``smg launch`` passes
 the CLI's. What the model leaves out: :func:`left_out`.
@@ -65,6 +90,7 @@ CHARS_PER_TOKEN = 4  # prefix_hash.rs:114; the tree's sizes are in characters ov
 TIE_EPSILON_S = 1e-6  # least_load.rs:31
 MIN_ABSOLUTE_MARGIN = 4.0  # cache_aware.rs:150
 VIRTUAL_NODES = 150  # hash_ring.rs:21
+MANUAL_CANDIDATES = 2  # manual.rs:76
 
 
 @dataclass(frozen=True)
@@ -77,6 +103,7 @@ class RouterConfig:
     eviction_interval_secs: float = 60.0
     max_tree_size: int = 2**26  # characters (HTTP); the tree counts tokens * CHARS_PER_TOKEN
     load_monitor_interval: float = 10.0
+    first_poll_s: float = 0.0  # the replay's: the first poll this long after the first arrival (smg's phase is its own)
     kv_pressure_weight: float = 0.15
     default_throughput: float = 2000.0
     mean_prefill_tokens: int = 1024
@@ -86,6 +113,13 @@ class RouterConfig:
     prefix_hash_balance_abs_threshold: int = 10
     tokens_known: bool = False  # gRPC: dispatch credit is the prompt's tokens, not mean_prefill_tokens
     loads: bool = True  # workers answer /v1/loads (SGLang does); off: a dark fleet, fewest in flight
+    worker_overload_protection: bool = True  # smg's default; --disable-worker-overload-protection: False
+    worker_overload_waiting_requests: int = 8  # 0: this signal off (smg's None)
+    worker_overload_token_usage: float = 0.8  # 0: this signal off (smg's None)
+
+
+# smg's CLI spelling of worker_overload_protection=False (``router_args.py:2434-2441``)
+DISABLE_OVERLOAD_KEY = "disable_worker_overload_protection"
 
 
 def over_gate(load: float, mean: float, cfg: RouterConfig) -> bool:
@@ -104,8 +138,11 @@ def config_from_args(pairs: list[str] | None) -> RouterConfig:
     for pair in pairs or []:
         key, sep, text = pair.partition("=")
         key = key.strip().replace("-", "_")
+        if sep and key == DISABLE_OVERLOAD_KEY:  # smg's flag: disable_worker_overload_protection=true
+            key, text = "worker_overload_protection", {"1": "0", "0": "1", "true": "false", "false": "true",
+                                                       "on": "off", "off": "on"}.get(text.lower(), text)
         if not sep or key not in kinds:
-            raise env.ConfigError("--router-arg", pair, "k=v with k one of " + ", ".join(kinds))
+            raise env.ConfigError("--router-arg", pair, "k=v with k one of " + ", ".join([*kinds, DISABLE_OVERLOAD_KEY]))
         kind = kinds[key]
         try:
             if kind == "bool":
@@ -125,6 +162,15 @@ def config_from_args(pairs: list[str] | None) -> RouterConfig:
         raise env.ConfigError("--router-arg", f"load_metric={cfg.load_metric}", "expected_wait or requests")
     if not 0 <= cfg.cache_threshold <= 1:
         raise env.ConfigError("--router-arg", f"cache_threshold={cfg.cache_threshold}", "a ratio in [0, 1]")
+    if cfg.worker_overload_waiting_requests < 0:
+        raise env.ConfigError("--router-arg", f"worker_overload_waiting_requests={cfg.worker_overload_waiting_requests}",
+                              "a count >= 1 (0: that signal off)")
+    if not 0 <= cfg.worker_overload_token_usage <= 1:
+        raise env.ConfigError("--router-arg", f"worker_overload_token_usage={cfg.worker_overload_token_usage}",
+                              "a usage in (0, 1] (0: that signal off)")
+    if not 0 <= cfg.first_poll_s < cfg.load_monitor_interval:
+        raise env.ConfigError("--router-arg", f"first_poll_s={cfg.first_poll_s}",
+                              f"seconds in [0, load_monitor_interval={cfg.load_monitor_interval:g})")
     if cfg.eviction_interval_secs < 0 or cfg.load_monitor_interval <= 0:
         raise env.ConfigError("--router-arg", "eviction_interval_secs / load_monitor_interval",
                               "eviction interval >= 0 (0: never trimmed), poll interval > 0")
@@ -145,13 +191,24 @@ class RequestView:
 
 @dataclass(frozen=True)
 class Load:
-    """One worker's polled ``/v1/loads`` (the fields the expected wait reads)."""
+    """One worker's polled ``/v1/loads`` (the fields the expected wait and the overload veto read)."""
 
     waiting_uncached_tokens: int
     waiting_reqs: int
     running_reqs: int
     gen_throughput: float
-    token_usage: float
+    token_usage: float  # SGLang's: on a hybrid SWA pool max(Full, SWA) non-evictable share
+
+
+def overloaded(load: Load, cfg: RouterConfig) -> bool:
+    """smg's veto of one polled report (``worker/overload.rs:114-126``: either signal at or over its
+    threshold); never while protection is off (``overload.rs:89-97``)."""
+    if not cfg.worker_overload_protection:
+        return False
+    if cfg.worker_overload_waiting_requests and load.waiting_reqs >= cfg.worker_overload_waiting_requests:
+        return True
+    return bool(cfg.worker_overload_token_usage) and load.token_usage >= cfg.worker_overload_token_usage
+
 
 
 @dataclass
@@ -240,11 +297,16 @@ class HashRing:
                               for v in range(VIRTUAL_NODES))
         self.positions = [p for p, _ in self.entries]
 
-    def find(self, key: str) -> int:
+    def find(self, key: str, eligible: list[int] | None = None) -> int:
+        """The first worker clockwise from ``key`` (among ``eligible``: ``find_healthy_url``, l.192)."""
         import bisect
 
         start = bisect.bisect_left(self.positions, _ring_position(key))
-        return self.entries[start % len(self.entries)][1]
+        for step in range(len(self.entries)):
+            i = self.entries[(start + step) % len(self.entries)][1]
+            if eligible is None or i in eligible:
+                return i
+        raise ValueError("no eligible worker on the ring")
 
 
 def worker_urls(n: int) -> list[str]:
@@ -269,16 +331,28 @@ class Router:
         self.in_flight = [0] * n
         self.tree = ApproxTree()  # cache_aware's tree; for the other policies a shadow of the same kind
         self.wait = ExpectedWait(self.cfg, n, self.rng)
-        self.rotation = 0
         self.urls = urls or worker_urls(n)
         self.ring = HashRing(self.urls) if policy in ("consistent_hashing", "prefix_hash") else None
-        self.pinned: dict[str, int] = {}
+        self.pinned: dict[str, list[int]] = {}  # manual: a key's workers, the last two
+        self.rotations: dict[tuple[int, ...], int] = {}  # round_robin: one rotation per eligible set
+        self.next_start = 0
         self.branches: dict[str, int] = {}
+        self.vetoed = [False] * n  # the overload veto's latch, written at each poll
+        self.veto_polls = [0] * n  # polls that found each worker over a threshold
+        self.veto_edges = [0] * n  # times each worker went out of routing (smg's "veto set" lines)
 
     # -- the gateway's periodic tasks and load guard ----------------------------------------------
     def poll(self, loads: list[Load], now: float) -> None:
-        if self.cfg.loads:
-            self.wait.update(loads, now)
+        """The load monitor's poll: the expected wait's reports, and the overload veto latched per
+        worker (``monitor.rs:1480``, once per report)."""
+        if not self.cfg.loads:
+            return
+        self.wait.update(loads, now)
+        for i, load in enumerate(loads):
+            verdict = overloaded(load, self.cfg)
+            self.veto_polls[i] += verdict
+            self.veto_edges[i] += verdict and not self.vetoed[i]
+            self.vetoed[i] = verdict
 
     def trim(self) -> None:
         self.tree.evict_to(self.cfg.max_tree_size // CHARS_PER_TOKEN // self.page)
@@ -288,8 +362,12 @@ class Router:
 
     # -- the decision ---------------------------------------------------------------------------
     def route(self, req: RequestView, now: float) -> Decision:
-        choose = getattr(self, "_" + self.policy)
-        instance, branch = choose(req, now)
+        eligible = [i for i in range(self.n) if not self.vetoed[i]]
+        if eligible:
+            instance, branch = getattr(self, "_" + self.policy)(req, now, eligible)
+        else:  # every worker vetoed: the fewest in flight, ties drawn (overload.rs:115-161, 234)
+            fewest = min(self.in_flight)
+            instance, branch = self.rng.choice([i for i in range(self.n) if self.in_flight[i] == fewest]), "all vetoed"
         cap = (req.prompt_tokens - 1) // req.page * req.page  # one token always runs (as the engine's match)
         predicted = min(cap, self.tree.depth_for(req.page_keys, instance) * req.page)  # before its own insert
         self.tree.insert(req.page_keys, instance)
@@ -303,71 +381,86 @@ class Router:
     def _gated(self, i: int, mean: float) -> bool:
         return over_gate(self.in_flight[i], mean, self.cfg)
 
-    def _cache_aware(self, req: RequestView, now: float) -> tuple[int, str]:
-        everyone = list(range(self.n))
-        mean = sum(self.in_flight) / self.n
-        matched, holders = self.tree.match(req.page_keys)
+    def _cache_aware(self, req: RequestView, now: float, eligible: list[int]) -> tuple[int, str]:
+        mean = sum(self.in_flight[i] for i in eligible) / len(eligible)  # the eligible workers' (l.1495-1515)
+        matched, holders = self.tree.match(req.page_keys)  # the whole tree, vetoed holders included
         rate = matched * req.page / req.prompt_tokens if req.prompt_tokens else 0.0
         if rate <= self.cfg.cache_threshold or not holders:
-            return self._expected_wait(everyone, req, now), "miss"
-        safe = [i for i in sorted(holders) if not self._gated(i, mean)]
+            return self._expected_wait(eligible, req, now), "miss"
+        group = [i for i in sorted(holders) if not self.vetoed[i]]
+        if not group:  # every holder out of routing: the miss path over the eligible (smg's metric: spill)
+            return self._expected_wait(eligible, req, now), "veto"
+        safe = [i for i in group if not self._gated(i, mean)]
         if safe:
             return self._expected_wait(safe, req, now), "hit"
-        spill = [i for i in everyone if not self._gated(i, mean)] or everyone
+        spill = [i for i in eligible if not self._gated(i, mean)] or eligible
         return self._expected_wait(spill, req, now), "spill"
 
-    def _round_robin(self, req: RequestView, now: float) -> tuple[int, str]:
-        i = self.rotation % self.n
-        self.rotation += 1
-        return i, "rotation"
+    def _round_robin(self, req: RequestView, now: float, eligible: list[int]) -> tuple[int, str]:
+        key = tuple(eligible)
+        if key not in self.rotations:  # a set seen first starts at the shared position (round_robin.rs:75-110)
+            self.rotations[key] = self.next_start
+            self.next_start += 1
+        count = self.rotations[key]
+        self.rotations[key] += 1
+        return eligible[count % len(eligible)], "rotation"
 
-    def _power_of_two(self, req: RequestView, now: float) -> tuple[int, str]:
-        if self.n == 1:
-            return 0, "single"
-        a = self.rng.randrange(self.n)
-        b = (a + 1 + self.rng.randrange(self.n - 1)) % self.n
-        pair = [a, b]
+    def _power_of_two(self, req: RequestView, now: float, eligible: list[int]) -> tuple[int, str]:
+        if len(eligible) == 1:
+            return eligible[0], "single"
+        m = len(eligible)
+        a = self.rng.randrange(m)
+        b = (a + 1 + self.rng.randrange(m - 1)) % m
+        pair = [eligible[a], eligible[b]]
         if self.cfg.load_metric == "requests":
             fewest = min(self.in_flight[i] for i in pair)
             pair = [i for i in pair if self.in_flight[i] == fewest]
         return self._expected_wait(pair, req, now), "pair"
 
-    def _consistent_hashing(self, req: RequestView, now: float) -> tuple[int, str]:
+    def _consistent_hashing(self, req: RequestView, now: float, eligible: list[int]) -> tuple[int, str]:
         assert self.ring is not None
-        return self.ring.find(req.routing_key), "ring"
+        i = self.ring.find(req.routing_key, eligible)
+        return i, "ring" if i == self.ring.find(req.routing_key) else "veto"
 
-    def _prefix_hash(self, req: RequestView, now: float) -> tuple[int, str]:
+    def _prefix_hash(self, req: RequestView, now: float, eligible: list[int]) -> tuple[int, str]:
         assert self.ring is not None
         key = req.routing_key.encode() if req.routing_key else repr(req.page_keys[:max(1, self.cfg.prefix_token_count // req.page)]).encode()
-        i = self.ring.find(_xxh3_hex(key))
-        total = sum(self.in_flight)
+        i = self.ring.find(_xxh3_hex(key), eligible)
+        total = sum(self.in_flight[j] for j in eligible)
 
         def load_ok(j: int) -> bool:
             if total == 0:
                 return True
-            mean = (total + 1) / self.n
+            mean = (total + 1) / len(eligible)
             limit = max(mean * self.cfg.prefix_hash_load_factor, mean + self.cfg.prefix_hash_balance_abs_threshold)
             return self.in_flight[j] <= limit
 
         if load_ok(i):
             return i, "ring"
-        ok = [j for j in range(self.n) if load_ok(j)]
+        ok = [j for j in eligible if load_ok(j)]
         if ok:
             return min(ok, key=lambda j: self.in_flight[j]), "walk"
         return i, "walk"
 
-    def _manual(self, req: RequestView, now: float) -> tuple[int, str]:
-        if req.routing_key in self.pinned:
-            return self.pinned[req.routing_key], "sticky"
-        i = self.pinned[req.routing_key] = self.rng.randrange(self.n)
-        return i, "new key"
+    def _manual(self, req: RequestView, now: float, eligible: list[int]) -> tuple[int, str]:
+        held = self.pinned.get(req.routing_key)
+        if held is not None:
+            for i in held:
+                if i in eligible:
+                    return i, "sticky"
+        i = eligible[self.rng.randrange(len(eligible))]
+        if held is None:
+            self.pinned[req.routing_key] = [i]
+            return i, "new key"
+        self.pinned[req.routing_key] = [*held, i][-MANUAL_CANDIDATES:]
+        return i, "veto"
 
 
 def left_out(cfg: RouterConfig) -> list[str]:
     """What the router model simplifies, said in the output."""
     items = [
         f"router: smg {SMG_VERSION}'s policies re-implemented from its Rust source (gateway/router.py cites the "
-        "lines), not run; every worker healthy, no circuit breaker, retries, overload veto or warm-up slice",
+        "lines), not run; every worker healthy, no circuit breaker, retries, liveness veto or warm-up slice",
         "cache_aware tree: over the request's pages of token ids (the trace's hash_ids blocks, page-sized), "
         f"not its characters; sizes count {CHARS_PER_TOKEN} characters a token (smg's prefix_hash estimate); "
         "a match ends at a page boundary; trimmed oldest-leaf-first by insert time (smg refreshes a match's "
@@ -378,6 +471,13 @@ def left_out(cfg: RouterConfig) -> list[str]:
         "tokens/s over the interval, token usage = non-evictable Full KV share); the poll's sample instant is "
         "the poll's" + ("" if cfg.loads else " (off here: loads=0, a dark fleet scored by in-flight counts)"),
         "in flight: a request counts on its worker from its routing to its last output token",
+        ("overload veto: " + (f"smg's, on (waiting >= {cfg.worker_overload_waiting_requests or 'off'}, KV usage >= "
+                              f"{cfg.worker_overload_token_usage or 'off'}), read at each modelled poll from the instance's "
+                              "waiting queue and SGLang's own pool usage (max(Full, SWA) non-evictable share); no "
+                              "--worker-overload-shed, no per-worker thresholds, no pushed load records"
+                              if cfg.worker_overload_protection and cfg.loads else
+                              "off here (--disable-worker-overload-protection)" if cfg.loads else
+                              "never (a dark fleet sends no loads: the veto clears)")),
         "cache_aware: no KV-usage imbalance trigger (off by default), overlap_decay 0 and selection "
         "temperature 0 (smg's defaults), no cache namespaces, no mesh sync",
         "predicted hit: the router tree's match for the chosen worker (for policies without a tree, a shadow "
