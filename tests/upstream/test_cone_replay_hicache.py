@@ -209,16 +209,22 @@ def test_beside_hicache_full_kv_on_host_is_loaded_back_full_only_and_the_cone_re
     assert cone_replay.FALLBACKS == {}
 
 
-def test_beside_hicache_a_load_back_hicache_refuses_falls_back_to_stock_once_naming_why(capfd):
-    """HiCache will not load fewer tokens than its ``load_back_threshold``: the cone's load-back
-    comes back empty, the request runs stock (one fallback line, however often it is matched)."""
+def _session_hicache_will_not_load_back() -> tuple[cache_kit.CacheKit, rc.Tokens, list[int]]:
+    """The cone installed, a session's window and Full KV lost to host, HiCache's ``load_back_threshold``
+    above any load: the session's next prompt, whose cone load-back HiCache refuses."""
     install(N)
     kit = cache_kit.build(cache_kit.SMALL, hicache=cache_kit.HiCache(ratio=0.5, write_policy="write_back"))
     toks = rc.Tokens()
     history = kit.run_turn(toks.fresh(400), out_len=16).history
     _lose_window_and_full_kv(kit, toks, history)
     kit.cache.load_back_threshold = 1 << 20
-    prompt = history + toks.fresh(64)
+    return kit, toks, history + toks.fresh(64)
+
+
+def test_beside_hicache_a_load_back_hicache_refuses_falls_back_to_stock_once_naming_why(capfd):
+    """HiCache will not load fewer tokens than its ``load_back_threshold``: the cone's load-back
+    comes back empty, the request runs stock (one fallback line, however often it is matched)."""
+    kit, _, prompt = _session_hicache_will_not_load_back()
     turn = cone_turn(kit, prompt, out_len=16)
     # Stock + HiCache: its own load-back (whose SWA transfer the threshold does not stop) up to B < s.
     assert turn.plan is None and turn.F is not None and turn.prefix_len < turn.F - N
@@ -301,13 +307,7 @@ def test_a_request_whose_cone_load_back_fell_back_runs_stock_when_matched_again_
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.sampling.sampling_params import SamplingParams
 
-    install(N)
-    kit = cache_kit.build(cache_kit.SMALL, hicache=cache_kit.HiCache(ratio=0.5, write_policy="write_back"))
-    toks = rc.Tokens()
-    history = kit.run_turn(toks.fresh(400), out_len=16).history
-    _lose_window_and_full_kv(kit, toks, history)
-    kit.cache.load_back_threshold = 1 << 20
-    prompt = history + toks.fresh(64)
+    kit, toks, prompt = _session_hicache_will_not_load_back()
 
     def req(rid: str, tokens: list[int]) -> Any:
         r = Req(rid=rid, origin_input_text="", origin_input_ids=array("q", tokens),
