@@ -184,6 +184,16 @@ class BootResult:
     error: str | None = None
 
 
+def run_client(client: Any, argv: list[str], out_file: Path, client_log: Path) -> tuple[dict[str, Any], str | None]:
+    """One bench_serving run: its last record's figures, or the error with the log's last lines."""
+    rc = client.run(argv, client_log, CLIENT_TIMEOUT_S)
+    if rc != 0 or not out_file.is_file():
+        tail = client_log.read_text(errors="replace").strip().splitlines()[-3:]
+        return {}, f"client exit {rc}: {' | '.join(tail)}"
+    records = [json.loads(x) for x in out_file.read_text().splitlines() if x.strip()]
+    return figures_of(records[-1]), None
+
+
 def run_boot(kit: Any, model: Path, label: str, profile: dict[str, str], round_: int, out: Path,
              traffic: dict[str, Any], say: Callable[[str], None], client: ServingClient,
              extra: Sequence[str] = ()) -> BootResult:
@@ -199,13 +209,9 @@ def run_boot(kit: Any, model: Path, label: str, profile: dict[str, str], round_:
         out_file = out / f"r{round_}-{safe}.json"
         out_file.unlink(missing_ok=True)
         client_log = out / f"r{round_}-{safe}.client.txt"
-        rc = client.run(client_args(server.base_url, model, out_file, traffic), client_log, CLIENT_TIMEOUT_S)
-        if rc != 0 or not out_file.is_file():
-            tail = client_log.read_text(errors="replace").strip().splitlines()[-3:]
-            result.error = f"client exit {rc}: {' | '.join(tail)}"
-        else:
-            records = [json.loads(x) for x in out_file.read_text().splitlines() if x.strip()]
-            result.figures = figures_of(records[-1])
+        result.figures, result.error = run_client(client, client_args(server.base_url, model, out_file, traffic),
+                                                  out_file, client_log)
+        if result.error is None:
             counters = metrics_page.read_counters(server.base_url, [
                 *SWITCH_COUNTERS.values(), *(f"{name}_{part}" for name in SERVER_TIMES.values() for part in ("sum", "count"))])
             result.counted = {key: int(counters[name]) for key, name in SWITCH_COUNTERS.items()}

@@ -13,7 +13,6 @@ another, each when the previous answer completes, so it offers ``turns`` request
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -21,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devkit.bench.chat_latency import CLIENT_TIMEOUT_S, METRICS_ARGS, client_args, figures_of, window_counts
+from devkit.bench.chat_latency import METRICS_ARGS, client_args, run_client, window_counts
 from devkit.engine_kit import metrics_page
 from devkit.engine_kit.serving_client import ServingClient
 
@@ -136,13 +135,8 @@ class Session:
         try:
             before = self._counters()
             argv = [*client_args(self.server.base_url, self.model, out_file, traffic), "--flush-cache"]
-            rc = self.client.run(argv, client_log, CLIENT_TIMEOUT_S)
-            if rc != 0 or not out_file.is_file():
-                tail = client_log.read_text(errors="replace").strip().splitlines()[-3:]
-                run.error = f"client exit {rc}: {' | '.join(tail)}"
-            else:
-                records = [json.loads(x) for x in out_file.read_text().splitlines() if x.strip()]
-                run.figures = figures_of(records[-1])
+            run.figures, run.error = run_client(self.client, argv, out_file, client_log)
+            if run.error is None:
                 after = self._counters()
                 run.counters = {k: int(after[k] - before[k]) for k in YIELD_COUNTERS}
         except Exception as exc:
