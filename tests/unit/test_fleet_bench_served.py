@@ -82,3 +82,30 @@ def test_the_trace_is_one_that_simulate_reads_with_shared_blocks_as_equal_ids(tm
     assert [r.hash_ids for r in parsed] == [[0, 1], [0, 2], [0, 3]]
     links = trace.link_sessions(parsed, "session")
     assert links.linked == 1
+
+
+DEAD_WORKER_LOG = """[2026-12-06 11:25:15] Prefill batch, #new-seq: 1, #new-token: 15, #cached-token: 0, full token usage: 0.33
+[2026-12-06 11:25:15] Scheduler hit an exception: Traceback (most recent call last):
+  File "/x/sglang/srt/managers/scheduler.py", line 6368, in run_scheduler_process
+    scheduler.run_event_loop()
+  File "/x/sglang/srt/mem_cache/allocation.py", line 170, in alloc_token_slots
+    raise RuntimeError(error_msg)
+RuntimeError: Out of memory. Try to lower your batch size.
+Try to allocate 64 tokens.
+Available full tokens: 5579 (full_available_size=5246 + full_evictable_size_=333)
+Available swa: 56 (available_size=56 + component_evictable_size_=0)
+
+
+[2026-12-06 11:25:15] SIGQUIT received. signum=None, frame=None. It usually means one child failed.
+"""
+
+
+def test_a_worker_whose_scheduler_died_is_named_with_the_exception_and_the_allocator_figures():
+    from devkit.bench.fleet import scheduler_death
+
+    death = scheduler_death(DEAD_WORKER_LOG)
+    assert death is not None
+    assert death.startswith("RuntimeError: Out of memory.")
+    assert "Try to allocate 64 tokens." in death and "Available swa: 56" in death
+    assert "SIGQUIT" not in death
+    assert scheduler_death(DEAD_WORKER_LOG.split("[2026-12-06 11:25:15] Scheduler")[0]) is None

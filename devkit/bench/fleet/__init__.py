@@ -18,7 +18,10 @@ ITL, and the prefill tokens its log's ``Prefill batch`` lines counted (chunks an
 included: the work the worker did); turns that moved to another worker than their conversation's
 previous turn; the router's own counts (its selection branches: ``tree_match``, ``spill``, ...; its
 retries) and its settings as its start line printed them. Per fleet: receipts (``adapter receipts``'
-audit over each worker's log: every worker installed every switch of the profile).
+audit over each worker's log: every worker installed every switch of the profile). A worker whose
+scheduler dies fails its run (the error names the worker and the exception from its log; the client
+does not see it, the router retries its requests on the other worker) and the fleet's later
+policies are not run.
 
 Each run writes the requests it sent, in arrival order, as a Mooncake-format trace beside its logs
 (``<fleet>-<policy>.trace.jsonl``, :func:`.served.mooncake_lines`): ``simulate --instances 2 --router
@@ -60,6 +63,7 @@ DSV4_CHUNK = 256  # a page a chunk: chat prompts are multi-chunk prefills (bench
 YIELD_PCT = "33"
 THIN_CONE = {"DSV41_SWA_THIN": "1", "DSV41_SWA_CONE_REPLAY": "1", "DSV41_SWA_CONE_TOKENS": "64"}
 PREFILL_RE = re.compile(r"Prefill batch.*?#new-token: (\d+), #cached-token: (\d+)")
+SCHEDULER_DIED = "Scheduler hit an exception"
 
 
 @dataclass(frozen=True)
@@ -151,6 +155,7 @@ class PolicyRun:
     router: dict[str, Any] = field(default_factory=dict)
     trace: str | None = None
     gate: dict[str, Any] | None = None  # cache_aware: each turn against the spill gate (.pressure)
+    died: list[dict[str, Any]] = field(default_factory=list)  # workers whose scheduler died in this run
     error: str | None = None
     wall_s: float = 0.0
 
@@ -199,6 +204,21 @@ def request_log(folder: Path) -> Path:
     """The file SGLang's request logger writes in ``folder`` (``<hostname>_<rank>.log``)."""
     found = sorted(folder.glob("*.log"))
     return found[0] if found else folder / "missing.log"
+
+
+def scheduler_death(log_text: str) -> str | None:
+    """The exception that killed a worker's scheduler in this log text (its last line and the
+    allocator's figures after it), or None. The router retries a dead worker's requests on the
+    other, so the client sees every request served: only the worker's log says one died."""
+    at = log_text.find(SCHEDULER_DIED)
+    if at < 0:
+        return None
+    lines = [x.strip() for x in log_text[at:].splitlines()[1:80]]
+    error = next((i for i, x in enumerate(lines) if re.match(r"^[A-Za-z_.]*(Error|Exception)\b", x)), None)
+    if error is None:
+        return SCHEDULER_DIED
+    detail = [x for x in lines[error + 1:error + 5] if x and not x.startswith("[")]
+    return " ".join([lines[error], *detail])
 
 
 def prefill_tokens(log_text: str) -> tuple[int, int]:
@@ -255,8 +275,14 @@ def run_policy(fleet_label: str, policy: Policy, workers: Sequence[launcher.Serv
     time.sleep(1.0)  # the request logger's last lines
     records = served.read_served([_read_from(p, at) for p, at in zip(req_logs, req_at)])
     run.workers = served.per_worker(records, len(workers))
-    for row, path, at in zip(run.workers, logs, log_at):
-        row["prefill_batches"], row["prefill_log_tokens"] = prefill_tokens(_read_from(path, at))
+    for worker, (row, path, at) in enumerate(zip(run.workers, logs, log_at)):
+        text = _read_from(path, at)
+        row["prefill_batches"], row["prefill_log_tokens"] = prefill_tokens(text)
+        if (death := scheduler_death(text)) is not None:
+            run.died.append({"worker": worker, "error": death})
+    if run.died:
+        run.error = "; ".join(f"worker {d['worker']} died: {d['error']}" for d in run.died) + (
+            f" (the router retried {run.router.get('retries', 0)} requests on the others)")
     run.moved_turns = served.moved_turns(records)
     if policy.policy == "cache_aware" and records:
         loads = pressure.sampled_loads(records, samples, run.urls)
@@ -320,6 +346,9 @@ def run_fleet(kit: Any, model: Path, label: str, profile: dict[str, str], polici
         say(f"{label}: {WORKERS} workers up in {result.boot_s:.0f} s ({', '.join(w.base_url for w in workers)})")
         for policy in policies:
             result.runs.append(run_policy(label, policy, workers, req_dirs, model, traffic, out, client, say))
+            if result.runs[-1].died:  # the fleet is one worker short: later runs would not compare
+                result.error = f"{policy.label}: {result.runs[-1].error}; the fleet's later policies not run"
+                break
     except Exception as exc:
         result.error = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         say(f"{label}: {result.error}")
@@ -365,7 +394,7 @@ def summarize(results: Sequence[FleetResult]) -> list[dict[str, Any]]:
                 "prefilled": total, "prefilled_vs_stock": _ratio(total, stock.get(r.policy)),
                 "top_worker_share": _ratio(top, total), "cached": sum(w["cached_tokens"] for w in r.workers),
                 "moved_turns": r.moved_turns, "conversations": r.conversations, "receipts_ok": receipts_ok,
-                "gate": r.gate, "workers": r.workers, "router": r.router, "trace": r.trace,
+                "gate": r.gate, "workers": r.workers, "router": r.router, "trace": r.trace, "died": r.died,
             })
     return rows
 
