@@ -290,6 +290,27 @@ def test_decode_retraction_inside_a_window_keeps_the_window_for_the_rows_left(mo
     assert [int(w.params["given"]) for w in windows] == gaps
 
 
+def test_a_burst_queued_behind_a_chunked_prompt_reads_as_load_until_the_queue_drains(debug_lines):
+    """Prompts that arrive together, before any is chunked, count as no arrival behind a chunked
+    prompt; their queue is the load: the first prompts' windows give less, the last one's (nothing
+    queued behind it) the whole share."""
+    _install(50)
+    h = _harness(pool_tokens=3 << 18)
+    rows = [h.add_request(4000, max_new_tokens=100_000) for _ in range(4)]
+    h.drain()
+    h.run(2)
+    debug_lines.clear()
+    burst = [h.add_request(4 * CHUNK, max_new_tokens=2) for _ in range(6)]
+    h.run_until(lambda: all(r.finished() for r in burst), max_passes=20_000)
+    assert not any(r.finished() for r in rows)
+    windows = [receipts.parse_line(line).params for line in debug_lines if " window " in line]
+    first = [int(w.get("guard", 50)) for w in windows[:3]]  # the first prompt's three windows, five queued behind
+    last = [int(w.get("guard", 50)) for w in windows[-3:]]  # the last prompt's, nothing queued
+    assert len(windows) == 6 * 3
+    assert max(first) < 25, first  # five prompts of 4 chunks queued: seconds of prefill at the model's costs
+    assert last == [50, 50, 50], last
+
+
 def test_mixed_chunk_keeps_the_chunks_and_yields_between_them():
     _, stock_long, stock = _scenario(_harness(mixed_chunk=True))
     _install(33)

@@ -7,6 +7,12 @@ to run (stock's backlog is ours less the lag). Each prompt is stamped when first
 lag it found (at most the prefill ahead of it), the windows given so far, its cache hit then
 (:mod:`.cache_hit`). Its TTFT is within ``1 / (1 - pct)`` of stock's while ``lag <= pct * TTFT``; one
 served past that plus ``1 - pct`` of the backlog's longest window is :class:`Late` (counted).
+
+The load guard's reading (:meth:`Backlog.load`) is the larger of two: the arrival rate behind a
+chunked prompt (:class:`Arrivals`), and the prompts queued behind it now, their uncached prefill
+over :data:`HORIZON_NS` (a burst arrives before any prompt is chunked: no arrival is counted, but
+its queue is seconds of prefill; the chunked prompt itself is not queued work: a lone long prompt
+reads 0).
 """
 
 from __future__ import annotations
@@ -76,12 +82,15 @@ class Backlog:
         self.lag = self.given = self.longest = self._window_ns = 0
         self.stamps: dict[int, Stamp] = {}
         self.work = Median()  # a prompt's uncached tokens (the last few arrivals)
+        self.queued = 0  # uncached tokens of the prompts queued behind the chunked one (at the last arming pass)
         self.arrivals = Arrivals()
         self._chunked = False  # a prompt was chunked at the pass before
         self._served: list[tuple[Stamp, int]] = []  # prompts the last pass gave a first token, with lost tokens
 
     def load(self, per_token: int | None) -> int:
-        return self.arrivals.load((self.work.value() or 0) * (per_token or 0))
+        """Permille: arrivals behind a chunked prompt, or the queue behind it, over the prefill rate."""
+        per_token = per_token or 0
+        return max(self.arrivals.load((self.work.value() or 0) * per_token), self.queued * per_token * 1000 // HORIZON_NS)
 
     def on_pass(self, t: int, tick: Tick, chunked: Any, waiting: Any, per_token: int | None) -> list[Late]:
         """A pass entered at ``t``; returns the prompts the pass before served past their bound."""
@@ -138,15 +147,19 @@ class Backlog:
         waiting prompt's wait and lag (the chunked prompt included; one not yet seen is stamped now)."""
         per_token = per_token or 0
         rest, queued, found = tokens_left * per_token, 0, []
+        self.queued = 0
         for req in (chunked, *waiting):
             ahead = 0 if req is chunked else tokens_left + queued
             if req is not chunked:
                 queued += len(req.origin_input_ids) + len(req.output_ids)
-                if req.output_ids:
+                if req.output_ids:  # retracted: its prefill again, from what it still holds
+                    self.queued += len(req.origin_input_ids) + len(req.output_ids) - req.prefix_len
                     continue
             self._stamp(req, t, ahead * per_token, req is not chunked)
             stamp = self.stamps[id(req)]
             found.append(Waiting(t - stamp.since, stamp.found + self.given - stamp.given))
+            if req is not chunked:  # a queued prompt not yet matched has prefix_len 0: its hit as read
+                self.queued += len(req.origin_input_ids) - max(req.prefix_len, stamp.hit or 0)
         if per_token:  # stock's backlog is ours less the lag: once ours is no larger, stock's is empty
             self.lag = min(self.lag, rest + queued * per_token)
         return rest, tuple(found)
