@@ -20,7 +20,11 @@ of the step the controls measured (their median ITL):
   most the stock-vs-stock floor (each control's first turns against the other's); first turns because
   each is sent on the client's schedule in every boot, where a later turn follows its own answer;
 * B's request throughput at least the lower control's and its p99 ITL at most the higher one's, each
-  within the controls' own spread (at least :data:`FLOOR_MIN`).
+  within the controls' own spread (at least :data:`FLOOR_MIN`);
+* the load guard backs off in B's burst (saturated by construction: every conversation at once): at
+  least :data:`BURST_GUARDED` of its windows armed below pct (from :data:`BURST_WINDOWS_MIN` windows).
+  Per-prompt bounds already keep B's TTFT within its limit, guard or not; what the guard adds (giving
+  less as prefill nears its rate) shows in its own reading, not in the judged run's TTFT.
 
 The last line printed is one JSON object.
 """
@@ -43,6 +47,8 @@ LOAD_FRACTION = 0.9  # the judged run's offered load: this fraction of the stock
 # Not the switch's cap of 128 steps: at the controls' step that is 0.6-11 s on the Mellum kit, 2-40x
 # stock's mean TTFT there, and no limit plus it could fail.
 WINDOW_STEPS = 8
+BURST_GUARDED = 0.5  # of B's burst windows, armed below pct by the load guard
+BURST_WINDOWS_MIN = 10  # fewer windows in B's burst: the guard is not judged (said)
 # the controls' figures that must agree: the judged run's, and the burst's (the capacity the load is set from)
 AGREE_KEYS = ("mean_ttft_ms", "request_throughput", "burst_request_throughput")
 SHOWN_KEYS = ("mean_ttft_ms", "p99_ttft_ms", "mean_itl_ms", "p99_itl_ms", "request_throughput")
@@ -54,10 +60,11 @@ def first_turns(figures: dict[str, Any], turns: int) -> list[float | None]:
 
 
 def judge(a1: dict[str, Any], a2: dict[str, Any], b: dict[str, Any], pct: int | None, turns: int,
-          window_steps: int = WINDOW_STEPS, counted: int = 0) -> dict[str, Any]:
+          window_steps: int = WINDOW_STEPS, counted: int = 0, burst: dict[str, int] | None = None) -> dict[str, Any]:
     """PASS / FAIL / INVALID of the profile boot ``b`` against the stock boots ``a1`` and ``a2``, with
     the limits and reasons (each boot: bench_serving's figures, :func:`devkit.bench.chat_latency.figures_of`;
-    ``counted``: the prompts B's switch counted past their bound, its ``unbounded`` counter)."""
+    ``counted``: the prompts B's switch counted past their bound, its ``unbounded`` counter; ``burst``:
+    B's switch counters over its burst, ``windows`` and ``windows_guarded``)."""
     from devkit.bench.chat_latency import past_bound
 
     bound = 1.0 if pct is None else 100 / (100 - pct)
@@ -94,6 +101,9 @@ def judge(a1: dict[str, Any], a2: dict[str, Any], b: dict[str, Any], pct: int | 
         if firsts["floor"] is not None and firsts["uncounted"] > firsts["floor"]:
             fails.append(f"first turns past the bound and not counted by the switch {firsts['uncounted']} "
                          f"({firsts['B']} past, {counted} counted) > the stock-vs-stock floor {firsts['floor']}")
+    guard = _burst_guard(pct, burst)
+    if guard.get("fail"):
+        fails.append(guard["fail"])
     missing = [k for k in ("mean_ttft_ms", "p99_itl_ms", "request_throughput") if b.get(k) is None]
     if missing:
         verdict, fails = "FAIL", [f"profile boot has no {', '.join(missing)}", *fails]
@@ -103,7 +113,20 @@ def judge(a1: dict[str, Any], a2: dict[str, Any], b: dict[str, Any], pct: int | 
         verdict = "FAIL" if fails else "PASS"
     return {"verdict": verdict, "bound": round(bound, 3), "step_ms": round(step, 2), "window_steps": window_steps,
             "slack_ms": round(slack, 1), "limits": limits, "first_turns_past": firsts, "fails": fails,
-            "controls_disagree": disagree}
+            "controls_disagree": disagree, "burst_guard": guard}
+
+
+def _burst_guard(pct: int | None, burst: dict[str, int] | None) -> dict[str, Any]:
+    """The load guard in B's burst: its windows, those it armed below pct, and a failure when fewer
+    than :data:`BURST_GUARDED` of them were (not judged without decode yield or with too few windows)."""
+    if pct is None or not burst:
+        return {"judged": False}
+    windows, guarded = int(burst.get("windows") or 0), int(burst.get("windows_guarded") or 0)
+    found = {"windows": windows, "guarded": guarded, "judged": windows >= BURST_WINDOWS_MIN}
+    if found["judged"] and guarded < BURST_GUARDED * windows:
+        found["fail"] = (f"the load guard did not back off in B's burst: {guarded} of {windows} windows armed "
+                         f"below pct {pct} (at least {BURST_GUARDED:.0%} expected at saturation)")
+    return found
 
 
 def _agree(x: float | None, y: float | None) -> bool:
@@ -152,9 +175,11 @@ def run(quick: bool = True, model_kit: str = "mellum", out: str | Path | None = 
                 judged = session.send("load", {**traffic, "rate": rate}) if rate else load.Run("load", traffic, error="no capacity")
             judged.figures["burst_request_throughput"] = saturated.figures.get("request_throughput")
             boots[label] = {"figures": judged.figures, "counters": judged.counters, "error": judged.error,
-                            "capacity_req_s": saturated.figures.get("request_throughput"), "windows": session.windows}
+                            "capacity_req_s": saturated.figures.get("request_throughput"), "windows": session.windows,
+                            "burst_counters": saturated.counters}
     a1, b, a2 = (boots[k]["figures"] for k in ("A1-stock", "B-profile", "A2-stock"))
-    result = judge(a1, a2, b, pct, traffic["turns"], counted=int(boots["B-profile"]["counters"].get("unbounded") or 0))
+    result = judge(a1, a2, b, pct, traffic["turns"], counted=int(boots["B-profile"]["counters"].get("unbounded") or 0),
+                   burst=boots["B-profile"].get("burst_counters"))
     errors = [f"{label}: {x['error']}" for label, x in boots.items() if x["error"]]
     if errors:
         b_failed = boots["B-profile"]["error"] and not boots["B-profile"]["error"].startswith("not run")
@@ -171,6 +196,10 @@ def run(quick: bool = True, model_kit: str = "mellum", out: str | Path | None = 
     say(render(header, rows, align="left"))
     say(f"offered {rate} conversations/s; bound {result['bound']} (pct {pct}); slack {result['slack_ms']} ms "
         f"({WINDOW_STEPS} steps x {result['step_ms']} ms, the controls' median ITL)")
+    guard = result["burst_guard"]
+    if guard.get("windows") is not None:
+        say(f"B's burst: {guard['guarded']} of {guard['windows']} windows armed below pct by the load guard "
+            f"(at least {BURST_GUARDED:.0%}" + ("" if guard["judged"] else f"; not judged under {BURST_WINDOWS_MIN} windows") + ")")
     if result["controls_disagree"]:
         say(f"controls disagree on {', '.join(result['controls_disagree'])} (more than x{CONTROL_FACTOR}) -> INVALID")
     for reason in result["fails"]:
@@ -179,7 +208,8 @@ def run(quick: bool = True, model_kit: str = "mellum", out: str | Path | None = 
     return {**result, "model": model_kit, "quick": quick, "profile": profile, "traffic": {**traffic, "rate": rate},
             "load_fraction": LOAD_FRACTION,
             "boots": {label: {**{k: x["figures"].get(k) for k in SHOWN_KEYS}, "capacity_req_s": x["capacity_req_s"],
-                              "counters": x["counters"], "longest_window_ms": x["windows"].get("longest_ms"),
+                              "counters": x["counters"], "burst_counters": x.get("burst_counters"),
+                              "longest_window_ms": x["windows"].get("longest_ms"),
                               "error": x["error"]} for label, x in boots.items()},
             "wall_s": round(time.monotonic() - t0, 1)}
 

@@ -58,6 +58,24 @@ def test_the_verdict_of_the_profile_boot_against_two_stock_controls(a1, a2, b, v
         assert result["fails"] == []
 
 
+@pytest.mark.parametrize(("pct", "burst", "verdict", "judged"), [
+    (33, {"windows": 40, "windows_guarded": 30}, "PASS", True),
+    (33, {"windows": 40, "windows_guarded": 20}, "PASS", True),  # half: the least that passes
+    (33, {"windows": 40, "windows_guarded": 19}, "FAIL", True),
+    (33, {"windows": 40, "windows_guarded": 0}, "FAIL", True),  # the guard off: the full share at saturation
+    (33, {"windows": 9, "windows_guarded": 0}, "PASS", False),  # too few windows to judge
+    (33, None, "PASS", False),  # no burst counters (a failed burst)
+    (None, {"windows": 40, "windows_guarded": 0}, "PASS", False),  # no decode yield in the profile
+], ids=["most-guarded", "half-guarded", "under-half", "guard-off", "few-windows", "no-burst", "no-yield"])
+def test_the_load_guard_must_back_off_in_the_profile_boots_burst(pct, burst, verdict, judged):
+    result = judge(A1, A2, GOOD, pct, TURNS, burst=burst)
+    assert result["verdict"] == verdict, result["fails"]
+    assert result["burst_guard"]["judged"] is judged
+    if verdict == "FAIL":
+        assert result["fails"] == [f"the load guard did not back off in B's burst: {burst['windows_guarded']} of "
+                                   f"{burst['windows']} windows armed below pct 33 (at least 50% expected at saturation)"]
+
+
 def test_the_limits_come_from_the_configuration_and_the_controls_never_from_the_boot_under_test():
     result = judge(A1, A2, GOOD, 33, TURNS)
     assert result["slack_ms"] == SLACK and result["step_ms"] == 10.0  # one window at the controls' median ITL
