@@ -31,13 +31,12 @@ class Open:
     """An armed window: the chunked prompt it waits for and what it was armed with."""
 
     req: Any
+    facts: decision.Facts
     window: decision.Window
     n: int  # agreed (rank 0's)
-    floor: int
-    chunk: int
+    chunk: int  # the chunked prompt's chunk and prefix, and the rows decoding (the window line's)
     prefix: int
     rows: int
-    load: int | None
     wall_ns: int = 0  # its steps' wall time so far, whole (the alternation included)
 
 
@@ -45,7 +44,7 @@ class Yield:
     """One scheduler's switch state."""
 
     def __init__(self, cfg: decision.Config, scheduler: Any, observer: Observer):
-        self.cfg, self.observe = cfg, observer
+        self.observe = observer
         self.clock = clock.PassClock(bool(getattr(scheduler, "enable_overlap", False)))
         self.backlog = Backlog(cfg.pct, cache_hit.reader(scheduler.tree_cache))
         self.state = decision.State()
@@ -75,15 +74,13 @@ def predict(profile: api.Profile) -> api.Prediction:
     if profile.status != "installed":
         return api.Prediction(warnings=warnings)
     params = {k: profile.installed[k] for k in ("share", "mode", "cost") if k in profile.installed}
-    receipt = None
-    if profile.server_args is not None and (why := unsupported_mode(profile.server_args)):
-        receipt = f"refused: {why}"
+    why = unsupported_mode(profile.server_args)  # None without a launch line
     notes = ()
     if "mode" in params:
         how = ("windows from measured iteration times, closed on the measured share; rank 0 decides under TP"
                if params["mode"] == MEASURED else f"open-loop integer cost model, coefficients {params['cost']}")
         notes = (f"decode_yield: share {params['share']} % in {params['mode']} mode ({how})",)
-    return api.Prediction(receipt, params, warnings, notes=notes)
+    return api.Prediction(f"refused: {why}" if why else None, params, warnings, notes=notes)
 
 
 def agree(scheduler: Any, n: int) -> int:
@@ -98,15 +95,6 @@ def agree(scheduler: Any, n: int) -> int:
     value = torch.tensor([n], dtype=torch.int64)
     dist.broadcast(value, group=scheduler.tp_cpu_group, group_src=0)
     return int(value.item())
-
-
-def _published_server_args() -> Any:
-    try:  # the engine publishes them later, in the scheduler process
-        from sglang.srt.runtime_context import get_server_args
-
-        return get_server_args()
-    except (ImportError, ValueError, AttributeError):
-        return None
 
 
 def _rows(scheduler: Any, plan: Any, batch: Any, topk: int) -> tuple[int, int, int]:
@@ -125,15 +113,19 @@ def _rows(scheduler: Any, plan: Any, batch: Any, topk: int) -> tuple[int, int, i
 
 def install(ctx: api.SwitchContext) -> dict[str, Any]:
     SWITCH.bind(ctx)
-    mode: str = ctx.values.get(MODE_KEY) or MEASURED
-    guard = ctx.values.get(GUARD_KEY)
-    cfg = decision.Config(ctx.value, measured=mode == MEASURED, guard=guard is None or bool(guard))
+    mode: str = ctx.values[MODE_KEY]  # defaults filled in
+    cfg = decision.Config(ctx.value, measured=mode == MEASURED, guard=ctx.values[GUARD_KEY])
     try:
         coef = cost_model.from_config(ctx.values)
     except ValueError as exc:  # a cross-key rule the per-key parsers cannot see (a ConfigError)
         raise api.Refusal(str(exc)) from None
-    published = _published_server_args()
-    if published is not None and (reason := unsupported_mode(published)):
+    try:  # the engine publishes them later, in the scheduler process
+        from sglang.srt.runtime_context import get_server_args
+
+        published = get_server_args()
+    except (ImportError, ValueError, AttributeError):
+        published = None
+    if reason := unsupported_mode(published):
         raise api.Refusal(reason)
 
     def state_of(scheduler: Any) -> Yield | None:
@@ -141,11 +133,10 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
         reason = unsupported_mode(getattr(scheduler, "server_args", None))
         if reason is None and getattr(scheduler, "dllm_config", None) is not None:
             reason = DLLM
-        if reason is not None:
-            ctx.refuse_late(reason, revert=True)
-            return None
-        state = scheduler.__dict__[_ATTR] = Yield(cfg, scheduler, Observer(ctx, cfg.pct, mode, ctx.debug))
-        return state
+        if reason is None:
+            return scheduler.__dict__.setdefault(_ATTR, Yield(cfg, scheduler, Observer(ctx, cfg.pct, mode)))
+        ctx.refuse_late(reason, revert=True)
+        return None
 
     def get_next_batch_to_run(wrapped: Any, s: Any, args: Any, kwargs: Any) -> Any:
         y = s.__dict__.get(_ATTR) or state_of(s)
@@ -181,7 +172,6 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
         windows_left = max(1, -(-left // size))
         rest_ns, waiting = y.backlog.facts(t, chunked, s.waiting_queue, left + size, per_token)
         y.clock.windows += 1
-        load = y.backlog.load(per_token)
         facts = decision.Facts(
             t, chunked.rid, sum(batch.extend_lens), s._prefill_decode_interval_remaining,
             (cost_model.window_cost(zip(batch.extend_lens, batch.prefix_lens), coef),
@@ -189,11 +179,11 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
             rode_along=1 if batch.decoding_reqs else 0, final_tokens=max(0, left - (windows_left - 1) * size),
             windows_left=windows_left, step_ns=y.clock.step_ns(), fresh=y.clock.fresh(), need_run=y.clock.need_run,
             per_token_ps=y.clock.cycle_per_token.value(), alternation_ns=y.clock.alternation.value() or 0,
-            rest_ns=rest_ns, waiting=waiting, load=load)
+            rest_ns=rest_ns, waiting=waiting, load=y.backlog.load(per_token))
         window, y.state = decision.decide(cfg, facts, y.state)
         n = s._prefill_decode_interval_remaining = agree(s, window.n)
-        y.open = Open(chunked, window, n, facts.floor, size, prefix, rows, load)
-        y.observe.armed(t, window, n, y.backlog.lag, load, len(s.waiting_queue))
+        y.open = Open(chunked, facts, window, n, size, prefix, rows)
+        y.observe.armed(t, window, n, y.backlog.lag, facts.load, len(s.waiting_queue))
         return plan
 
     def _should_defer_prefill(wrapped: Any, s: Any, args: Any, kwargs: Any) -> Any:
@@ -211,7 +201,7 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
             ended = "streams_gone"
         remaining = s._prefill_decode_interval_remaining
         if ended is not None:  # end now, but never shorter than the configured interval
-            s._prefill_decode_interval_remaining = min(remaining, max(0, opened.floor - (opened.n - remaining)))
+            s._prefill_decode_interval_remaining = min(remaining, max(0, opened.facts.floor - (opened.n - remaining)))
         defer = wrapped(*args, **kwargs)
         if defer:
             y.clock.deferred = True
@@ -220,23 +210,21 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
                 # prefixes fresh in the LRU: a deferred pass does the same, or under pool pressure a
                 # waiting prompt's prefix ages out while the window runs and is prefilled again
                 s.policy.calc_priority(s.waiting_queue, running_batch, processed_tokens=s.processed_tokens_counter)
-        if ended is None and not defer:
-            ended = "served" if remaining == 0 else "min_bs"
         if ended is None:
-            return defer
-        given, served = opened.n - remaining, None
-        y.open = None
+            if defer:
+                return defer
+            ended = "served" if remaining == 0 else "min_bs"
+        given, y.open, served = opened.n - remaining, None, None
         if ended == "served" and cfg.measured:  # the cycle ends at this pass: the next chunk runs in it
-            served, samples, y.state = decision.close(
-                y.state, y.t, given, opened.wall_ns, y.clock.step_ns(), y.clock.cycle_per_token.value(),
-                y.clock.need_run)
-            if samples is not None:
-                y.clock.cycle_per_token.add(samples[0])
-                if samples[1] is not None:
-                    y.clock.alternation.add(samples[1])
+            served, y.state = decision.close(y.state, y.t, given, opened.wall_ns, y.clock.step_ns(),
+                                             y.clock.cycle_per_token.value(), y.clock.need_run)
+            if served is not None:  # the clock's samples of the cycle
+                y.clock.cycle_per_token.add(served.per_token_ps)
+                if served.alternation_ns is not None:
+                    y.clock.alternation.add(served.alternation_ns)
         elif ended != "served":
             y.state = decision.abandoned(y.state)
-        y.observe.ended(opened.window, opened, given, ended, served, opened.load)
+        y.observe.ended(opened, given, ended, served)
         return defer
 
     ctx.wrap("Scheduler.get_next_batch_to_run", get_next_batch_to_run)
