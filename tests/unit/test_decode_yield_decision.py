@@ -89,7 +89,7 @@ def test_a_served_cycle_gives_its_share_and_the_next_window_closes_the_balance()
     cfg = Config(50)
     facts = replace(BASE, per_token_ps=None, model=(10, 10))  # the model's ratio: one step, 2 ms
     window, served, state = _served(cfg, State(), facts, chunk_ms=10, window_ms=2)
-    assert window.n == 1 and served.share == round(2 / 12, 4) and served.overhead_ns == 10 * MS
+    assert window.n == 1 and served.share == round(2 / 12, 4) and served.elapsed_ns - served.window_ns == 10 * MS
     assert (served.per_token_ps, served.alternation_ns) == (10 * MS * 1000 // 512, 0)
     # owed: 0.5 * 10 ms of the next chunk, plus the 0.5 * 10 - 0.5 * 2 ms the first cycle fell short
     assert decide(cfg, replace(BASE, t=12 * MS), state)[0].n == 5 + 4

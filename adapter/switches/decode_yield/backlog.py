@@ -1,13 +1,7 @@
-"""The prefill backlog as decode yield sees it: the lag its windows added, what each waiting prompt
-paid of it, and the rate prefill arrives into it (the load guard's reading).
-
-A backlog runs from the pass that first sees a prompt waiting (queued or chunked) until none is. Its
-lag is the wall time of every window step given in it, whole, capped at our backlog's prefill still
-to run (stock's backlog is ours less the lag). Each prompt is stamped when first seen waiting: the
-lag it found (at most the prefill ahead of it), the windows given so far, its cache hit then
-(:mod:`.cache_hit`). Its TTFT is within ``1 / (1 - pct)`` of stock's while ``lag <= pct * TTFT``; one
-served past that plus ``1 - pct`` of the backlog's longest window is :class:`Late` (counted).
-"""
+"""The prefill backlog as decode yield sees it (docs/switches/decode_yield.md, "The bound"): from a
+prompt waiting until none is, the lag its windows added, each waiting prompt's :class:`Stamp`, and the
+rate prefill arrives into it (the load guard's reading). A prompt whose first token comes past its
+bound (its lag past ``pct`` of its TTFT plus ``1 - pct`` of the longest window) is :class:`Late`."""
 
 from __future__ import annotations
 
@@ -41,12 +35,8 @@ class Late:
 
 class Arrivals:
     """The load: prompts first seen waiting while a prompt was chunked, over the wall time one was
-    chunked, times a prompt's prefill time. Poisson arrivals find a prompt chunked as often as it is,
-    so that is the arrival rate; the time counts the windows' steps (prompts arrive in them too: else a
-    share ``s`` reads ``1 / (1 - s)`` high). The counts halve every :data:`HORIZON_NS` of wall time
-    (light traffic chunks a prompt a few % of the time: a burst a minute ago says nothing about now);
-    :data:`PRIOR_NS` of arrival-free time shrinks a reading of little time. A lone long prompt is no
-    arrival behind itself: load 0."""
+    chunked, times a prompt's prefill time (Poisson arrivals find a prompt chunked as often as it is:
+    that is the arrival rate). A lone long prompt is no arrival behind itself: load 0."""
 
     def __init__(self) -> None:
         self.arrived = self.chunked_ns = 0  # prompts x1000, ns
@@ -56,22 +46,23 @@ class Arrivals:
         """A pass entered at ``t`` after ``took`` ns, a prompt ``chunked`` then; ``arrived`` first seen now."""
         if self._halved is None:
             self._halved = t
+        # on wall time: light traffic chunks a prompt a few % of the time, a burst a minute ago says nothing
         halvings = min((t - self._halved) // HORIZON_NS, 62)
         self._halved += halvings * HORIZON_NS
         self.arrived, self.chunked_ns = self.arrived >> halvings, self.chunked_ns >> halvings
-        if chunked:
+        if chunked:  # a window's steps too: prompts arrive in them (else a share s reads 1 / (1 - s) high)
             self.chunked_ns += took
             self.arrived += 1000 * arrived
 
     def load(self, prompt_ns: int) -> int:
-        """Permille."""
+        """Permille; :data:`PRIOR_NS` of arrival-free time shrinks a reading of little time."""
         return self.arrived * prompt_ns // (self.chunked_ns + PRIOR_NS)
 
 
 class Backlog:
     """The backlog ledger of one scheduler (one rank)."""
 
-    def __init__(self, pct: int, resumable: Callable[[Any], int] | None = None):
+    def __init__(self, pct: int, resumable: Callable[[Any], int] | None):
         self.pct, self.resumable = pct, resumable
         self.lag = self.given = self.longest = self._window_ns = 0
         self.stamps: dict[int, Stamp] = {}
@@ -139,14 +130,13 @@ class Backlog:
         per_token = per_token or 0
         rest, queued, found = tokens_left * per_token, 0, []
         for req in (chunked, *waiting):
-            ahead = 0 if req is chunked else tokens_left + queued
-            if req is not chunked:
+            is_queued = req is not chunked
+            if not is_queued or not req.output_ids:  # a retracted request is no prompt
+                self._stamp(req, t, (tokens_left + queued) * per_token if is_queued else 0, is_queued)
+                stamp = self.stamps[id(req)]
+                found.append(Waiting(t - stamp.since, stamp.found + self.given - stamp.given))
+            if is_queued:
                 queued += len(req.origin_input_ids) + len(req.output_ids)
-                if req.output_ids:
-                    continue
-            self._stamp(req, t, ahead * per_token, req is not chunked)
-            stamp = self.stamps[id(req)]
-            found.append(Waiting(t - stamp.since, stamp.found + self.given - stamp.given))
         if per_token:  # stock's backlog is ours less the lag: once ours is no larger, stock's is empty
             self.lag = min(self.lag, rest + queued * per_token)
         return rest, tuple(found)

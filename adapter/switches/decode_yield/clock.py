@@ -1,12 +1,6 @@
-"""Decode yield's one clock: the scheduler's own passes.
-
-Every pass stamps the time it enters ``get_next_batch_to_run``; the interval to the next stamp is one
-iteration (the forward of the batch the pass chose, its result, the next receive). Every sample is
-the median of the last :data:`SAMPLES` such intervals, robust to one descheduled iteration: the
-streams' step alone (a decode after decodes: the first after a chunk pays the alternation, charged to
-the prompt's side), prefill time per token, and, fed by :func:`decision.close`, a cycle's overhead per
-chunk token and the alternation.
-"""
+"""Decode yield's one clock: the time each scheduler pass enters ``get_next_batch_to_run``. The
+interval to the next is one iteration (the forward of the batch the pass chose, its result, the next
+receive); samples are medians of the last :data:`SAMPLES` (robust to one descheduled iteration)."""
 
 from __future__ import annotations
 
@@ -16,7 +10,7 @@ from dataclasses import dataclass
 
 now = time.perf_counter_ns  # the switch's clock (ns); tests script it
 SAMPLES = 3
-FRESH_CYCLES = 8
+FRESH_CYCLES = 8  # windows a step alone stays fresh: a machine's speed moves within seconds
 
 
 class Median:
@@ -33,9 +27,7 @@ class Median:
 
 
 @dataclass(frozen=True)
-class Tick:
-    """The iteration that just ended."""
-
+class Tick:  # the iteration that just ended
     took: int  # ns (0 on the first pass)
     window: bool  # a decode step a window gave (its pass deferred prefill)
 
@@ -47,7 +39,7 @@ class PassClock:
         self.need_run = 3 if overlap else 2  # decode iterations in a row before one is a step alone
         self.alone, self.any_step = Median(), Median()
         self._prefills: deque[tuple[int, int]] = deque(maxlen=SAMPLES)  # (ns, tokens) of the last prefill passes
-        self.cycle_per_token, self.alternation = Median(), Median()  # fed by decision.close
+        self.cycle_per_token, self.alternation = Median(), Median()  # from decision.close's served cycles
         self.windows = 0  # windows armed so far, and the count when the last step alone came
         self._alone_at = -FRESH_CYCLES - 1
         self._last: int | None = None
@@ -62,7 +54,7 @@ class PassClock:
             self._prefills.append((took, self._prefill))
         elif took and self._run > 0:
             self.any_step.add(took)
-            if self._run >= self.need_run:  # after decode iterations: a step alone
+            if self._run >= self.need_run:  # a step alone: the first decode after a chunk pays the alternation
                 # after a stale gap the samples before it are another speed's: a probe's sample replaces
                 # them, unless slower than the recent steps (a descheduled step only joins the median)
                 if not self.fresh() and took <= (self.any_step.value() or took):
@@ -78,14 +70,12 @@ class PassClock:
         self._prefill = prefill_tokens
 
     def per_token_ns(self) -> int | None:
-        """Prefill time per token over the last passes (a ratio of sums: a one-token pass's fixed cost
-        does not stand for a chunk's tokens)."""
+        """Prefill time per token (a ratio of sums: a one-token pass's fixed cost is no chunk token's)."""
         tokens = sum(n for _, n in self._prefills)
         return sum(t for t, _ in self._prefills) // tokens if tokens else None
 
     def fresh(self) -> bool:
-        """A step alone taken in the last :data:`FRESH_CYCLES` windows (a machine's speed moves within
-        seconds; windows of 0-1 step take none)."""
+        """A step alone taken in the last :data:`FRESH_CYCLES` windows (windows of 0-1 step take none)."""
         return bool(self.alone.samples) and self.windows - self._alone_at <= FRESH_CYCLES
 
     def step_ns(self) -> int | None:

@@ -1,10 +1,7 @@
 """Decode yield's decision, pure: :func:`decide` (facts in, window and state out) once per non-final
 chunk, :func:`close` when the next chunk runs. A window is three limits, in this order (reasoning in
-docs/switches/decode_yield.md): the load guard (the share given is ``pct * (1 - load)``); the share
-(measured mode: the smallest ``N`` whose whole wall time brings the prompt's balance back to zero;
-model mode: the cost model's ``N``); the bound (no waiting prompt held past ``1 / (1 - pct)`` of its
-stock TTFT). A window the guard or the bound reduced leaves no debt.
-"""
+docs/switches/decode_yield.md): the load guard, the share (measured mode: the smallest ``N`` whose whole
+wall time brings the prompt's balance back to zero; model mode: the cost model's ``N``), the bound."""
 
 from __future__ import annotations
 
@@ -22,17 +19,13 @@ class Config:
 
 
 @dataclass(frozen=True)
-class Waiting:
-    """A prompt waiting for its first token (the chunked one included)."""
-
+class Waiting:  # a prompt waiting for its first token (the chunked one included)
     wait_ns: int  # since first seen waiting
     lag_ns: int  # the lag it paid: found on arrival, plus every window's wall time since
 
 
 @dataclass(frozen=True)
-class Facts:
-    """What one arming pass knows: a non-final chunk runs now, decode rows wait for the next."""
-
+class Facts:  # what one arming pass knows: a non-final chunk runs now, decode rows wait for the next
     t: int
     prompt: str  # the chunked prompt's rid: a new one starts its own balance
     tokens: int  # prefill tokens this pass runs (the chunk's and any prompt's admitted beside it)
@@ -85,7 +78,6 @@ class Window:
 class Served:  # a closed cycle, as the ``window`` line reports it, and the clock's samples from it
     elapsed_ns: int
     window_ns: int  # the window's wall time, whole: the streams' steps and the alternation
-    overhead_ns: int
     share: float
     prompt_share: float
     per_token_ps: int  # the cycle's overhead per chunk token
@@ -102,7 +94,7 @@ def decide(cfg: Config, facts: Facts, state: State) -> tuple[Window, State]:
     if facts.prompt != state.prompt:
         state = State(prompt=facts.prompt)
     share = cfg.pct
-    if cfg.guard and facts.load is not None:  # the guard: pct * (1 - load), in whole percents, nearest
+    if cfg.guard and facts.load is not None:  # the guard: pct * (1 - load), whole percents, nearest
         share = (cfg.pct * (1000 - min(max(facts.load, 0), 1000)) + 500) // 1000
     chunk_fs, step_fs = facts.model
     # the cost model's window: model mode's, and the closed loop's until a step is measured (its carry
@@ -118,7 +110,7 @@ def decide(cfg: Config, facts: Facts, state: State) -> tuple[Window, State]:
         bound = 0 if room <= 0 else -(-room // ((100 - cfg.pct) * facts.step_ns))
         cut = window.n - max(facts.floor, bound) if bound < window.n else 0
         window = replace(window, n=window.n - cut, cut=cut)
-    if state.cycle is not None and (window.cut or share < cfg.pct):
+    if state.cycle is not None and (window.cut or share < cfg.pct):  # reduced: it leaves no debt
         state = replace(state, cycle=replace(state.cycle, forgive=True))
     return window, state
 
@@ -173,7 +165,7 @@ def close(state: State, t: int, given: int, window_ns: int, step_ns: int | None,
         balance = max(0, balance)
     state = replace(state, balance=balance, windows_ns=state.windows_ns + window_ns,
                     elapsed_ns=state.elapsed_ns + elapsed)
-    served = Served(elapsed, window_ns, overhead, round(window_ns / elapsed, 4),
+    served = Served(elapsed, window_ns, round(window_ns / elapsed, 4),
                     round(state.windows_ns / state.elapsed_ns, 4), sampled, alternation)
     return served, state
 

@@ -54,11 +54,11 @@ class Observer:
         if not (self.debug or api.metrics_on()):
             return
         window, load = opened.window, opened.facts.load
-        fields: dict[str, Any] = {"mode": self.mode, "target": self.pct, "chunk": opened.chunk,
-                                  "prefix": opened.prefix, "rows": opened.rows, "n": opened.n,
-                                  "floor": opened.facts.floor, "given": given, "ended": ended,
-                                  "cut": window.cut or None, "guard": window.share if window.share < self.pct else None,
-                                  "load": None if load is None else round(load / 1000, 3)}
+        fields: dict[str, Any] = dict(
+            mode=self.mode, target=self.pct, chunk=opened.chunk, prefix=opened.prefix, rows=opened.rows, n=opened.n,
+            floor=opened.facts.floor, given=given, ended=ended, cut=window.cut or None,
+            guard=window.share if window.share < self.pct else None,
+            load=None if load is None else round(load / 1000, 3))
         if self.mode == "measured":
             fields.update(source=window.source, step_us=_us(window.step_ns), overhead_us=_us(window.overhead_ns))
         if served is not None:

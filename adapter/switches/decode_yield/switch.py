@@ -13,9 +13,7 @@ from typing import Any
 
 from adapter import cost_model
 from adapter.core import api
-from adapter.switches.decode_yield import cache_hit, clock, decision
-from adapter.switches.decode_yield.backlog import Backlog
-from adapter.switches.decode_yield.observe import Observer
+from adapter.switches.decode_yield import backlog, cache_hit, clock, decision, observe
 
 SWITCH = api.handle(__name__)
 _ATTR = "_dsv41_decode_yield"  # per-Scheduler state, on the instance
@@ -43,11 +41,10 @@ class Open:
 class Yield:
     """One scheduler's switch state."""
 
-    def __init__(self, cfg: decision.Config, scheduler: Any, observer: Observer):
-        self.observe = observer
+    def __init__(self, scheduler: Any, pct: int, observer: observe.Observer):
         self.clock = clock.PassClock(bool(getattr(scheduler, "enable_overlap", False)))
-        self.backlog = Backlog(cfg.pct, cache_hit.reader(scheduler.tree_cache))
-        self.state = decision.State()
+        self.backlog = backlog.Backlog(pct, cache_hit.reader(scheduler.tree_cache))
+        self.observe, self.state = observer, decision.State()
         self.open: Open | None = None
         self.t = 0  # when the current pass entered
 
@@ -97,8 +94,8 @@ def agree(scheduler: Any, n: int) -> int:
     return int(value.item())
 
 
-def _rows(scheduler: Any, plan: Any, batch: Any, topk: int) -> tuple[int, int, int]:
-    """The rows that decode after this chunk: count, KV tokens, top-k KV tokens (the cost model's)."""
+def _rows(scheduler: Any, plan: Any, batch: Any, coef: cost_model.Coefficients) -> tuple[int, int]:
+    """The rows that decode after this chunk: how many, and the cost model's step for them (fs)."""
     decoding = batch.decoding_reqs  # --enable-mixed-chunk: the rows rode along in this chunk
     # overlap loop: rows whose in-flight result finishes them will not decode again
     finishing = () if decoding else scheduler._reqs_finishing_inflight(plan.running_batch)
@@ -107,8 +104,8 @@ def _rows(scheduler: Any, plan: Any, batch: Any, topk: int) -> tuple[int, int, i
         if r.finished() or (finishing and r in finishing):
             continue
         context = len(r.origin_input_ids) + len(r.output_ids)
-        rows, kv, kv_topk = rows + 1, kv + context, kv_topk + min(context, topk)
-    return rows, kv, kv_topk
+        rows, kv, kv_topk = rows + 1, kv + context, kv_topk + min(context, coef.topk)
+    return rows, cost_model.decode_cost(rows, kv, kv_topk, coef)
 
 
 def install(ctx: api.SwitchContext) -> dict[str, Any]:
@@ -134,7 +131,7 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
         if reason is None and getattr(scheduler, "dllm_config", None) is not None:
             reason = DLLM
         if reason is None:
-            return scheduler.__dict__.setdefault(_ATTR, Yield(cfg, scheduler, Observer(ctx, cfg.pct, mode)))
+            return scheduler.__dict__.setdefault(_ATTR, Yield(scheduler, cfg.pct, observe.Observer(ctx, cfg.pct, mode)))
         ctx.refuse_late(reason, revert=True)
         return None
 
@@ -147,8 +144,7 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
         if y.open is not None and tick.window:
             y.open.wall_ns += tick.took
         per_token = y.clock.per_token_ns()
-        late = y.backlog.on_pass(t, tick, s.chunked_req, s.waiting_queue, per_token)
-        if late:
+        if late := y.backlog.on_pass(t, tick, s.chunked_req, s.waiting_queue, per_token):
             y.observe.late(t, late, len(s.waiting_queue))
         if s.chunked_req is None and not s.waiting_queue:
             y.observe.backlog_over()
@@ -164,7 +160,7 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
         index = next((i for i, r in enumerate(batch.reqs) if r is chunked), -1) if chunked is not None else -1
         if index < 0:
             return plan
-        rows, kv, kv_topk = _rows(s, plan, batch, coef.topk)
+        rows, step_fs = _rows(s, plan, batch, coef)
         if not rows:  # a lone prompt prefills exactly as stock
             return plan
         size, prefix = batch.extend_lens[index], batch.prefix_lens[index]
@@ -174,8 +170,7 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
         y.clock.windows += 1
         facts = decision.Facts(
             t, chunked.rid, sum(batch.extend_lens), s._prefill_decode_interval_remaining,
-            (cost_model.window_cost(zip(batch.extend_lens, batch.prefix_lens), coef),
-             cost_model.decode_cost(rows, kv, kv_topk, coef)),
+            (cost_model.window_cost(zip(batch.extend_lens, batch.prefix_lens), coef), step_fs),
             rode_along=1 if batch.decoding_reqs else 0, final_tokens=max(0, left - (windows_left - 1) * size),
             windows_left=windows_left, step_ns=y.clock.step_ns(), fresh=y.clock.fresh(), need_run=y.clock.need_run,
             per_token_ps=y.clock.cycle_per_token.value(), alternation_ns=y.clock.alternation.value() or 0,
