@@ -80,6 +80,4 @@ class PassClock:
 
     def step_ns(self) -> int | None:
         """The streams' step alone, or any recent decode step when no step alone is fresh."""
-        if self.fresh():
-            return self.alone.value()
-        return self.any_step.value() or self.alone.value()
+        return self.alone.value() if self.fresh() else (self.any_step.value() or self.alone.value())

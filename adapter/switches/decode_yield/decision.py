@@ -145,11 +145,10 @@ def close(state: State, t: int, given: int, window_ns: int, step_ns: int | None,
           need_run: int = 2) -> tuple[Served | None, State]:
     """The cycle ends at ``t`` after ``given`` steps that took ``window_ns``, whole: the served cycle
     (None: nothing to close) and the balance closed."""
-    cycle = state.cycle
-    state = replace(state, cycle=None)
-    elapsed = t - cycle.facts.t if cycle is not None else 0
-    if cycle is None or step_ns is None or elapsed <= 0:
+    cycle, state = state.cycle, replace(state, cycle=None)
+    if cycle is None or step_ns is None or t <= cycle.facts.t:
         return None, state
+    elapsed = t - cycle.facts.t
     alternation = max(0, window_ns - given * step_ns) if given else None
     window_ns += cycle.facts.rode_along * step_ns  # a mixed chunk's token: the streams' step inside the chunk
     overhead = max(0, elapsed - window_ns)  # the chunk: what the window's share is owed on
@@ -165,9 +164,8 @@ def close(state: State, t: int, given: int, window_ns: int, step_ns: int | None,
         balance = max(0, balance)
     state = replace(state, balance=balance, windows_ns=state.windows_ns + window_ns,
                     elapsed_ns=state.elapsed_ns + elapsed)
-    served = Served(elapsed, window_ns, round(window_ns / elapsed, 4),
-                    round(state.windows_ns / state.elapsed_ns, 4), sampled, alternation)
-    return served, state
+    return Served(elapsed, window_ns, round(window_ns / elapsed, 4), round(state.windows_ns / state.elapsed_ns, 4),
+                  sampled, alternation), state
 
 
 def abandoned(state: State) -> State:

@@ -25,9 +25,7 @@ DEFAULTS_WARNING = ("decode_yield runs open-loop (DSV41_DECODE_YIELD_MODE=model)
 
 
 @dataclass
-class Open:
-    """An armed window: the chunked prompt it waits for and what it was armed with."""
-
+class Open:  # an armed window: the chunked prompt it waits for and what it was armed with
     req: Any
     facts: decision.Facts
     window: decision.Window
@@ -38,9 +36,7 @@ class Open:
     wall_ns: int = 0  # its steps' wall time so far, whole (the alternation included)
 
 
-class Yield:
-    """One scheduler's switch state."""
-
+class Yield:  # one scheduler's switch state
     def __init__(self, scheduler: Any, pct: int, observer: observe.Observer):
         self.clock = clock.PassClock(bool(getattr(scheduler, "enable_overlap", False)))
         self.backlog = backlog.Backlog(pct, cache_hit.reader(scheduler.tree_cache))
@@ -183,8 +179,7 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
 
     def _should_defer_prefill(wrapped: Any, s: Any, args: Any, kwargs: Any) -> Any:
         y = s.__dict__.get(_ATTR)
-        opened = y.open if y is not None else None
-        if opened is None:
+        if y is None or (opened := y.open) is None:
             return wrapped(*args, **kwargs)
         running_batch = args[0] if args else kwargs["running_batch"]
         ended = None
