@@ -42,26 +42,26 @@ class PassClock:
         self.cycle_per_token, self.alternation = Median(), Median()  # from decision.close's served cycles
         self.windows = 0  # windows armed so far, and the count when the last step alone came
         self._alone_at = -FRESH_CYCLES - 1
-        self._last: int | None = None
+        self.entered: int | None = None  # when the current pass entered
         self._run = 0  # decode iterations in a row, ending with the pass that just entered
         self._prefill = 0
         self.deferred = False  # set by the defer hook: the pass that just entered is a window's step
 
     def on_pass(self, t: int) -> Tick:
-        took = t - self._last if self._last is not None else 0
+        took = t - self.entered if self.entered is not None else 0
         tick = Tick(took, self.deferred)
         if took and self._prefill:
             self._prefills.append((took, self._prefill))
         elif took and self._run > 0:
             self.any_step.add(took)
-            if self._run >= self.need_run:  # a step alone: the first decode after a chunk pays the alternation
+            if self._run >= self.need_run:  # a step alone (not the first after a chunk: it pays the alternation)
                 # after a stale gap the samples before it are another speed's: a probe's sample replaces
                 # them, unless slower than the recent steps (a descheduled step only joins the median)
                 if not self.fresh() and took <= (self.any_step.value() or took):
                     self.alone.samples.clear()
                 self.alone.add(took)
                 self._alone_at = self.windows
-        self._last, self.deferred = t, False
+        self.entered, self.deferred = t, False
         return tick
 
     def ran(self, decode: bool, prefill_tokens: int) -> None:

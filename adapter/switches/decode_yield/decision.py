@@ -69,7 +69,6 @@ class Window:
     n: int  # steps to give (before the TP broadcast)
     share: int  # the share planned (pct, or less under the guard)
     source: str  # measured | model_ratio | model (nothing measured) | model_mode
-    step_ns: int | None = None
     overhead_ns: int | None = None
     cut: int = 0  # steps the bound cut
 
@@ -138,7 +137,7 @@ def _closed_loop(cfg: Config, facts: Facts, state: State, share: int, model_n: i
     if 0 < need < facts.need_run and not facts.fresh:
         need = facts.need_run  # a probe: its last step is a fresh step alone; the balance repays it
     n = max(facts.floor, min(cfg.cap, need))
-    return Window(n, share, source, step, overhead), replace(state, cycle=Cycle(facts, final_part, share))
+    return Window(n, share, source, overhead), replace(state, cycle=Cycle(facts, final_part, share))
 
 
 def close(state: State, t: int, given: int, window_ns: int, step_ns: int | None, per_token_ps: int | None,

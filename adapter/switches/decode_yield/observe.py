@@ -60,7 +60,7 @@ class Observer:
             guard=window.share if window.share < self.pct else None,
             load=None if load is None else round(load / 1000, 3))
         if self.mode == "measured":
-            fields.update(source=window.source, step_us=_us(window.step_ns), overhead_us=_us(window.overhead_ns))
+            fields.update(source=window.source, step_us=_us(opened.facts.step_ns), overhead_us=_us(window.overhead_ns))
         if served is not None:
             fields.update(share=served.share, prompt_share=served.prompt_share, cycle_us=_us(served.elapsed_ns),
                           streams_us=_us(served.window_ns))

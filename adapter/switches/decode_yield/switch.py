@@ -42,7 +42,6 @@ class Yield:  # one scheduler's switch state
         self.backlog = backlog.Backlog(pct, cache_hit.reader(scheduler.tree_cache))
         self.observe, self.state = observer, decision.State()
         self.open: Open | None = None
-        self.t = 0  # when the current pass entered
 
 
 def unsupported_mode(server_args: Any) -> str | None:
@@ -66,13 +65,11 @@ def predict(profile: api.Profile) -> api.Prediction:
     warnings = (DEFAULTS_WARNING,) if profile.values.get(MODE_KEY) == "model" and not coefficients else ()
     if profile.status != "installed":
         return api.Prediction(warnings=warnings)
-    params = {k: profile.installed[k] for k in ("share", "mode", "cost") if k in profile.installed}
+    params = {k: profile.installed[k] for k in ("share", "mode", "cost")}  # install's receipt carries them
     why = unsupported_mode(profile.server_args)  # None without a launch line
-    notes = ()
-    if "mode" in params:
-        how = ("windows from measured iteration times, closed on the measured share; rank 0 decides under TP"
-               if params["mode"] == MEASURED else f"open-loop integer cost model, coefficients {params['cost']}")
-        notes = (f"decode_yield: share {params['share']} % in {params['mode']} mode ({how})",)
+    how = ("windows from measured iteration times, closed on the measured share; rank 0 decides under TP"
+           if params["mode"] == MEASURED else f"open-loop integer cost model, coefficients {params['cost']}")
+    notes = (f"decode_yield: share {params['share']} % in {params['mode']} mode ({how})",)
     return api.Prediction(f"refused: {why}" if why else None, params, warnings, notes=notes)
 
 
@@ -135,7 +132,7 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
         y = s.__dict__.get(_ATTR) or state_of(s)
         if y is None:
             return wrapped(*args, **kwargs)
-        y.t = t = clock.now()
+        t = clock.now()
         tick = y.clock.on_pass(t)
         if y.open is not None and tick.window:
             y.open.wall_ns += tick.took
@@ -206,7 +203,7 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
             ended = "served" if remaining == 0 else "min_bs"
         given, y.open, served = opened.n - remaining, None, None
         if ended == "served" and cfg.measured:  # the cycle ends at this pass: the next chunk runs in it
-            served, y.state = decision.close(y.state, y.t, given, opened.wall_ns, y.clock.step_ns(),
+            served, y.state = decision.close(y.state, y.clock.entered, given, opened.wall_ns, y.clock.step_ns(),
                                              y.clock.cycle_per_token.value(), y.clock.need_run)
             if served is not None:  # the clock's samples of the cycle
                 y.clock.cycle_per_token.add(served.per_token_ps)
