@@ -65,7 +65,7 @@ class Backlog:
     def __init__(self, pct: int, resumable: Callable[[Any], int] | None):
         self.pct, self.resumable = pct, resumable
         self.lag = self.given = self.longest = self._window_ns = 0
-        self.stamps: dict[int, Stamp] = {}
+        self.stamps: dict[Any, Stamp] = {}  # by request (SGLang's Req hashes by identity)
         self.work = Median()  # a prompt's uncached tokens (the last few arrivals)
         self.arrivals = Arrivals()
         self._chunked = False  # a prompt was chunked at the pass before
@@ -91,7 +91,7 @@ class Backlog:
         ahead = len(chunked.origin_input_ids) - (chunked.extend_end or chunked.prefix_len) if chunked else 0
         for req in waiting:
             if not req.output_ids and self._stamp(req, t, ahead * per_token, queued=True):  # retracted: no prompt
-                self.work.add(len(req.origin_input_ids) - (self.stamps[id(req)].hit or 0))
+                self.work.add(len(req.origin_input_ids) - (self.stamps[req].hit or 0))
                 arrived += 1
             ahead += len(req.origin_input_ids) + len(req.output_ids) - req.prefix_len
         self.arrivals.passed(t, tick.took, self._chunked, arrived)
@@ -100,11 +100,10 @@ class Backlog:
 
     def _stamp(self, req: Any, t: int, ahead_ns: int, queued: bool) -> bool:
         """Stamp ``req`` unless it is; a queued prompt's cache hit is read (the chunked one's is in the tree)."""
-        seen = self.stamps.get(id(req))
-        if seen is not None and seen.req is req:
+        if req in self.stamps:
             return False
         hit = self.resumable(req) if queued and self.resumable is not None else None
-        self.stamps[id(req)] = Stamp(req, t, min(self.lag, ahead_ns), self.given, hit)
+        self.stamps[req] = Stamp(req, t, min(self.lag, ahead_ns), self.given, hit)
         return True
 
     def _late(self, t: int, stamp: Stamp, lost: int, per_token: int) -> Late | None:
@@ -117,9 +116,7 @@ class Backlog:
     def ran(self, reqs: Any, chunked: Any) -> None:
         """The pass that just entered runs a prefill of ``reqs``: all but ``chunked`` get their first token."""
         for req in reqs:
-            stamp = self.stamps.get(id(req))
-            if stamp is not None and stamp.req is req and req is not chunked:
-                del self.stamps[id(req)]
+            if req is not chunked and (stamp := self.stamps.pop(req, None)) is not None:
                 # its cache hit, counted once at its first chunk's admission (before this pass)
                 self._served.append((stamp, max(0, stamp.hit - req.cached_tokens) if stamp.hit is not None else 0))
 
@@ -133,7 +130,7 @@ class Backlog:
             is_queued = req is not chunked
             if not is_queued or not req.output_ids:  # a retracted request is no prompt
                 self._stamp(req, t, (tokens_left + queued) * per_token if is_queued else 0, is_queued)
-                stamp = self.stamps[id(req)]
+                stamp = self.stamps[req]
                 found.append(Waiting(t - stamp.since, stamp.found + self.given - stamp.given))
             if is_queued:
                 queued += len(req.origin_input_ids) + len(req.output_ids)
