@@ -159,13 +159,13 @@ def _passes(pc: clock.PassClock, t: int, kinds: list[tuple[str, int]]) -> int:
 def test_only_a_decode_pass_after_a_decode_pass_is_a_step_alone():
     pc = clock.PassClock(overlap=False)
     _passes(pc, 0, [("prefill", 10 * MS), ("decode", 5 * MS)])  # the first step after a chunk: the alternation
-    assert pc.alone.value() is None and pc.step_ns() == 5 * MS and pc.per_token_ns() == 10 * MS // 512
+    assert clock.median(pc.alone) is None and pc.step_ns() == 5 * MS and pc.per_token_ns() == 10 * MS // 512
     pc = clock.PassClock(overlap=False)
     _passes(pc, 0, [("prefill", 10 * MS), ("decode", 5 * MS), ("decode", 2 * MS)])
     assert pc.step_ns() == 2 * MS
     pc = clock.PassClock(overlap=True)  # three in a row in the overlap loop
     _passes(pc, 0, [("prefill", 10 * MS), ("decode", 5 * MS), ("decode", 2 * MS)])
-    assert pc.alone.value() is None
+    assert clock.median(pc.alone) is None
 
 
 def test_the_step_is_a_median_so_one_descheduled_step_does_not_move_it():
@@ -192,7 +192,7 @@ def test_a_stale_step_alone_gives_way_to_recent_decode_steps_and_a_probe_replace
     assert pc.fresh() and pc.step_ns() == 8 * MS  # the probe's sample replaced the stale ones
     pc, t = stale()
     _passes(pc, t, [("window", 380 * MS)])
-    assert pc.step_ns() == 2 * MS and len(pc.alone.samples) == clock.SAMPLES  # joined the median
+    assert pc.step_ns() == 2 * MS and len(pc.alone) == clock.SAMPLES  # joined the median
 
 
 def _traffic(arrivals: Arrivals, t: int, seconds: float, rate: int, chunked_ms: int, window_ms: int,

@@ -5,11 +5,12 @@ bound (its lag past ``pct`` of its TTFT plus ``1 - pct`` of the longest window) 
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from adapter.switches.decode_yield.clock import Median, Tick
+from adapter.switches.decode_yield.clock import SAMPLES, Tick, median
 from adapter.switches.decode_yield.decision import Waiting
 
 HORIZON_NS = 4 * 10**9
@@ -66,13 +67,13 @@ class Backlog:
         self.pct, self.resumable = pct, resumable
         self.lag = self.given = self.longest = self._window_ns = 0
         self.stamps: dict[Any, Stamp] = {}  # by request (SGLang's Req hashes by identity)
-        self.work = Median()  # a prompt's uncached tokens (the last few arrivals)
+        self.work = deque[int](maxlen=SAMPLES)  # a prompt's uncached tokens (the last few arrivals)
         self.arrivals = Arrivals()
         self._chunked = False  # a prompt was chunked at the pass before
         self._served: list[tuple[Stamp, int]] = []  # prompts the last pass gave a first token, with lost tokens
 
     def load(self, per_token: int | None) -> int:
-        return self.arrivals.load((self.work.value() or 0) * (per_token or 0))
+        return self.arrivals.load((median(self.work) or 0) * (per_token or 0))
 
     def on_pass(self, t: int, tick: Tick, chunked: Any, waiting: Any, per_token: int | None) -> list[Late]:
         """A pass entered at ``t``; returns the prompts the pass before served past their bound."""
@@ -91,7 +92,7 @@ class Backlog:
         ahead = len(chunked.origin_input_ids) - (chunked.extend_end or chunked.prefix_len) if chunked else 0
         for req in waiting:
             if not req.output_ids and self._stamp(req, t, ahead * per_token, queued=True):  # retracted: no prompt
-                self.work.add(len(req.origin_input_ids) - (self.stamps[req].hit or 0))
+                self.work.append(len(req.origin_input_ids) - (self.stamps[req].hit or 0))
                 arrived += 1
             ahead += len(req.origin_input_ids) + len(req.output_ids) - req.prefix_len
         self.arrivals.passed(t, tick.took, self._chunked, arrived)

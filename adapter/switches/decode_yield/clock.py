@@ -13,17 +13,8 @@ SAMPLES = 3
 FRESH_CYCLES = 8  # windows a step alone stays fresh: a machine's speed moves within seconds
 
 
-class Median:
-    __slots__ = ("samples",)
-
-    def __init__(self) -> None:
-        self.samples: deque[int] = deque(maxlen=SAMPLES)
-
-    def add(self, value: int) -> None:
-        self.samples.append(value)
-
-    def value(self) -> int | None:
-        return sorted(self.samples)[len(self.samples) // 2] if self.samples else None
+def median(samples: deque[int]) -> int | None:  # of a deque of the last SAMPLES (the upper of two)
+    return sorted(samples)[len(samples) // 2] if samples else None
 
 
 @dataclass(frozen=True)
@@ -37,9 +28,10 @@ class PassClock:
 
     def __init__(self, overlap: bool) -> None:
         self.need_run = 3 if overlap else 2  # decode iterations in a row before one is a step alone
-        self.alone, self.any_step = Median(), Median()
+        self.alone, self.any_step = deque[int](maxlen=SAMPLES), deque[int](maxlen=SAMPLES)
         self._prefills: deque[tuple[int, int]] = deque(maxlen=SAMPLES)  # (ns, tokens) of the last prefill passes
-        self.cycle_per_token, self.alternation = Median(), Median()  # from decision.close's served cycles
+        # from decision.close's served cycles
+        self.cycle_per_token, self.alternation = deque[int](maxlen=SAMPLES), deque[int](maxlen=SAMPLES)
         self.windows = 0  # windows armed so far, and the count when the last step alone came
         self._alone_at = -FRESH_CYCLES - 1
         self.entered: int | None = None  # when the current pass entered
@@ -53,13 +45,13 @@ class PassClock:
         if took and self._prefill:
             self._prefills.append((took, self._prefill))
         elif took and self._run > 0:
-            self.any_step.add(took)
+            self.any_step.append(took)
             if self._run >= self.need_run:  # a step alone (not the first after a chunk: it pays the alternation)
                 # after a stale gap the samples before it are another speed's: a probe's sample replaces
                 # them, unless slower than the recent steps (a descheduled step only joins the median)
-                if not self.fresh() and took <= (self.any_step.value() or took):
-                    self.alone.samples.clear()
-                self.alone.add(took)
+                if not self.fresh() and took <= (median(self.any_step) or took):
+                    self.alone.clear()
+                self.alone.append(took)
                 self._alone_at = self.windows
         self.entered, self.deferred = t, False
         return tick
@@ -76,8 +68,8 @@ class PassClock:
 
     def fresh(self) -> bool:
         """A step alone taken in the last :data:`FRESH_CYCLES` windows (windows of 0-1 step take none)."""
-        return bool(self.alone.samples) and self.windows - self._alone_at <= FRESH_CYCLES
+        return bool(self.alone) and self.windows - self._alone_at <= FRESH_CYCLES
 
     def step_ns(self) -> int | None:
         """The streams' step alone, or any recent decode step when no step alone is fresh."""
-        return self.alone.value() if self.fresh() else (self.any_step.value() or self.alone.value())
+        return median(self.alone) if self.fresh() else (median(self.any_step) or median(self.alone))

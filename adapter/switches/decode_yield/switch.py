@@ -166,7 +166,8 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
             (cost_model.window_cost(zip(batch.extend_lens, batch.prefix_lens), coef), step_fs),
             rode_along=1 if batch.decoding_reqs else 0, final_tokens=max(0, left - (windows_left - 1) * size),
             windows_left=windows_left, step_ns=y.clock.step_ns(), fresh=y.clock.fresh(), need_run=y.clock.need_run,
-            per_token_ps=y.clock.cycle_per_token.value(), alternation_ns=y.clock.alternation.value() or 0,
+            per_token_ps=clock.median(y.clock.cycle_per_token),
+            alternation_ns=clock.median(y.clock.alternation) or 0,
             rest_ns=rest_ns, waiting=waiting, load=y.backlog.load(per_token))
         window, y.state = decision.decide(cfg, facts, y.state)
         n = s._prefill_decode_interval_remaining = agree(s, window.n)
@@ -204,11 +205,11 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
         given, y.open, served = opened.n - remaining, None, None
         if ended == "served" and cfg.measured:  # the cycle ends at this pass: the next chunk runs in it
             served, y.state = decision.close(y.state, y.clock.entered, given, opened.wall_ns, y.clock.step_ns(),
-                                             y.clock.cycle_per_token.value(), y.clock.need_run)
+                                             clock.median(y.clock.cycle_per_token), y.clock.need_run)
             if served is not None:  # the clock's samples of the cycle
-                y.clock.cycle_per_token.add(served.per_token_ps)
+                y.clock.cycle_per_token.append(served.per_token_ps)
                 if served.alternation_ns is not None:
-                    y.clock.alternation.add(served.alternation_ns)
+                    y.clock.alternation.append(served.alternation_ns)
         elif ended != "served":
             y.state = decision.abandoned(y.state)
         y.observe.ended(opened, given, ended, served)
