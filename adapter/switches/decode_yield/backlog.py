@@ -84,7 +84,12 @@ class Backlog:
             self._window_ns += tick.took
         elif self._window_ns:
             self.longest, self._window_ns = max(self.longest, self._window_ns), 0
-        late = [x for stamp, lost in self._served if (x := self._late(t, stamp, lost, per_token)) is not None]
+        late = []
+        for stamp, lost in self._served:  # given their first token by the pass before
+            lag = stamp.found + self.given - stamp.given + lost * per_token  # a lost hit's prefill is lag
+            ttft = t - stamp.since
+            if 100 * lag > self.pct * ttft + (100 - self.pct) * max(self.longest, self._window_ns):
+                late.append(Late(stamp.req, lag, ttft, lost))
         self._served, arrived = [], 0
         if chunked is None and not waiting:  # the backlog is over: the next starts with no lag
             self.lag = self.given = self.longest = self._window_ns = 0
@@ -106,13 +111,6 @@ class Backlog:
         hit = self.resumable(req) if queued and self.resumable is not None else None
         self.stamps[req] = Stamp(req, t, min(self.lag, ahead_ns), self.given, hit)
         return True
-
-    def _late(self, t: int, stamp: Stamp, lost: int, per_token: int) -> Late | None:
-        lag = stamp.found + self.given - stamp.given + lost * per_token  # a lost hit's prefill is lag
-        ttft = t - stamp.since
-        if 100 * lag > self.pct * ttft + (100 - self.pct) * max(self.longest, self._window_ns):
-            return Late(stamp.req, lag, ttft, lost)
-        return None
 
     def ran(self, reqs: Any, chunked: Any) -> None:
         """The pass that just entered runs a prefill of ``reqs``: all but ``chunked`` get their first token."""
