@@ -80,17 +80,17 @@ def test_model_mode_is_the_cost_models_window_with_its_rounding_carried():
 def _served(cfg: Config, state: State, facts: Facts, chunk_ms: int, window_ms: int, step_ms: int = 2):
     """Decide, then close the cycle: the chunk took ``chunk_ms`` and the window ``window_ms``."""
     window, state = decide(cfg, facts, state)
-    served, samples, state = close(state, facts.t + (chunk_ms + window_ms) * MS, window.n, window_ms * MS,
-                                   step_ms * MS, facts.per_token_ps)
-    return window, served, samples, state
+    served, state = close(state, facts.t + (chunk_ms + window_ms) * MS, window.n, window_ms * MS, step_ms * MS,
+                          facts.per_token_ps)
+    return window, served, state
 
 
 def test_a_served_cycle_gives_its_share_and_the_next_window_closes_the_balance():
     cfg = Config(50)
     facts = replace(BASE, per_token_ps=None, model=(10, 10))  # the model's ratio: one step, 2 ms
-    window, served, samples, state = _served(cfg, State(), facts, chunk_ms=10, window_ms=2)
-    assert window.n == 1 and served.share == round(2 / 12, 4) and served.overhead_ns == 10 * MS
-    assert samples == (10 * MS * 1000 // 512, 0)
+    window, served, state = _served(cfg, State(), facts, chunk_ms=10, window_ms=2)
+    assert window.n == 1 and served.share == round(2 / 12, 4) and served.elapsed_ns - served.window_ns == 10 * MS
+    assert (served.per_token_ps, served.alternation_ns) == (10 * MS * 1000 // 512, 0)
     # owed: 0.5 * 10 ms of the next chunk, plus the 0.5 * 10 - 0.5 * 2 ms the first cycle fell short
     assert decide(cfg, replace(BASE, t=12 * MS), state)[0].n == 5 + 4
 
@@ -99,8 +99,8 @@ def test_a_windows_whole_wall_time_is_what_it_gave_a_descheduled_step_and_the_al
     """A window of 5 steps took 20 ms of wall time (one step descheduled, the first after the chunk
     slower): the prompts waited all of it, so the share counts all of it; the alternation sample is
     its wall time beyond 5 steps alone."""
-    _, served, samples, state = _served(Config(50), State(), BASE, chunk_ms=10, window_ms=20)
-    assert served.window_ns == 20 * MS and served.share == round(20 / 30, 4) and samples[1] == 10 * MS
+    _, served, state = _served(Config(50), State(), BASE, chunk_ms=10, window_ms=20)
+    assert served.window_ns == 20 * MS and served.share == round(20 / 30, 4) and served.alternation_ns == 10 * MS
     assert state.balance > 0 and decide(Config(50), replace(BASE, t=30 * MS), state)[0].n < 5  # repaid
 
 
@@ -108,24 +108,24 @@ def test_the_balance_is_bounded_by_one_cycles_overhead_and_a_probe_so_a_cap_runs
     cfg, state = Config(90, cap=4), State()  # pct 90 with a cap of 4 steps: every window short
     facts = replace(BASE, step_ns=MS, per_token_ps=10 * MS * 1000 // 512)
     for k in range(10):
-        window, _, _, state = _served(cfg, state, replace(facts, t=k * 20 * MS), 10, 4, step_ms=1)
+        window, _, state = _served(cfg, state, replace(facts, t=k * 20 * MS), 10, 4, step_ms=1)
         assert window.n == 4
     assert -state.balance <= 90 * 10 * MS + 10 * 1 * MS * 2
 
 
 def test_a_cycle_the_guard_or_the_bound_cut_leaves_no_debt():
     for facts in (replace(BASE, load=500), replace(BASE, waiting=(Waiting(10 * MS, 9 * MS),))):
-        _, _, _, state = _served(Config(50), State(), facts, chunk_ms=10, window_ms=0)
+        _, _, state = _served(Config(50), State(), facts, chunk_ms=10, window_ms=0)
         assert state.balance == 0
 
 
 def test_a_window_that_was_not_served_resets_the_prompts_balance():
-    _, _, _, state = _served(Config(50), State(), BASE, chunk_ms=30, window_ms=2)
+    _, _, state = _served(Config(50), State(), BASE, chunk_ms=30, window_ms=2)
     assert state.balance < 0 and abandoned(state) == State()
 
 
 def test_a_new_prompt_starts_its_own_balance():
-    _, _, _, state = _served(Config(50), State(), BASE, chunk_ms=30, window_ms=2)
+    _, _, state = _served(Config(50), State(), BASE, chunk_ms=30, window_ms=2)
     assert decide(Config(50), replace(BASE, prompt="r8"), state)[1].balance == 0
 
 
@@ -140,7 +140,7 @@ def test_the_final_chunks_share_is_paid_in_equal_parts_by_the_windows_of_the_las
         window, state = decide(cfg, replace(facts, t=t, windows_left=left), state)
         overheads.append(window.overhead_ns)
         t += 10 * MS + window.n * MS
-        _, _, state = close(state, t, window.n, window.n * MS, MS, 20 * MS)
+        _, state = close(state, t, window.n, window.n * MS, MS, 20 * MS)
     assert set(overheads[:12]) == {10 * MS} and overheads[12:] == [12 * MS] * 3
     assert state.final_paid == 300 * 1000
 
@@ -159,13 +159,13 @@ def _passes(pc: clock.PassClock, t: int, kinds: list[tuple[str, int]]) -> int:
 def test_only_a_decode_pass_after_a_decode_pass_is_a_step_alone():
     pc = clock.PassClock(overlap=False)
     _passes(pc, 0, [("prefill", 10 * MS), ("decode", 5 * MS)])  # the first step after a chunk: the alternation
-    assert pc.alone.value() is None and pc.step_ns() == 5 * MS and pc.per_token_ns() == 10 * MS // 512
+    assert clock.median(pc.alone) is None and pc.step_ns() == 5 * MS and pc.per_token_ns() == 10 * MS // 512
     pc = clock.PassClock(overlap=False)
     _passes(pc, 0, [("prefill", 10 * MS), ("decode", 5 * MS), ("decode", 2 * MS)])
     assert pc.step_ns() == 2 * MS
     pc = clock.PassClock(overlap=True)  # three in a row in the overlap loop
     _passes(pc, 0, [("prefill", 10 * MS), ("decode", 5 * MS), ("decode", 2 * MS)])
-    assert pc.alone.value() is None
+    assert clock.median(pc.alone) is None
 
 
 def test_the_step_is_a_median_so_one_descheduled_step_does_not_move_it():
@@ -192,7 +192,7 @@ def test_a_stale_step_alone_gives_way_to_recent_decode_steps_and_a_probe_replace
     assert pc.fresh() and pc.step_ns() == 8 * MS  # the probe's sample replaced the stale ones
     pc, t = stale()
     _passes(pc, t, [("window", 380 * MS)])
-    assert pc.step_ns() == 2 * MS and len(pc.alone.samples) == clock.SAMPLES  # joined the median
+    assert pc.step_ns() == 2 * MS and len(pc.alone) == clock.SAMPLES  # joined the median
 
 
 def _traffic(arrivals: Arrivals, t: int, seconds: float, rate: int, chunked_ms: int, window_ms: int,

@@ -117,8 +117,8 @@ def _wait_behind_windows(evict: bool, debug_lines: list[str]):
     h.run_until(lambda: long.rid in h.trace[-1].rids)
     turn = h.add_request(_next_turn(h, earlier))
     state = h.scheduler.__dict__[ATTR]
-    h.run_until(lambda: id(turn) in state.backlog.stamps)
-    stamp = state.backlog.stamps[id(turn)]
+    h.run_until(lambda: turn in state.backlog.stamps)
+    stamp = state.backlog.stamps[turn]
     if evict:
         h.scheduler.tree_cache.evict(EvictParams(num_tokens=1 << 30, swa_num_tokens=1 << 30))
     h.run_until(lambda: bool(turn.output_ids))

@@ -1,27 +1,17 @@
-"""The prefill backlog as decode yield sees it: the lag its windows added, what each waiting prompt
-paid of it, and the rate prefill arrives into it (the load guard's reading).
-
-A backlog runs from the pass that first sees a prompt waiting (queued or chunked) until none is. Its
-lag is the wall time of every window step given in it, whole, capped at our backlog's prefill still
-to run (stock's backlog is ours less the lag). Each prompt is stamped when first seen waiting: the
-lag it found (at most the prefill ahead of it), the windows given so far, its cache hit then
-(:mod:`.cache_hit`). Its TTFT is within ``1 / (1 - pct)`` of stock's while ``lag <= pct * TTFT``; one
-served past that plus ``1 - pct`` of the backlog's longest window is :class:`Late` (counted).
-
-The load guard's reading (:meth:`Backlog.load`) is the larger of two: the arrival rate behind a
-chunked prompt (:class:`Arrivals`), and the prompts queued behind it now, their uncached prefill
-over :data:`HORIZON_NS` (a burst arrives before any prompt is chunked: no arrival is counted, but
-its queue is seconds of prefill; the chunked prompt itself is not queued work: a lone long prompt
-reads 0).
-"""
+"""The prefill backlog as decode yield sees it (docs/switches/decode_yield.md, "The bound"): from a
+prompt waiting until none is, the lag its windows added, each waiting prompt's :class:`Stamp`, and the
+rate prefill arrives into it and the queue behind the chunked prompt (the load guard's reading: the
+larger of the two). A prompt whose first token comes past its bound (its lag past ``pct`` of its TTFT
+plus ``1 - pct`` of the longest window) is :class:`Late`."""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from adapter.switches.decode_yield.clock import Median, Tick
+from adapter.switches.decode_yield.clock import SAMPLES, Tick, median
 from adapter.switches.decode_yield.decision import Waiting
 
 HORIZON_NS = 4 * 10**9
@@ -47,12 +37,8 @@ class Late:
 
 class Arrivals:
     """The load: prompts first seen waiting while a prompt was chunked, over the wall time one was
-    chunked, times a prompt's prefill time. Poisson arrivals find a prompt chunked as often as it is,
-    so that is the arrival rate; the time counts the windows' steps (prompts arrive in them too: else a
-    share ``s`` reads ``1 / (1 - s)`` high). The counts halve every :data:`HORIZON_NS` of wall time
-    (light traffic chunks a prompt a few % of the time: a burst a minute ago says nothing about now);
-    :data:`PRIOR_NS` of arrival-free time shrinks a reading of little time. A lone long prompt is no
-    arrival behind itself: load 0."""
+    chunked, times a prompt's prefill time (Poisson arrivals find a prompt chunked as often as it is:
+    that is the arrival rate). A lone long prompt is no arrival behind itself: load 0."""
 
     def __init__(self) -> None:
         self.arrived = self.chunked_ns = 0  # prompts x1000, ns
@@ -62,35 +48,38 @@ class Arrivals:
         """A pass entered at ``t`` after ``took`` ns, a prompt ``chunked`` then; ``arrived`` first seen now."""
         if self._halved is None:
             self._halved = t
+        # on wall time: light traffic chunks a prompt a few % of the time, a burst a minute ago says nothing
         halvings = min((t - self._halved) // HORIZON_NS, 62)
         self._halved += halvings * HORIZON_NS
         self.arrived, self.chunked_ns = self.arrived >> halvings, self.chunked_ns >> halvings
-        if chunked:
+        if chunked:  # a window's steps too: prompts arrive in them (else a share s reads 1 / (1 - s) high)
             self.chunked_ns += took
             self.arrived += 1000 * arrived
 
     def load(self, prompt_ns: int) -> int:
-        """Permille."""
+        """Permille; :data:`PRIOR_NS` of arrival-free time shrinks a reading of little time."""
         return self.arrived * prompt_ns // (self.chunked_ns + PRIOR_NS)
 
 
 class Backlog:
     """The backlog ledger of one scheduler (one rank)."""
 
-    def __init__(self, pct: int, resumable: Callable[[Any], int] | None = None):
+    def __init__(self, pct: int, resumable: Callable[[Any], int] | None):
         self.pct, self.resumable = pct, resumable
         self.lag = self.given = self.longest = self._window_ns = 0
-        self.stamps: dict[int, Stamp] = {}
-        self.work = Median()  # a prompt's uncached tokens (the last few arrivals)
-        self.queued = 0  # uncached tokens of the prompts queued behind the chunked one (at the last arming pass)
+        self.stamps: dict[Any, Stamp] = {}  # by request (SGLang's Req hashes by identity)
+        self.work = deque[int](maxlen=SAMPLES)  # a prompt's uncached tokens (the last few arrivals)
+        self.queued = 0  # uncached tokens queued behind the chunked prompt, at the last arming pass
         self.arrivals = Arrivals()
         self._chunked = False  # a prompt was chunked at the pass before
         self._served: list[tuple[Stamp, int]] = []  # prompts the last pass gave a first token, with lost tokens
 
     def load(self, per_token: int | None) -> int:
-        """Permille: arrivals behind a chunked prompt, or the queue behind it, over the prefill rate."""
+        """Permille. A burst arrives before any prompt is chunked (no arrival counted) but queues seconds
+        of prefill: the queue's prefill over the horizon reads as load too. The chunked prompt is no
+        queued work: a lone long prompt reads 0."""
         per_token = per_token or 0
-        return max(self.arrivals.load((self.work.value() or 0) * per_token), self.queued * per_token * 1000 // HORIZON_NS)
+        return max(self.arrivals.load((median(self.work) or 0) * per_token), self.queued * per_token * 1000 // HORIZON_NS)
 
     def on_pass(self, t: int, tick: Tick, chunked: Any, waiting: Any, per_token: int | None) -> list[Late]:
         """A pass entered at ``t``; returns the prompts the pass before served past their bound."""
@@ -101,7 +90,12 @@ class Backlog:
             self._window_ns += tick.took
         elif self._window_ns:
             self.longest, self._window_ns = max(self.longest, self._window_ns), 0
-        late = [x for stamp, lost in self._served if (x := self._late(t, stamp, lost, per_token)) is not None]
+        late = []
+        for stamp, lost in self._served:  # given their first token by the pass before
+            lag = stamp.found + self.given - stamp.given + lost * per_token  # a lost hit's prefill is lag
+            ttft = t - stamp.since
+            if 100 * lag > self.pct * ttft + (100 - self.pct) * max(self.longest, self._window_ns):
+                late.append(Late(stamp.req, lag, ttft, lost))
         self._served, arrived = [], 0
         if chunked is None and not waiting:  # the backlog is over: the next starts with no lag
             self.lag = self.given = self.longest = self._window_ns = 0
@@ -109,7 +103,7 @@ class Backlog:
         ahead = len(chunked.origin_input_ids) - (chunked.extend_end or chunked.prefix_len) if chunked else 0
         for req in waiting:
             if not req.output_ids and self._stamp(req, t, ahead * per_token, queued=True):  # retracted: no prompt
-                self.work.add(len(req.origin_input_ids) - (self.stamps[id(req)].hit or 0))
+                self.work.append(len(req.origin_input_ids) - (self.stamps[req].hit or 0))
                 arrived += 1
             ahead += len(req.origin_input_ids) + len(req.output_ids) - req.prefix_len
         self.arrivals.passed(t, tick.took, self._chunked, arrived)
@@ -118,26 +112,16 @@ class Backlog:
 
     def _stamp(self, req: Any, t: int, ahead_ns: int, queued: bool) -> bool:
         """Stamp ``req`` unless it is; a queued prompt's cache hit is read (the chunked one's is in the tree)."""
-        seen = self.stamps.get(id(req))
-        if seen is not None and seen.req is req:
+        if req in self.stamps:
             return False
         hit = self.resumable(req) if queued and self.resumable is not None else None
-        self.stamps[id(req)] = Stamp(req, t, min(self.lag, ahead_ns), self.given, hit)
+        self.stamps[req] = Stamp(req, t, min(self.lag, ahead_ns), self.given, hit)
         return True
-
-    def _late(self, t: int, stamp: Stamp, lost: int, per_token: int) -> Late | None:
-        lag = stamp.found + self.given - stamp.given + lost * per_token  # a lost hit's prefill is lag
-        ttft = t - stamp.since
-        if 100 * lag > self.pct * ttft + (100 - self.pct) * max(self.longest, self._window_ns):
-            return Late(stamp.req, lag, ttft, lost)
-        return None
 
     def ran(self, reqs: Any, chunked: Any) -> None:
         """The pass that just entered runs a prefill of ``reqs``: all but ``chunked`` get their first token."""
         for req in reqs:
-            stamp = self.stamps.get(id(req))
-            if stamp is not None and stamp.req is req and req is not chunked:
-                del self.stamps[id(req)]
+            if req is not chunked and (stamp := self.stamps.pop(req, None)) is not None:
                 # its cache hit, counted once at its first chunk's admission (before this pass)
                 self._served.append((stamp, max(0, stamp.hit - req.cached_tokens) if stamp.hit is not None else 0))
 
@@ -149,17 +133,16 @@ class Backlog:
         rest, queued, found = tokens_left * per_token, 0, []
         self.queued = 0
         for req in (chunked, *waiting):
-            ahead = 0 if req is chunked else tokens_left + queued
-            if req is not chunked:
+            is_queued = req is not chunked
+            hit = req.prefix_len if is_queued else 0
+            if not is_queued or not req.output_ids:  # a retracted request is no prompt
+                self._stamp(req, t, (tokens_left + queued) * per_token if is_queued else 0, is_queued)
+                stamp = self.stamps[req]
+                found.append(Waiting(t - stamp.since, stamp.found + self.given - stamp.given))
+                hit = max(hit, stamp.hit or 0)  # a prompt not yet matched has prefix_len 0: its hit as read
+            if is_queued:
                 queued += len(req.origin_input_ids) + len(req.output_ids)
-                if req.output_ids:  # retracted: its prefill again, from what it still holds
-                    self.queued += len(req.origin_input_ids) + len(req.output_ids) - req.prefix_len
-                    continue
-            self._stamp(req, t, ahead * per_token, req is not chunked)
-            stamp = self.stamps[id(req)]
-            found.append(Waiting(t - stamp.since, stamp.found + self.given - stamp.given))
-            if req is not chunked:  # a queued prompt not yet matched has prefix_len 0: its hit as read
-                self.queued += len(req.origin_input_ids) - max(req.prefix_len, stamp.hit or 0)
+                self.queued += len(req.origin_input_ids) + len(req.output_ids) - hit
         if per_token:  # stock's backlog is ours less the lag: once ours is no larger, stock's is empty
             self.lag = min(self.lag, rest + queued * per_token)
         return rest, tuple(found)

@@ -42,14 +42,9 @@ def deepest_valid(tombstones: list[tuple[int, int]], hit: int, window: int) -> i
     with at least ``window`` SWA-bearing tokens since the last one. The candidates are the hit's end
     and each tombstone's start (a node boundary); a valid node end inside a live run is not seen, so
     this is at most what the match gives."""
-    if not tombstones:
+    if not tombstones or hit - tombstones[-1][1] >= window:
         return hit
-    if hit - tombstones[-1][1] >= window:
-        return hit
-    for i in range(len(tombstones) - 1, -1, -1):
-        start = tombstones[i][0]
-        if i == 0:
-            return start  # no tombstone before it: valid (0 when the path begins tombstoned)
-        if start - tombstones[i - 1][1] >= window:
-            return start
-    return 0
+    for i in range(len(tombstones) - 1, 0, -1):
+        if tombstones[i][0] - tombstones[i - 1][1] >= window:
+            return tombstones[i][0]
+    return tombstones[0][0]  # no tombstone before it: valid (0 when the path begins tombstoned)

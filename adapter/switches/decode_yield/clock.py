@@ -1,12 +1,6 @@
-"""Decode yield's one clock: the scheduler's own passes.
-
-Every pass stamps the time it enters ``get_next_batch_to_run``; the interval to the next stamp is one
-iteration (the forward of the batch the pass chose, its result, the next receive). Every sample is
-the median of the last :data:`SAMPLES` such intervals, robust to one descheduled iteration: the
-streams' step alone (a decode after decodes: the first after a chunk pays the alternation, charged to
-the prompt's side), prefill time per token, and, fed by :func:`decision.close`, a cycle's overhead per
-chunk token and the alternation.
-"""
+"""Decode yield's one clock: the time each scheduler pass enters ``get_next_batch_to_run``. The
+interval to the next is one iteration (the forward of the batch the pass chose, its result, the next
+receive); samples are medians of the last :data:`SAMPLES` (robust to one descheduled iteration)."""
 
 from __future__ import annotations
 
@@ -16,26 +10,15 @@ from dataclasses import dataclass
 
 now = time.perf_counter_ns  # the switch's clock (ns); tests script it
 SAMPLES = 3
-FRESH_CYCLES = 8
+FRESH_CYCLES = 8  # windows a step alone stays fresh: a machine's speed moves within seconds
 
 
-class Median:
-    __slots__ = ("samples",)
-
-    def __init__(self) -> None:
-        self.samples: deque[int] = deque(maxlen=SAMPLES)
-
-    def add(self, value: int) -> None:
-        self.samples.append(value)
-
-    def value(self) -> int | None:
-        return sorted(self.samples)[len(self.samples) // 2] if self.samples else None
+def median(samples: deque[int]) -> int | None:  # of a deque of the last SAMPLES (the upper of two)
+    return sorted(samples)[len(samples) // 2] if samples else None
 
 
 @dataclass(frozen=True)
-class Tick:
-    """The iteration that just ended."""
-
+class Tick:  # the iteration that just ended
     took: int  # ns (0 on the first pass)
     window: bool  # a decode step a window gave (its pass deferred prefill)
 
@@ -45,31 +28,32 @@ class PassClock:
 
     def __init__(self, overlap: bool) -> None:
         self.need_run = 3 if overlap else 2  # decode iterations in a row before one is a step alone
-        self.alone, self.any_step = Median(), Median()
+        self.alone, self.any_step = deque[int](maxlen=SAMPLES), deque[int](maxlen=SAMPLES)
         self._prefills: deque[tuple[int, int]] = deque(maxlen=SAMPLES)  # (ns, tokens) of the last prefill passes
-        self.cycle_per_token, self.alternation = Median(), Median()  # fed by decision.close
+        # from decision.close's served cycles
+        self.cycle_per_token, self.alternation = deque[int](maxlen=SAMPLES), deque[int](maxlen=SAMPLES)
         self.windows = 0  # windows armed so far, and the count when the last step alone came
         self._alone_at = -FRESH_CYCLES - 1
-        self._last: int | None = None
+        self.entered: int | None = None  # when the current pass entered
         self._run = 0  # decode iterations in a row, ending with the pass that just entered
         self._prefill = 0
         self.deferred = False  # set by the defer hook: the pass that just entered is a window's step
 
     def on_pass(self, t: int) -> Tick:
-        took = t - self._last if self._last is not None else 0
+        took = t - self.entered if self.entered is not None else 0
         tick = Tick(took, self.deferred)
         if took and self._prefill:
             self._prefills.append((took, self._prefill))
         elif took and self._run > 0:
-            self.any_step.add(took)
-            if self._run >= self.need_run:  # after decode iterations: a step alone
+            self.any_step.append(took)
+            if self._run >= self.need_run:  # a step alone (not the first after a chunk: it pays the alternation)
                 # after a stale gap the samples before it are another speed's: a probe's sample replaces
                 # them, unless slower than the recent steps (a descheduled step only joins the median)
-                if not self.fresh() and took <= (self.any_step.value() or took):
-                    self.alone.samples.clear()
-                self.alone.add(took)
+                if not self.fresh() and took <= (median(self.any_step) or took):
+                    self.alone.clear()
+                self.alone.append(took)
                 self._alone_at = self.windows
-        self._last, self.deferred = t, False
+        self.entered, self.deferred = t, False
         return tick
 
     def ran(self, decode: bool, prefill_tokens: int) -> None:
@@ -78,18 +62,14 @@ class PassClock:
         self._prefill = prefill_tokens
 
     def per_token_ns(self) -> int | None:
-        """Prefill time per token over the last passes (a ratio of sums: a one-token pass's fixed cost
-        does not stand for a chunk's tokens)."""
+        """Prefill time per token (a ratio of sums: a one-token pass's fixed cost is no chunk token's)."""
         tokens = sum(n for _, n in self._prefills)
         return sum(t for t, _ in self._prefills) // tokens if tokens else None
 
     def fresh(self) -> bool:
-        """A step alone taken in the last :data:`FRESH_CYCLES` windows (a machine's speed moves within
-        seconds; windows of 0-1 step take none)."""
-        return bool(self.alone.samples) and self.windows - self._alone_at <= FRESH_CYCLES
+        """A step alone taken in the last :data:`FRESH_CYCLES` windows (windows of 0-1 step take none)."""
+        return bool(self.alone) and self.windows - self._alone_at <= FRESH_CYCLES
 
     def step_ns(self) -> int | None:
         """The streams' step alone, or any recent decode step when no step alone is fresh."""
-        if self.fresh():
-            return self.alone.value()
-        return self.any_step.value() or self.alone.value()
+        return median(self.alone) if self.fresh() else (median(self.any_step) or median(self.alone))

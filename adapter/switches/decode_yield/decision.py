@@ -1,10 +1,7 @@
 """Decode yield's decision, pure: :func:`decide` (facts in, window and state out) once per non-final
 chunk, :func:`close` when the next chunk runs. A window is three limits, in this order (reasoning in
-docs/switches/decode_yield.md): the load guard (the share given is ``pct * (1 - load)``); the share
-(measured mode: the smallest ``N`` whose whole wall time brings the prompt's balance back to zero;
-model mode: the cost model's ``N``); the bound (no waiting prompt held past ``1 / (1 - pct)`` of its
-stock TTFT). A window the guard or the bound reduced leaves no debt.
-"""
+docs/switches/decode_yield.md): the load guard, the share (measured mode: the smallest ``N`` whose whole
+wall time brings the prompt's balance back to zero; model mode: the cost model's ``N``), the bound."""
 
 from __future__ import annotations
 
@@ -22,17 +19,13 @@ class Config:
 
 
 @dataclass(frozen=True)
-class Waiting:
-    """A prompt waiting for its first token (the chunked one included)."""
-
+class Waiting:  # a prompt waiting for its first token (the chunked one included)
     wait_ns: int  # since first seen waiting
     lag_ns: int  # the lag it paid: found on arrival, plus every window's wall time since
 
 
 @dataclass(frozen=True)
-class Facts:
-    """What one arming pass knows: a non-final chunk runs now, decode rows wait for the next."""
-
+class Facts:  # what one arming pass knows: a non-final chunk runs now, decode rows wait for the next
     t: int
     prompt: str  # the chunked prompt's rid: a new one starts its own balance
     tokens: int  # prefill tokens this pass runs (the chunk's and any prompt's admitted beside it)
@@ -52,13 +45,11 @@ class Facts:
 
 
 @dataclass(frozen=True)
-class Cycle:  # a chunk and its window, until the next chunk runs
-    start: int
-    tokens: int
-    rode_along: int
+class Cycle:  # a chunk (the facts it was armed on) and its window, until the next chunk runs
+    facts: Facts
     final_part: int  # ns of the final chunk's overhead this cycle owes the share of
     share: int  # the share this window was planned for (after the guard)
-    forgive: bool  # the guard or the bound gave less than the share: no debt after it
+    forgive: bool = False  # the guard or the bound gave less than the share: no debt after it
 
 
 @dataclass(frozen=True)
@@ -77,19 +68,19 @@ class State:  # one scheduler's: the prompt's balance, across its windows
 class Window:
     n: int  # steps to give (before the TP broadcast)
     share: int  # the share planned (pct, or less under the guard)
-    cut: int  # steps the bound cut
     source: str  # measured | model_ratio | model (nothing measured) | model_mode
-    step_ns: int | None = None
     overhead_ns: int | None = None
+    cut: int = 0  # steps the bound cut
 
 
 @dataclass(frozen=True)
-class Served:  # a closed cycle, as the ``window`` line reports it
+class Served:  # a closed cycle, as the ``window`` line reports it, and the clock's samples from it
     elapsed_ns: int
     window_ns: int  # the window's wall time, whole: the streams' steps and the alternation
-    overhead_ns: int
     share: float
     prompt_share: float
+    per_token_ps: int  # the cycle's overhead per chunk token
+    alternation_ns: int | None  # the window's wall time beyond its steps alone (None: no step given)
 
 
 def final_span(windows: int) -> int:
@@ -98,41 +89,32 @@ def final_span(windows: int) -> int:
     return max(1, (windows + 1) // 4 - 1)
 
 
-def guarded_share(cfg: Config, load: int | None) -> int:
-    if not cfg.guard or load is None:
-        return cfg.pct
-    return (cfg.pct * (1000 - min(max(load, 0), 1000)) + 500) // 1000  # whole percents, nearest
-
-
-def allowed(pct: int, facts: Facts, step_ns: int | None) -> int | None:
-    """The most steps no waiting prompt's bound forbids (None: nothing measured to bound with)."""
-    if not step_ns or not facts.waiting:
-        return None
-    room = min(pct * (w.wait_ns + facts.rest_ns) - 100 * w.lag_ns for w in facts.waiting)
-    return 0 if room <= 0 else -(-room // ((100 - pct) * step_ns))
-
-
 def decide(cfg: Config, facts: Facts, state: State) -> tuple[Window, State]:
     if facts.prompt != state.prompt:
         state = State(prompt=facts.prompt)
-    share = guarded_share(cfg, facts.load)
-    step = facts.step_ns
-    if not cfg.measured:
-        chunk_fs, step_fs = facts.model
-        n, carry = cost_model.yield_window(share, chunk_fs, step_fs, facts.floor, state.carry, cfg.cap,
-                                           facts.rode_along) if share else (facts.floor, 0)
-        window, state = Window(n, share, 0, "model_mode"), replace(state, carry=carry)
+    share = cfg.pct
+    if cfg.guard and facts.load is not None:  # the guard: pct * (1 - load), whole percents, nearest
+        share = (cfg.pct * (1000 - min(max(facts.load, 0), 1000)) + 500) // 1000
+    chunk_fs, step_fs = facts.model
+    # the cost model's window: model mode's, and the closed loop's until a step is measured (its carry
+    # is model mode's alone: 0 in the closed loop)
+    n, carry = cost_model.yield_window(share, chunk_fs, step_fs, facts.floor, state.carry, cfg.cap,
+                                       facts.rode_along) if share else (facts.floor, 0)
+    if cfg.measured:
+        window, state = _closed_loop(cfg, facts, state, share, n)
     else:
-        window, state = _closed_loop(cfg, facts, state, share)
-    bound = allowed(cfg.pct, facts, step)
-    cut = window.n - max(facts.floor, bound) if bound is not None and bound < window.n else 0
-    window = replace(window, n=window.n - cut, cut=cut)
-    if state.cycle is not None and (cut or share < cfg.pct):
+        window, state = Window(n, share, "model_mode"), replace(state, carry=carry)
+    if facts.step_ns and facts.waiting:  # the bound: the most steps no waiting prompt's bound forbids
+        room = min(cfg.pct * (w.wait_ns + facts.rest_ns) - 100 * w.lag_ns for w in facts.waiting)
+        bound = 0 if room <= 0 else -(-room // ((100 - cfg.pct) * facts.step_ns))
+        cut = window.n - max(facts.floor, bound) if bound < window.n else 0
+        window = replace(window, n=window.n - cut, cut=cut)
+    if state.cycle is not None and (window.cut or share < cfg.pct):  # reduced: it leaves no debt
         state = replace(state, cycle=replace(state.cycle, forgive=True))
     return window, state
 
 
-def _closed_loop(cfg: Config, facts: Facts, state: State, share: int) -> tuple[Window, State]:
+def _closed_loop(cfg: Config, facts: Facts, state: State, share: int, model_n: int) -> tuple[Window, State]:
     windows = state.windows or facts.windows_left
     extra = 0  # this window's part of the final chunk, in thousandths of a token
     if facts.final_tokens and facts.windows_left <= final_span(windows):
@@ -140,16 +122,13 @@ def _closed_loop(cfg: Config, facts: Facts, state: State, share: int) -> tuple[W
     state = replace(state, windows=windows, final_paid=state.final_paid + extra)
     step, per_token, (chunk_fs, step_fs) = facts.step_ns, facts.per_token_ps, facts.model
     if step is None:  # nothing measured: the cost model's window
-        n = cost_model.yield_window(share, chunk_fs, step_fs, facts.floor, 0, cfg.cap, facts.rode_along)[0]
-        cycle = Cycle(facts.t, facts.tokens, facts.rode_along, 0, share, False)
-        return Window(n, share, 0, "model"), replace(state, cycle=cycle)
+        return Window(model_n, share, "model"), replace(state, cycle=Cycle(facts, 0, share))
     if per_token is None:  # a step but no cycle yet: the model's chunk-to-step ratio
         overhead, source = step * chunk_fs // max(step_fs, 1), "model_ratio"
         final_part = overhead * extra // max(facts.tokens * 1000, 1)
     else:
         overhead, source = per_token * facts.tokens // 1000, "measured"
         final_part = per_token * extra // 1_000_000
-    cycle = Cycle(facts.t, facts.tokens, facts.rode_along, final_part, share, False)
     overhead += final_part
     rest = 100 - share
     owed = share * overhead - state.balance - rest * facts.rode_along * step
@@ -158,36 +137,34 @@ def _closed_loop(cfg: Config, facts: Facts, state: State, share: int) -> tuple[W
     if 0 < need < facts.need_run and not facts.fresh:
         need = facts.need_run  # a probe: its last step is a fresh step alone; the balance repays it
     n = max(facts.floor, min(cfg.cap, need))
-    return Window(n, share, 0, source, step, overhead), replace(state, cycle=cycle)
+    return Window(n, share, source, overhead), replace(state, cycle=Cycle(facts, final_part, share))
 
 
 def close(state: State, t: int, given: int, window_ns: int, step_ns: int | None, per_token_ps: int | None,
-          need_run: int = 2) -> tuple[Served | None, tuple[int, int | None] | None, State]:
-    """The cycle ends at ``t`` after ``given`` steps that took ``window_ns``, whole: the served cycle,
-    the clock's samples (overhead per chunk token in ps, the alternation in ns), the balance closed."""
-    cycle = state.cycle
-    state = replace(state, cycle=None)
-    elapsed = t - cycle.start if cycle is not None else 0
-    if cycle is None or step_ns is None or elapsed <= 0:
-        return None, None, state
+          need_run: int = 2) -> tuple[Served | None, State]:
+    """The cycle ends at ``t`` after ``given`` steps that took ``window_ns``, whole: the served cycle
+    (None: nothing to close) and the balance closed."""
+    cycle, state = state.cycle, replace(state, cycle=None)
+    if cycle is None or step_ns is None or t <= cycle.facts.t:
+        return None, state
+    elapsed = t - cycle.facts.t
     alternation = max(0, window_ns - given * step_ns) if given else None
-    window_ns += cycle.rode_along * step_ns  # a mixed chunk's token: the streams' step inside the chunk
+    window_ns += cycle.facts.rode_along * step_ns  # a mixed chunk's token: the streams' step inside the chunk
     overhead = max(0, elapsed - window_ns)  # the chunk: what the window's share is owed on
-    samples = (overhead * 1000 // max(cycle.tokens, 1), alternation)
+    sampled = overhead * 1000 // max(cycle.facts.tokens, 1)
     s = cycle.share
     balance = state.balance + (100 - s) * window_ns - s * (overhead + cycle.final_part)
     # one cycle's overhead plus a probe's steps either way: a floor, a cap or a spike runs up no debt
     # or credit that later windows would pay for minutes; rounding and a probe are carried in full
-    typical = max(overhead, (per_token_ps or samples[0]) * cycle.tokens // 1000)
+    typical = max(overhead, (per_token_ps or sampled) * cycle.facts.tokens // 1000)
     limit = s * (typical + cycle.final_part) + (100 - s) * step_ns * need_run
     balance = max(-limit, min(limit, balance))
     if cycle.forgive:
         balance = max(0, balance)
     state = replace(state, balance=balance, windows_ns=state.windows_ns + window_ns,
                     elapsed_ns=state.elapsed_ns + elapsed)
-    served = Served(elapsed, window_ns, overhead, round(window_ns / elapsed, 4),
-                    round(state.windows_ns / state.elapsed_ns, 4))
-    return served, samples, state
+    return Served(elapsed, window_ns, round(window_ns / elapsed, 4), round(state.windows_ns / state.elapsed_ns, 4),
+                  sampled, alternation), state
 
 
 def abandoned(state: State) -> State:

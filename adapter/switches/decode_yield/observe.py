@@ -16,8 +16,8 @@ LINE_S = 10
 
 
 class Observer:
-    def __init__(self, ctx: Any, pct: int, mode: str, debug: bool):
-        self.ctx, self.pct, self.mode, self.debug = ctx, pct, mode, debug
+    def __init__(self, ctx: Any, pct: int, mode: str):
+        self.ctx, self.pct, self.mode, self.debug = ctx, pct, mode, ctx.debug
         self.unbounded = 0  # prompts served past their bound since the boot
         self.bursting = False  # a window of this backlog was cut (one burst per backlog)
         self._logged: dict[str, int] = {}
@@ -49,17 +49,18 @@ class Observer:
             self._say("burst", t, share=self.pct, lag_ms=round(lag_ns / 1e6, 1), waiting=waiting,
                       planned=n + window.cut, allowed=n)
 
-    def ended(self, window: Window, opened: Any, given: int, ended: str, served: Served | None,
-              load: int | None) -> None:
+    def ended(self, opened: Any, given: int, ended: str, served: Served | None) -> None:
+        """The DEBUG ``window`` line of an armed window (``opened``, the switch's ``Open``) that ended."""
         if not (self.debug or api.metrics_on()):
             return
-        fields: dict[str, Any] = {"mode": self.mode, "target": self.pct, "chunk": opened.chunk,
-                                  "prefix": opened.prefix, "rows": opened.rows, "n": opened.n,
-                                  "floor": opened.floor, "given": given, "ended": ended,
-                                  "cut": window.cut or None, "guard": window.share if window.share < self.pct else None,
-                                  "load": None if load is None else round(load / 1000, 3)}
+        window, load = opened.window, opened.facts.load
+        fields: dict[str, Any] = dict(
+            mode=self.mode, target=self.pct, chunk=opened.chunk, prefix=opened.prefix, rows=opened.rows, n=opened.n,
+            floor=opened.facts.floor, given=given, ended=ended, cut=window.cut or None,
+            guard=window.share if window.share < self.pct else None,
+            load=None if load is None else round(load / 1000, 3))
         if self.mode == "measured":
-            fields.update(source=window.source, step_us=_us(window.step_ns), overhead_us=_us(window.overhead_ns))
+            fields.update(source=window.source, step_us=_us(opened.facts.step_ns), overhead_us=_us(window.overhead_ns))
         if served is not None:
             fields.update(share=served.share, prompt_share=served.prompt_share, cycle_us=_us(served.elapsed_ns),
                           streams_us=_us(served.window_ns))

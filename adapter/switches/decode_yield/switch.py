@@ -13,9 +13,7 @@ from typing import Any
 
 from adapter import cost_model
 from adapter.core import api
-from adapter.switches.decode_yield import cache_hit, clock, decision
-from adapter.switches.decode_yield.backlog import Backlog
-from adapter.switches.decode_yield.observe import Observer
+from adapter.switches.decode_yield import backlog, cache_hit, clock, decision, observe
 
 SWITCH = api.handle(__name__)
 _ATTR = "_dsv41_decode_yield"  # per-Scheduler state, on the instance
@@ -27,30 +25,23 @@ DEFAULTS_WARNING = ("decode_yield runs open-loop (DSV41_DECODE_YIELD_MODE=model)
 
 
 @dataclass
-class Open:
-    """An armed window: the chunked prompt it waits for and what it was armed with."""
-
+class Open:  # an armed window: the chunked prompt it waits for and what it was armed with
     req: Any
+    facts: decision.Facts
     window: decision.Window
     n: int  # agreed (rank 0's)
-    floor: int
-    chunk: int
+    chunk: int  # the chunked prompt's chunk and prefix, and the rows decoding (the window line's)
     prefix: int
     rows: int
-    load: int | None
     wall_ns: int = 0  # its steps' wall time so far, whole (the alternation included)
 
 
-class Yield:
-    """One scheduler's switch state."""
-
-    def __init__(self, cfg: decision.Config, scheduler: Any, observer: Observer):
-        self.cfg, self.observe = cfg, observer
+class Yield:  # one scheduler's switch state
+    def __init__(self, scheduler: Any, pct: int, observer: observe.Observer):
         self.clock = clock.PassClock(bool(getattr(scheduler, "enable_overlap", False)))
-        self.backlog = Backlog(cfg.pct, cache_hit.reader(scheduler.tree_cache))
-        self.state = decision.State()
+        self.backlog = backlog.Backlog(pct, cache_hit.reader(scheduler.tree_cache))
+        self.observe, self.state = observer, decision.State()
         self.open: Open | None = None
-        self.t = 0  # when the current pass entered
 
 
 def unsupported_mode(server_args: Any) -> str | None:
@@ -74,16 +65,12 @@ def predict(profile: api.Profile) -> api.Prediction:
     warnings = (DEFAULTS_WARNING,) if profile.values.get(MODE_KEY) == "model" and not coefficients else ()
     if profile.status != "installed":
         return api.Prediction(warnings=warnings)
-    params = {k: profile.installed[k] for k in ("share", "mode", "cost") if k in profile.installed}
-    receipt = None
-    if profile.server_args is not None and (why := unsupported_mode(profile.server_args)):
-        receipt = f"refused: {why}"
-    notes = ()
-    if "mode" in params:
-        how = ("windows from measured iteration times, closed on the measured share; rank 0 decides under TP"
-               if params["mode"] == MEASURED else f"open-loop integer cost model, coefficients {params['cost']}")
-        notes = (f"decode_yield: share {params['share']} % in {params['mode']} mode ({how})",)
-    return api.Prediction(receipt, params, warnings, notes=notes)
+    params = {k: profile.installed[k] for k in ("share", "mode", "cost")}  # install's receipt carries them
+    why = unsupported_mode(profile.server_args)  # None without a launch line
+    how = ("windows from measured iteration times, closed on the measured share; rank 0 decides under TP"
+           if params["mode"] == MEASURED else f"open-loop integer cost model, coefficients {params['cost']}")
+    notes = (f"decode_yield: share {params['share']} % in {params['mode']} mode ({how})",)
+    return api.Prediction(f"refused: {why}" if why else None, params, warnings, notes=notes)
 
 
 def agree(scheduler: Any, n: int) -> int:
@@ -100,17 +87,8 @@ def agree(scheduler: Any, n: int) -> int:
     return int(value.item())
 
 
-def _published_server_args() -> Any:
-    try:  # the engine publishes them later, in the scheduler process
-        from sglang.srt.runtime_context import get_server_args
-
-        return get_server_args()
-    except (ImportError, ValueError, AttributeError):
-        return None
-
-
-def _rows(scheduler: Any, plan: Any, batch: Any, topk: int) -> tuple[int, int, int]:
-    """The rows that decode after this chunk: count, KV tokens, top-k KV tokens (the cost model's)."""
+def _rows(scheduler: Any, plan: Any, batch: Any, coef: cost_model.Coefficients) -> tuple[int, int]:
+    """The rows that decode after this chunk: how many, and the cost model's step for them (fs)."""
     decoding = batch.decoding_reqs  # --enable-mixed-chunk: the rows rode along in this chunk
     # overlap loop: rows whose in-flight result finishes them will not decode again
     finishing = () if decoding else scheduler._reqs_finishing_inflight(plan.running_batch)
@@ -119,21 +97,25 @@ def _rows(scheduler: Any, plan: Any, batch: Any, topk: int) -> tuple[int, int, i
         if r.finished() or (finishing and r in finishing):
             continue
         context = len(r.origin_input_ids) + len(r.output_ids)
-        rows, kv, kv_topk = rows + 1, kv + context, kv_topk + min(context, topk)
-    return rows, kv, kv_topk
+        rows, kv, kv_topk = rows + 1, kv + context, kv_topk + min(context, coef.topk)
+    return rows, cost_model.decode_cost(rows, kv, kv_topk, coef)
 
 
 def install(ctx: api.SwitchContext) -> dict[str, Any]:
     SWITCH.bind(ctx)
-    mode: str = ctx.values.get(MODE_KEY) or MEASURED
-    guard = ctx.values.get(GUARD_KEY)
-    cfg = decision.Config(ctx.value, measured=mode == MEASURED, guard=guard is None or bool(guard))
+    mode: str = ctx.values[MODE_KEY]  # defaults filled in
+    cfg = decision.Config(ctx.value, measured=mode == MEASURED, guard=ctx.values[GUARD_KEY])
     try:
         coef = cost_model.from_config(ctx.values)
     except ValueError as exc:  # a cross-key rule the per-key parsers cannot see (a ConfigError)
         raise api.Refusal(str(exc)) from None
-    published = _published_server_args()
-    if published is not None and (reason := unsupported_mode(published)):
+    try:  # the engine publishes them later, in the scheduler process
+        from sglang.srt.runtime_context import get_server_args
+
+        published = get_server_args()
+    except (ImportError, ValueError, AttributeError):
+        published = None
+    if reason := unsupported_mode(published):
         raise api.Refusal(reason)
 
     def state_of(scheduler: Any) -> Yield | None:
@@ -141,23 +123,21 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
         reason = unsupported_mode(getattr(scheduler, "server_args", None))
         if reason is None and getattr(scheduler, "dllm_config", None) is not None:
             reason = DLLM
-        if reason is not None:
-            ctx.refuse_late(reason, revert=True)
-            return None
-        state = scheduler.__dict__[_ATTR] = Yield(cfg, scheduler, Observer(ctx, cfg.pct, mode, ctx.debug))
-        return state
+        if reason is None:
+            return scheduler.__dict__.setdefault(_ATTR, Yield(scheduler, cfg.pct, observe.Observer(ctx, cfg.pct, mode)))
+        ctx.refuse_late(reason, revert=True)
+        return None
 
     def get_next_batch_to_run(wrapped: Any, s: Any, args: Any, kwargs: Any) -> Any:
         y = s.__dict__.get(_ATTR) or state_of(s)
         if y is None:
             return wrapped(*args, **kwargs)
-        y.t = t = clock.now()
+        t = clock.now()
         tick = y.clock.on_pass(t)
         if y.open is not None and tick.window:
             y.open.wall_ns += tick.took
         per_token = y.clock.per_token_ns()
-        late = y.backlog.on_pass(t, tick, s.chunked_req, s.waiting_queue, per_token)
-        if late:
+        if late := y.backlog.on_pass(t, tick, s.chunked_req, s.waiting_queue, per_token):
             y.observe.late(t, late, len(s.waiting_queue))
         if s.chunked_req is None and not s.waiting_queue:
             y.observe.backlog_over()
@@ -173,7 +153,7 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
         index = next((i for i, r in enumerate(batch.reqs) if r is chunked), -1) if chunked is not None else -1
         if index < 0:
             return plan
-        rows, kv, kv_topk = _rows(s, plan, batch, coef.topk)
+        rows, step_fs = _rows(s, plan, batch, coef)
         if not rows:  # a lone prompt prefills exactly as stock
             return plan
         size, prefix = batch.extend_lens[index], batch.prefix_lens[index]
@@ -181,25 +161,23 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
         windows_left = max(1, -(-left // size))
         rest_ns, waiting = y.backlog.facts(t, chunked, s.waiting_queue, left + size, per_token)
         y.clock.windows += 1
-        load = y.backlog.load(per_token)
         facts = decision.Facts(
             t, chunked.rid, sum(batch.extend_lens), s._prefill_decode_interval_remaining,
-            (cost_model.window_cost(zip(batch.extend_lens, batch.prefix_lens), coef),
-             cost_model.decode_cost(rows, kv, kv_topk, coef)),
+            (cost_model.window_cost(zip(batch.extend_lens, batch.prefix_lens), coef), step_fs),
             rode_along=1 if batch.decoding_reqs else 0, final_tokens=max(0, left - (windows_left - 1) * size),
             windows_left=windows_left, step_ns=y.clock.step_ns(), fresh=y.clock.fresh(), need_run=y.clock.need_run,
-            per_token_ps=y.clock.cycle_per_token.value(), alternation_ns=y.clock.alternation.value() or 0,
-            rest_ns=rest_ns, waiting=waiting, load=load)
+            per_token_ps=clock.median(y.clock.cycle_per_token),
+            alternation_ns=clock.median(y.clock.alternation) or 0,
+            rest_ns=rest_ns, waiting=waiting, load=y.backlog.load(per_token))
         window, y.state = decision.decide(cfg, facts, y.state)
         n = s._prefill_decode_interval_remaining = agree(s, window.n)
-        y.open = Open(chunked, window, n, facts.floor, size, prefix, rows, load)
-        y.observe.armed(t, window, n, y.backlog.lag, load, len(s.waiting_queue))
+        y.open = Open(chunked, facts, window, n, size, prefix, rows)
+        y.observe.armed(t, window, n, y.backlog.lag, facts.load, len(s.waiting_queue))
         return plan
 
     def _should_defer_prefill(wrapped: Any, s: Any, args: Any, kwargs: Any) -> Any:
         y = s.__dict__.get(_ATTR)
-        opened = y.open if y is not None else None
-        if opened is None:
+        if y is None or (opened := y.open) is None:
             return wrapped(*args, **kwargs)
         running_batch = args[0] if args else kwargs["running_batch"]
         ended = None
@@ -211,7 +189,7 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
             ended = "streams_gone"
         remaining = s._prefill_decode_interval_remaining
         if ended is not None:  # end now, but never shorter than the configured interval
-            s._prefill_decode_interval_remaining = min(remaining, max(0, opened.floor - (opened.n - remaining)))
+            s._prefill_decode_interval_remaining = min(remaining, max(0, opened.facts.floor - (opened.n - remaining)))
         defer = wrapped(*args, **kwargs)
         if defer:
             y.clock.deferred = True
@@ -220,23 +198,21 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
                 # prefixes fresh in the LRU: a deferred pass does the same, or under pool pressure a
                 # waiting prompt's prefix ages out while the window runs and is prefilled again
                 s.policy.calc_priority(s.waiting_queue, running_batch, processed_tokens=s.processed_tokens_counter)
-        if ended is None and not defer:
-            ended = "served" if remaining == 0 else "min_bs"
         if ended is None:
-            return defer
-        given, served = opened.n - remaining, None
-        y.open = None
+            if defer:
+                return defer
+            ended = "served" if remaining == 0 else "min_bs"
+        given, y.open, served = opened.n - remaining, None, None
         if ended == "served" and cfg.measured:  # the cycle ends at this pass: the next chunk runs in it
-            served, samples, y.state = decision.close(
-                y.state, y.t, given, opened.wall_ns, y.clock.step_ns(), y.clock.cycle_per_token.value(),
-                y.clock.need_run)
-            if samples is not None:
-                y.clock.cycle_per_token.add(samples[0])
-                if samples[1] is not None:
-                    y.clock.alternation.add(samples[1])
+            served, y.state = decision.close(y.state, y.clock.entered, given, opened.wall_ns, y.clock.step_ns(),
+                                             clock.median(y.clock.cycle_per_token), y.clock.need_run)
+            if served is not None:  # the clock's samples of the cycle
+                y.clock.cycle_per_token.append(served.per_token_ps)
+                if served.alternation_ns is not None:
+                    y.clock.alternation.append(served.alternation_ns)
         elif ended != "served":
             y.state = decision.abandoned(y.state)
-        y.observe.ended(opened.window, opened, given, ended, served, opened.load)
+        y.observe.ended(opened, given, ended, served)
         return defer
 
     ctx.wrap("Scheduler.get_next_batch_to_run", get_next_batch_to_run)
