@@ -122,8 +122,11 @@ def test_an_option_key_without_its_switch_key_is_warned_about():
 def test_decode_yield_open_loop_on_default_coefficients_is_warned_about_until_a_coefficient_is_set():
     model = {"DSV41_DECODE_YIELD": "33", "DSV41_DECODE_YIELD_MODE": "model"}
     assert any("default cost coefficients" in w for w in _warnings(model, []))
-    coefficient = next(k for k in registry.all_keys() if k.startswith("DSV41_DECODE_YIELD_") and not k.endswith("_MODE"))
+    coefficient = next(k for k in registry.all_keys()
+                       if k.startswith("DSV41_DECODE_YIELD_") and not k.endswith(("_MODE", "_LOAD_GUARD")))
     assert not any("default cost coefficients" in w for w in _warnings({**model, coefficient: "1000"}, []))
+    # the load guard's key is no coefficient
+    assert any("default cost coefficients" in w for w in _warnings({**model, "DSV41_DECODE_YIELD_LOAD_GUARD": "0"}, []))
     # measured mode (the default) needs no coefficients: nothing to warn about
     assert not any("decode_yield" in w for w in _warnings({"DSV41_DECODE_YIELD": "33"}, []))
 

@@ -61,7 +61,7 @@ def unsupported_mode(server_args: Any) -> str | None:
 def predict(profile: api.Profile) -> api.Prediction:
     """What ``python -m adapter check`` predicts: a refusal on the first pass (read from the launch
     line), the mode (a note), a warning when the open loop runs on default coefficients."""
-    coefficients = [k for k in profile.environ if k.startswith("DSV41_DECODE_YIELD_") and k != MODE_KEY]
+    coefficients = [k for k in profile.environ if k.startswith("DSV41_DECODE_YIELD_") and k not in (MODE_KEY, GUARD_KEY)]
     warnings = (DEFAULTS_WARNING,) if profile.values.get(MODE_KEY) == "model" and not coefficients else ()
     if profile.status != "installed":
         return api.Prediction(warnings=warnings)
