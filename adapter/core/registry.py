@@ -336,6 +336,7 @@ SWITCHES: tuple[Switch, ...] = (
         wraps=(
             "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.__init__",
             "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.match_prefix",
+            "sglang.srt.managers.schedule_policy:PrefillAdder.add_one_req",
             "sglang.srt.managers.schedule_policy:PrefillAdder._select_prefill_admission",
             "sglang.srt.managers.schedule_batch:ScheduleBatch.prepare_for_extend",
             "sglang.srt.model_executor.forward_batch_info:ForwardBatch.init_new",

@@ -15,10 +15,10 @@ from overlay_tools.simulate.cone_turn import install
 N = 64  # page 16, window 8, 3 SWA layers: bound 48
 
 
-def _harness(chunk: int, overlap: bool):
+def _harness(chunk: int, overlap: bool, page: int = 16):
     from devkit.testkit.scheduler import build_scheduler
 
-    return build_scheduler(page_size=16, pool_tokens=1 << 15, max_reqs=16, chunked_prefill_size=chunk,
+    return build_scheduler(page_size=page, pool_tokens=1 << 15, max_reqs=16, chunked_prefill_size=chunk,
                            hybrid_swa=True, swa_pool_tokens=1024, sliding_window=8, overlap=overlap)
 
 
@@ -108,4 +108,51 @@ def test_scheduler_replays_n_tokens_when_the_chunk_covers_the_cone_else_falls_ba
     # (the last output token has no KV yet: the finished insert ends a token short of the history)
     assert first.prefix_lens[first.rids.index(a3.rid)] == (len(a2_hist) - 1) // 16 * 16
     h.scheduler.tree_cache.sanity_check()
+    assert _leak(h) == baseline
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_short_first_chunk_falls_back_to_the_stock_admission_so_a_tight_swa_pool_waits_instead_of_running_out(
+        overlap):
+    """The crash of a fleet worker (``alloc_token_slots``: Out of memory, from ``prepare_for_extend``),
+    on a real Scheduler at page 1, window 8, chunk 48 < N: the stock match P keeps its SWA window
+    (8 tokens, unlocked: evictable), the resume point F lost its own. With 44 SWA tokens free, the
+    fallback's first chunk from P budgets (48 - 8) + 8 + 1 = 49 SWA tokens; admitted under the pin on
+    F's node, the budget saw 44 + 8 = 52, then the commit locked P's node (its window protected) and
+    the batch found 44 of the 48 it allocates. Stock pins P's node while it selects: 44 < 49, the
+    request waits, and runs from P once SWA frees up."""
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    install(N)
+    h = _harness(N - 16, overlap, page=1)
+    cache, allocator = h.scheduler.tree_cache, h.scheduler.token_to_kv_pool_allocator
+    baseline = _leak(h)
+    a_hist = _run(h, h.make_request(0, max_new_tokens=16, prompt_ids=range(10, 410)))
+    # While another request's match holds P's node (a checkpoint of A's chunks), every other SWA
+    # window is evicted: A's resume point loses its window, P keeps its own, evictable once let go.
+    P = 336
+    holder = h.make_request(0, max_new_tokens=1, prompt_ids=[*a_hist[:P], 5])
+    holder.init_next_round_input(cache)
+    assert holder.prefix_len == P
+    lock = cache.lock(holder.last_node)
+    cache.evict(EvictParams(num_tokens=0, swa_num_tokens=1 << 20))
+    cache.unlock(lock)
+    assert cache.swa_evictable_size() == 8  # P's window, nothing else
+    others = allocator.alloc(allocator.swa_available_size() - 44)  # the running traffic's SWA
+    assert allocator.swa_available_size() == 44
+    cone_replay.reset_counters()
+    a2 = h.add_request(h.make_request(0, max_new_tokens=16, prompt_ids=a_hist + list(range(20_000, 20_064))))
+    start = len(h.trace)
+    waited = h.run(3)  # Out of memory here without the fallback's stock admission
+    assert [step.kind for step in waited] == ["idle"] * 3
+    assert cone_replay.FALLBACKS == {"first_chunk_short": 3} and cone_replay.COUNTERS.admitted == 0
+    assert (allocator.swa_available_size(), cache.swa_evictable_size()) == (44, 8)  # nothing locked
+    allocator.free(others)
+    h.run_until(a2.finished, max_passes=10_000)
+    h.drain()
+    h.finish_in_flight()
+    first = next(step for step in h.trace[start:] if a2.rid in step.rids)
+    i = first.rids.index(a2.rid)
+    assert (first.prefix_lens[i], first.extend_lens[i]) == (P, N - 16)
+    cache.sanity_check()
     assert _leak(h) == baseline

@@ -13,7 +13,8 @@
   one chunk covering ``[s, F)``, else the stock match is restored and the reason logged.
 
 Plan states: planned (match) -> admitted (first chunk covers [s, F)) -> copied (rows filled) ->
-forwarded (its ForwardBatch carries the replay rows).
+forwarded (its ForwardBatch carries the replay rows); or planned -> stock (fell back: the request is
+detached from the plan and admitted again from the stock match).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ SWITCH = api.handle(__name__)
 REQ_ATTR = "_dsv41_cone"  # the plan of one request (set on its Req)
 NO_LOAD_ATTR = "_dsv41_cone_no_load"  # F of a request whose cone load-back fell back (runs stock)
 PLANNED, ADMITTED, COPIED, FORWARDED = "planned", "admitted", "copied", "forwarded"
+STOCK = "stock"  # fell back: the stock match restored, to be admitted from the top
 
 
 @dataclass
@@ -211,4 +213,5 @@ def restore_stock(req: Any, plan: ConePlan) -> None:
         stock.host_hit_length, stock.swa_host_hit_length, stock.mamba_host_hit_length)
     req.num_matched_prefix_tokens = min(req.num_matched_prefix_tokens, req.prefix_len + req.host_hit_length)
     req.kv.cache_protected_len = plan.stock_protected
+    plan.state = STOCK
     setattr(req, REQ_ATTR, None)

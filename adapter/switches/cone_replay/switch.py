@@ -14,7 +14,9 @@ The package, one job a module (this module installs and holds the scheduler-side
   kept, so the first checkpoint inserts exactly ``[0, F)`` and re-publishes F's window from the
   replay's SWA; one line ``DSV41_SWA_CONE plan rid=.. F=.. s=.. N=..``) and the admission rule at
   ``PrefillAdder._select_prefill_admission`` (the first prefill pass must be one chunk covering
-  ``[s, F)``, else the stock match is restored: ``DSV41_SWA_CONE fallback rid=.. reason=..``). The
+  ``[s, F)``, else the stock match is restored: ``DSV41_SWA_CONE fallback rid=.. reason=..``, and
+  ``PrefillAdder.add_one_req`` admits the request again from the top, as stock, so that its pin
+  and its commit lock are both on the stock node and the SWA it budgets is the SWA it allocates). The
   request's lock on F's node (``_commit_prefill_admission`` locks ``req.last_node``) keeps the copy
   source resident.
 * :mod:`.copy`: after ``ScheduleBatch.prepare_for_extend`` wrote the rows, the resident Full-side
@@ -95,6 +97,7 @@ from adapter.switches.cone_replay.plan import (
     NO_LOAD_ATTR,
     PLANNED,
     REQ_ATTR,
+    STOCK,
     admit,
     fallback,
     restore_stock,
@@ -136,6 +139,20 @@ def _match_prefix(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     return plan_mod.plan(instance, params, result)
 
 
+def _add_one_req(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+    req = args[0] if args else kwargs["req"]
+    plan = getattr(req, REQ_ATTR, None)
+    verdict = wrapped(*args, **kwargs)
+    if plan is not None and plan.state == STOCK:
+        # The admission fell back (``_select_admission`` restored the stock match and committed
+        # nothing): admit it again from the top, as stock admits the stock match. add_one_req pins
+        # ``req.last_node`` for the selection and commit locks it: the first pass pinned F's node,
+        # so a stock selection under it would count the stock node's SWA window as evictable, then
+        # lock it at commit, and the batch's allocation would find less SWA than was budgeted.
+        return wrapped(*args, **kwargs)
+    return verdict
+
+
 def _select_admission(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
     req = args[0] if args else kwargs["req"]
     plan = getattr(req, REQ_ATTR, None)
@@ -159,11 +176,12 @@ def _select_admission(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> An
         setattr(req, NO_LOAD_ATTR, plan.F)
         fallback(req, why, F=plan.F, s=plan.s, load=plan.load)
         restore_stock(req, plan)
-    # The caller priced the request from prefix s; the stock prefix is shorter, and the stock host
-    # hit (HiCache) goes back to the selection with it.
-    kwargs = dict(kwargs, total_tokens=kwargs["total_tokens"] + plan.s - plan.P,
-                  host_hit_length=req.host_hit_length, swa_host_hit_length=req.swa_host_hit_length)
-    return wrapped(*args, **kwargs)
+    # Nothing selected under this pin (F's node): _add_one_req admits the stock match from the top.
+    return _upstream_policy().AddReqResult.OTHER
+
+
+def _upstream_policy() -> Any:
+    return __import__(SWITCH.module_of("PrefillAdder.add_one_req"), fromlist=["AddReqResult"])
 
 
 def _prepare_for_extend(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
@@ -191,6 +209,7 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
     for target, wrapper in (
         ("UnifiedRadixCache.__init__", _cache_init),
         ("UnifiedRadixCache.match_prefix", _match_prefix),
+        ("PrefillAdder.add_one_req", _add_one_req),
         ("PrefillAdder._select_prefill_admission", _select_admission),
         ("ScheduleBatch.prepare_for_extend", _prepare_for_extend),
         ("ForwardBatch.init_new", _forward_batch_init),
