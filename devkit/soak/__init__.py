@@ -601,7 +601,7 @@ def run(minutes: float = 5.0, model: str = "mellum", seed: int = 1, out: str | P
                     and ps.get("probes_before") == ss.get("probes_before"))
     growth = ps.get("rss_growth_pct")
     budget = parked_budget(ps, bound)
-    mem = memory.judge(prof.rss, stock.rss)
+    mem = memory.judge(prof.rss, stock.rss, memory.limit_for(model))
     passed = prof.clean and probes_equal and mem.verdict != "leak" and budget["respected"]
     verdict = soak_verdict(passed, mem.verdict)
     culprits: dict[str, Any] = {}
