@@ -159,8 +159,9 @@ def _window_floors(samples: list[RssSample], start: float, end: float, windows: 
 
 
 def _limit_words(limit: float, verdict: str) -> str:
-    kib = limit * 1024 / 1000
-    return f"no leak above {kib:,.0f} KiB a request" if verdict == "pass" else f"a leak above {limit:,.0f}"
+    """The limit in the reason: a pass says what it rules out, in KiB a request."""
+    kib = f"{limit * 1024 / 1000:,.0f} KiB a request"
+    return f"no leak above {kib}" if verdict == "pass" else f"a leak above {limit:,.0f}, {kib}"
 
 
 def plateau(samples: list[RssSample], limit: float = LEAK_MIB_PER_1000) -> MemoryVerdict | None:
