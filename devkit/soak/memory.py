@@ -19,19 +19,18 @@ that applies:
 * plateau (the run's second half): the floor of the RSS (its lower quartile: transient peaks of a
   big prefill do not count, a leak lifts the floor) in the third and the fourth quarter of the run,
   and the requests served between the two quarters' middles; growth per 1,000 requests above
-  :data:`LEAK_MIB_PER_1000` is a leak. Needs :data:`MIN_WINDOW_SAMPLES` samples a quarter and
-  :data:`MIN_PLATEAU_REQUESTS` requests between them. When the stock control is long enough for
-  the same test (``--stock-minutes`` equal to ``--minutes``), what is judged is the profile's rate
-  above the stock's: a warm-up both boots share cancels out.
-* control (too short for the plateau): the profile's floor growth over the stock control's minutes
+  the limit is a leak. Needs :data:`MIN_WINDOW_SAMPLES` samples a quarter and
+  :data:`MIN_PLATEAU_REQUESTS` requests between them.
+* control (too short for either): the profile's floor growth over the stock control's minutes
   (the floor of the window after the sample at :data:`WARM_FRACTION` of those minutes to the floor
   of their last fifth) against the stock's over the same minutes; more than
   :data:`CONTROL_MARGIN_PCT` points above it is a leak.
 
-Each rule knows its own resolution: the floor's noise (:func:`floor_noise_kib`: how far the floors
-of short windows of the judged span stray from the parabola through them), twice over for the
-difference of two floors and for the two boots compared. A figure inside that is not
-read as a leak nor as its absence. So:
+Each rule knows its own resolution: paired, from the difference's scatter about its line; plateau
+and control, from the floor's noise (:func:`floor_noise_kib`: how far the floors of short windows
+of the judged span stray from the parabola through them), twice over for the difference of two
+floors (and for the two boots compared, control). A figure inside that is not read as a leak nor
+as its absence. So:
 
 * ``leak``: the figure is above the limit and above the resolution;
 * ``pass``: it is at or under the limit, and the resolution is finer than the limit (the reason
@@ -50,7 +49,7 @@ stock, what is left scatters by tens of MiB from one half-minute window to the n
 resolves a few hundred KiB a request, never 100: the DSV4 kit's limit is 1 MiB a request. A leak
 below that is not seen on this kit; the Mellum soak is the one that sees 100 KiB.
 
-Neither rule applies (a soak of a minute, no control): ``unjudged``, said as such.
+No rule applies (a soak of a minute, no control): ``unjudged``, said as such.
 """
 
 from __future__ import annotations

@@ -279,6 +279,9 @@ def test_the_paired_rate_reads_back_a_planted_leak_and_the_shared_warm_up_and_st
 
 
 def test_each_kit_has_a_leak_limit_and_a_pass_names_it():
+    from devkit import soak
+
+    assert set(memory.LEAK_KIB_PER_REQUEST) == set(soak.MODELS)
     assert memory.limit_for("mellum") == memory.LEAK_MIB_PER_1000
     assert memory.limit_for("dsv4") == pytest.approx(1000.0)
     judged = memory.judge(series(30, 200, 1130, noise_mib=5, seed=3), [], memory.limit_for("mellum"))
