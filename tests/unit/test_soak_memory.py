@@ -286,3 +286,29 @@ def test_each_kit_has_a_leak_limit_and_a_pass_names_it():
     assert memory.limit_for("dsv4") == pytest.approx(1000.0)
     judged = memory.judge(series(30, 200, 1130, noise_mib=5, seed=3), [], memory.limit_for("mellum"))
     assert judged.verdict == "pass" and "no leak above 100 KiB a request" in judged.reason, judged.reason
+
+
+def test_the_recorded_10_minute_dsv4_soak_on_a_quiet_machine_passes_and_a_leak_of_twice_its_limit_fails():
+    """Recorded: ``soak --model dsv4 --minutes 10`` (a control as long by default) on a quiet
+    machine, 467 / 557 requests. Both floors climb by about 700 MiB over the run (stock's too); paired
+    at the same requests the profile's is flat, and 187 requests across the second half resolve
+    about 110 MiB per 1,000 requests: a pass with no leak above 1 MiB a request. The unpaired rule
+    this replaced (each boot's second-half rate, stock's subtracted) read the same run as growing
+    over 300 MiB per 1,000 requests on each boot and could not pass it. 2 MiB a request planted on
+    the profile fails; 256 KiB, under the limit, is not called a leak."""
+    import json
+    from pathlib import Path
+
+    def rows(leg: str) -> list:
+        return json.loads((Path(__file__).parent / "soak_rss" / f"dsv4_10min_paired_{leg}.json").read_text())[
+            "t_s_served_kib"]
+
+    profile, stock = rows("profile"), rows("stock")
+    judged = memory.judge(profile, stock, memory.limit_for("dsv4"))
+    assert (judged.verdict, judged.rule) == ("pass", "paired"), judged.reason
+    assert judged.resolution < 2 * memory.LEAK_MIB_PER_1000 and abs(judged.mib_per_1000_requests) < judged.resolution
+    assert memory.plateau(memory.samples_of(profile)).mib_per_1000_requests > 3 * memory.LEAK_MIB_PER_1000
+    leaked = memory.judge(_planted(profile, 2048), stock, memory.limit_for("dsv4"))
+    assert (leaked.verdict, leaked.rule) == ("leak", "paired"), leaked.reason
+    assert leaked.mib_per_1000_requests - judged.mib_per_1000_requests == pytest.approx(2000, rel=0.1)
+    assert memory.judge(_planted(profile, 256), stock, memory.limit_for("dsv4")).verdict == "pass"
