@@ -312,3 +312,24 @@ def test_the_recorded_10_minute_dsv4_soak_on_a_quiet_machine_passes_and_a_leak_o
     assert (leaked.verdict, leaked.rule) == ("leak", "paired"), leaked.reason
     assert leaked.mib_per_1000_requests - judged.mib_per_1000_requests == pytest.approx(2000, rel=0.1)
     assert memory.judge(_planted(profile, 256), stock, memory.limit_for("dsv4")).verdict == "pass"
+
+
+def test_a_recorded_dsv4_soak_with_a_planted_leak_fails_and_passes_with_it_taken_back_out():
+    """Recorded: ``soak --model dsv4 --minutes 4 --stock-minutes 4 --plant-leak-kib 8192`` (219 /
+    243 requests, FAIL). Paired, the profile's floor reads about the planted 8,000 MiB per 1,000
+    requests above stock's, eight times the DSV4 limit, well past the run's resolution; the same
+    series less 8192 KiB per served request passes."""
+    import json
+    from pathlib import Path
+
+    def rows(leg: str) -> list:
+        path = Path(__file__).parent / "soak_rss" / f"dsv4_4min_planted_8192kib_{leg}.json"
+        return json.loads(path.read_text())["t_s_served_kib"]
+
+    profile, stock = rows("profile"), rows("stock")
+    judged = memory.judge(profile, stock, memory.limit_for("dsv4"))
+    assert (judged.verdict, judged.rule) == ("leak", "paired"), judged.reason
+    assert judged.mib_per_1000_requests == pytest.approx(8192 * 1000 / 1024, rel=0.1)
+    assert judged.mib_per_1000_requests > 5 * max(judged.limit, judged.resolution)
+    taken_out = [(t, served, kib - 8192 * served) for t, served, kib in profile]
+    assert memory.judge(taken_out, stock, memory.limit_for("dsv4")).verdict == "pass"
