@@ -26,8 +26,10 @@ What it reads: HTTP outcomes (served / failed, with the first errors), the serve
 lines, tracebacks, ``memory leak detected``, sanity-check failures, overlay receipts), the
 scheduler process's RSS (``/proc/<pid>/status``, sampled every :data:`RSS_EVERY_S`), the
 ``kv_park`` DEBUG lines (parks, restores, refusals, ``disabled``). The RSS series of each boot is
-written beside its log (``<leg>.rss.json``) and judged by :mod:`.memory` (a plateau over the
-profile's second half, else growth against the stock control over the same minutes);
+written beside its log (``<leg>.rss.json``) and judged by :mod:`.memory` against the kit's limit
+(:func:`.memory.limit_for`): the profile's floor above stock's at the same requests over its second
+half when the control is as long, else a plateau over that half, else growth against the stock
+control over the same minutes);
 ``--plant-leak-kib K`` makes the profile's scheduler keep K KiB a request (the kit's ``planted_leak`` seam, :func:`devkit.engine_kit.launcher.with_seams`), to
 show that judgement fail. The last line printed is one JSON object (:func:`run`).
 """
@@ -601,7 +603,7 @@ def run(minutes: float = 5.0, model: str = "mellum", seed: int = 1, out: str | P
                     and ps.get("probes_before") == ss.get("probes_before"))
     growth = ps.get("rss_growth_pct")
     budget = parked_budget(ps, bound)
-    mem = memory.judge(prof.rss, stock.rss)
+    mem = memory.judge(prof.rss, stock.rss, memory.limit_for(model))
     passed = prof.clean and probes_equal and mem.verdict != "leak" and budget["respected"]
     verdict = soak_verdict(passed, mem.verdict)
     culprits: dict[str, Any] = {}
@@ -662,8 +664,9 @@ def run(minutes: float = 5.0, model: str = "mellum", seed: int = 1, out: str | P
 
 def default_stock_minutes(model: str, minutes: float) -> float:
     """The stock control's minutes when ``--stock-minutes`` is not given: as long as the profile's
-    on DSV4 (its CPU engine warms up past half of a 10-minute run, as its stock boot shows, so only
-    a control as long cancels that out of the plateau), 1 on Mellum (flat after its first minute)."""
+    on DSV4 (its CPU engine warms up past half of a 10-minute run and hands memory back in steps,
+    on its stock boot too, so only a control as long, paired request by request, cancels that
+    out), 1 on Mellum (flat after its first minute)."""
     return minutes if model == "dsv4" else 1.0
 
 
