@@ -145,17 +145,24 @@ def paired(samples: list[RssSample], stock: list[RssSample], limit: float = LEAK
         mib_per_1000_requests=round(rate, 2), requests_between=between, resolution=round(resolution, 1), limit=limit)
 
 
-def _window_floors(samples: list[RssSample], start: float, end: float, windows: int) -> list[tuple[float, float]]:
-    """(median requests served, RSS floor in KiB) of each of ``windows`` windows of ``[start, end]``
-    that holds three samples or more."""
+def _windows(samples: list[RssSample], start: float, end: float, windows: int, closed: bool = False
+             ) -> list[tuple[float, list[RssSample]]]:
+    """(midpoint, samples) of each of ``windows`` equal windows of ``[start, end)`` (``closed``: the
+    last one takes a sample at ``end`` too) that holds three samples or more."""
     width = (end - start) / windows
     out = []
     for i in range(windows):
         window = [s for s in samples if start + i * width <= s.t_s < start + (i + 1) * width
-                  or (i == windows - 1 and s.t_s == end)]
+                  or (closed and i == windows - 1 and s.t_s == end)]
         if len(window) >= 3:
-            out.append((float(median(s.served for s in window)), _floor(window)))
+            out.append((start + (i + 0.5) * width, window))
     return out
+
+
+def _window_floors(samples: list[RssSample], start: float, end: float, windows: int) -> list[tuple[float, float]]:
+    """(median requests served, RSS floor in KiB) of each of ``windows`` windows of ``[start, end]``
+    that holds three samples or more."""
+    return [(float(median(s.served for s in w)), _floor(w)) for _, w in _windows(samples, start, end, windows, True)]
 
 
 def _limit_words(limit: float, verdict: str) -> str:
@@ -197,12 +204,7 @@ def floor_noise_kib(samples: list[RssSample], start: float, end: float) -> float
     taken out). Not a robust spread: the floor moves in steps (the allocator keeps or gives back
     what a burst took), and the steps are the noise. 0 with fewer than four windows of three
     samples."""
-    width = (end - start) / NOISE_WINDOWS
-    points = []
-    for i in range(NOISE_WINDOWS):
-        window = [s for s in samples if start + i * width <= s.t_s < start + (i + 1) * width]
-        if len(window) >= 3:
-            points.append((start + (i + 0.5) * width, _floor(window)))
+    points = [(t, _floor(w)) for t, w in _windows(samples, start, end, NOISE_WINDOWS)]
     if len(points) < 4:
         return 0.0
     import numpy as np
