@@ -177,11 +177,7 @@ def _select_admission(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> An
         fallback(req, why, F=plan.F, s=plan.s, load=plan.load)
         restore_stock(req, plan)
     # Nothing selected under this pin (F's node): _add_one_req admits the stock match from the top.
-    return _upstream_policy().AddReqResult.OTHER
-
-
-def _upstream_policy() -> Any:
-    return __import__(SWITCH.module_of("PrefillAdder.add_one_req"), fromlist=["AddReqResult"])
+    return __import__(SWITCH.module_of("PrefillAdder.add_one_req"), fromlist=["AddReqResult"]).AddReqResult.OTHER
 
 
 def _prepare_for_extend(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
