@@ -163,14 +163,14 @@ class Dsv4Kit:
         return f"dsv4 ({self.model_type}, 3 layers C0/C4/C128, window 128, page 256, fp8 KV)"
 
     def server(self, model: Path, log: Path, profile: dict[str, str], extra: Sequence[str],
-               plugin: Any = None, chunk: int = DSV4_CHUNK) -> Any:
+               plugin: Any = None, chunk: int = DSV4_CHUNK, port: int | None = None) -> Any:
         from devkit.engine_kit.dsv4 import launch
 
         if plugin is not None:  # devkit.gate.ways.check refuses it before any boot
             raise ValueError("the DeepSeek-V4 kit boots through the import hook only")
         return launch.server(model, log, profile, ready_timeout_s=600.0, max_total_tokens=DSV4_MAX_TOTAL_TOKENS,
                              max_running=DSV4_MAX_RUNNING, chunk=chunk, swa_ratio=DSV4_SWA_RATIO,
-                             extra=list(extra))
+                             extra=list(extra), port=port)
 
     def workload(self, quick: bool, hicache_ratio: float | None = None) -> Any:
         from devkit.engine_kit import workload as wl

@@ -67,7 +67,7 @@ def serve(policies: list[Any], traffic: dict[str, Any], out: Path) -> tuple[Path
     kit = fl.MellumFleet(max_total_tokens=POOL, swa_ratio=1.0)
     model = kit.model(out)
     with ServingClient(client_env(), out) as client:
-        result = fl.run_fleet(kit, model, "stock", {}, policies, traffic, out, client, print)
+        result = fl.run_fleet(kit, model, "stock", {}, policies, traffic, out, client, print, fl.fleet_ports(fl.WORKERS))
     assert result.error is None, result.error
     assert result.survivors == []
     return model, result.runs

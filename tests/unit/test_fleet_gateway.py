@@ -70,3 +70,18 @@ def test_an_overload_veto_is_read_from_the_poll_that_set_it_to_the_poll_that_cle
     set_s = calendar.timegm(time.strptime("2026-12-06 05:42:30", "%Y-%m-%d %H:%M:%S"))
     assert found == [gateway.Veto("http://127.0.0.1:33663", set_s, set_s + 10, 3, 0.9658)]
     assert gateway.vetoes(VETO_LINES[:1])[0].cleared_s is None
+
+
+def test_a_worker_counts_as_polled_only_once_the_routers_page_carries_its_engine_load():
+    """The bench starts its client once every worker's load was polled: until then smg's expected
+    wait scores an unpolled worker as the best reporting peer (ties at best), so early misses herd."""
+    page = (
+        "# TYPE smg_worker_requests_active gauge\n"
+        'smg_worker_requests_active{worker="http://127.0.0.1:40001"} 0\n'
+        'smg_worker_requests_active{worker="http://127.0.0.1:40002"} 0\n'
+        "# TYPE smg_engine_running_requests gauge\n"
+        'smg_engine_running_requests{worker="http://127.0.0.1:40001",model="/m",dp_rank="0"} 0\n'
+    )
+    assert gateway.polled_workers(page) == {"http://127.0.0.1:40001"}
+    both = page + 'smg_engine_running_requests{worker="http://127.0.0.1:40002",model="/m",dp_rank="0"} 1\n'
+    assert gateway.polled_workers(both) == {"http://127.0.0.1:40001", "http://127.0.0.1:40002"}

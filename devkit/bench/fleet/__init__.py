@@ -119,8 +119,8 @@ class MellumFleet:
 
         return model_kits.kit("mellum").build(out).resolve()
 
-    def worker(self, model: Path, log: Path, profile: dict[str, str], extra: list[str]) -> launcher.Server:
-        args = launcher.server_args(model, launcher.free_port(), max_total_tokens=self.max_total_tokens,
+    def worker(self, model: Path, log: Path, profile: dict[str, str], extra: list[str], port: int) -> launcher.Server:
+        args = launcher.server_args(model, port, max_total_tokens=self.max_total_tokens,
                                     chunk=self.chunk, swa_ratio=self.swa_ratio, extra=extra)
         return launcher.Server(args, log, profile, ready_timeout_s=BOOT_TIMEOUT_S)
 
@@ -134,10 +134,10 @@ class Dsv4Fleet:
 
         return model_kits.kit("dsv4").build(out).resolve()
 
-    def worker(self, model: Path, log: Path, profile: dict[str, str], extra: list[str]) -> launcher.Server:
+    def worker(self, model: Path, log: Path, profile: dict[str, str], extra: list[str], port: int) -> launcher.Server:
         from devkit.engine_kit import model_kits
 
-        return model_kits.kit("dsv4").server(model, log, profile, extra, chunk=DSV4_CHUNK)
+        return model_kits.kit("dsv4").server(model, log, profile, extra, chunk=DSV4_CHUNK, port=port)
 
 
 FLEET_KITS = {"mellum": MellumFleet(), "dsv4": Dsv4Fleet()}
@@ -327,8 +327,9 @@ def receipts_of(profile: dict[str, str], logs: Sequence[Path], out: Path, label:
 
 
 def run_fleet(kit: Any, model: Path, label: str, profile: dict[str, str], policies: Sequence[Policy],
-              traffic: dict[str, Any], out: Path, client: ServingClient, say: Callable[[str], None]) -> FleetResult:
-    """Boot the fleet's workers (together), run every policy against them, stop them."""
+              traffic: dict[str, Any], out: Path, client: ServingClient, say: Callable[[str], None],
+              ports: Sequence[int]) -> FleetResult:
+    """Boot the fleet's workers (together) on ``ports``, run every policy against them, stop them."""
     result = FleetResult(label, profile)
     safe = _safe(label)
     req_dirs = [out / f"{safe}-w{i}.requests" for i in range(WORKERS)]
@@ -338,7 +339,7 @@ def run_fleet(kit: Any, model: Path, label: str, profile: dict[str, str], polici
                 f.unlink()
     boot_profile = {**profile, "DSV41_DEBUG_LOG": "1"} if profile else {}
     workers = [kit.worker(model, out / f"{safe}-w{i}.log", boot_profile,
-                          ["--enable-metrics", *served.request_log_args(req_dirs[i])]) for i in range(WORKERS)]
+                          ["--enable-metrics", *served.request_log_args(req_dirs[i])], ports[i]) for i in range(WORKERS)]
     t0 = time.monotonic()
     try:
         _start_together(workers)
@@ -442,16 +443,28 @@ def vetoes(row: dict[str, Any]) -> str:
 
 def measure(kit_name: str, labelled: Sequence[tuple[str, dict[str, str]]], policies: Sequence[Policy],
             traffic: dict[str, Any], out: Path, say: Callable[[str], None] = print) -> list[FleetResult]:
-    """Every fleet in turn (one fleet up at a time), every policy against it."""
+    """Every fleet in turn (one fleet up at a time), every policy against it. Every fleet's workers
+    take the same ports: the router knows a worker by its URL (key hashing's ring is built over the
+    URLs, ``hash_ring.rs:62``), so two fleets on other ports would place the same keys differently."""
     if kit_name not in FLEET_KITS:
         raise ValueError(f"--model {kit_name!r} is invalid: expected one of {', '.join(FLEET_KITS)}")
     kit = FLEET_KITS[kit_name]
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     model = kit.model(out)
+    ports = fleet_ports(WORKERS)
     with ServingClient(client_env(), out) as client:  # its imports while the first fleet boots
-        return [run_fleet(kit, model, label, profile, policies, traffic, out, client, say)
+        return [run_fleet(kit, model, label, profile, policies, traffic, out, client, say, ports)
                 for label, profile in labelled]
+
+
+def fleet_ports(n: int) -> list[int]:
+    """``n`` distinct free loopback ports."""
+    ports: list[int] = []
+    while len(ports) < n:
+        if (port := launcher.free_port()) not in ports:
+            ports.append(port)
+    return ports
 
 
 def run(quick: bool = False, model: str = "mellum") -> dict[str, Any]:

@@ -3,8 +3,15 @@
 :class:`Gateway` is a :class:`devkit.engine_kit.launcher.Server` whose command is ``python -m smg
 launch`` (the same interpreter, so the venv's pinned smg) on loopback: its own process group, the
 launcher's stop (SIGTERM, SIGKILL, sweep), a free port from the launcher. It is ready once its log
-says ``Router ready`` and its ``GET /workers`` lists every worker healthy (smg registers workers in
-the background after it starts serving). Its Prometheus page is on a second loopback port.
+says ``Router ready``, its ``GET /workers`` lists every worker healthy (smg registers workers in
+the background after it starts serving) and its load monitor has polled every worker. Why the last:
+the monitor's loop starts when the first worker registers and polls at once, the workers then
+``Ready`` only (``worker/monitor.rs:869, 1371-1407``), then every ``--load-monitor-interval`` (10 s);
+until a worker's first poll, expected wait scores it as the best reporting peer plus its own
+in-flight requests (``policies/least_load.rs:316-323``), so it ties at best and every miss of a
+client started earlier goes to the first-polled worker or is drawn (the bench's runs put both
+groups' first turns, and then all 24 requests, on one worker that way). Its Prometheus page is on a
+second loopback port.
 
 The settings the bench relies on are the installed CLI's defaults, printed on the router's own
 ``Starting router ... policy: CacheAware { ... }`` line and pinned in :data:`CACHE_AWARE_DEFAULTS`:
@@ -39,6 +46,8 @@ BRANCH_COUNTERS = {
 }
 RETRY_COUNTER = "smg_worker_retries_total"
 SETTINGS_RE = re.compile(r"policy: (\w+) \{([^}]*)\}")
+# a worker's load as the router last polled it: set per worker on each successful poll (metrics.rs:2772)
+POLLED_RE = re.compile(r'^smg_engine_running_requests\{[^}]*worker="([^"]+)"', re.M)
 ACTIVE_RE = re.compile(r'^smg_worker_requests_active\{worker="([^"]+)"\} (\S+)$', re.M)
 VETO_RE = re.compile(r"^(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d).*Worker overload veto (?P<verdict>set|cleared)"
                      r".*worker_url=(?P<url>\S+) overloaded=\w+ waiting_requests=(?P<waiting>\d+) kv_pressure=(?P<kv>[\d.]+)")
@@ -62,15 +71,17 @@ class Gateway(launcher.Server):
         return ["timeout", "-k", "10", str(self.max_life_s), sys.executable, "-m", "smg", "launch", *self.args]
 
     def _healthy(self) -> bool:
-        """Every worker registered and healthy (``GET /workers``)."""
+        """Every worker registered and healthy (``GET /workers``) and its load polled (the module's
+        docstring says why the bench waits for the poll)."""
         try:
             with urllib.request.urlopen(self.base_url + "/workers", timeout=5) as response:
                 listed = json.loads(response.read())
+            polled = polled_workers(self.metrics_text())
         except (OSError, ValueError):
             return False
         workers = listed.get("workers") or []
         healthy = [w for w in workers if w.get("is_healthy", True) and w.get("url") in self.worker_urls]
-        return len(healthy) == len(self.worker_urls)
+        return len(healthy) == len(self.worker_urls) and polled >= set(self.worker_urls)
 
     def metrics_text(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as response:
@@ -108,6 +119,11 @@ class LoadSampler:
                 loads = {m.group(1): float(m.group(2)) for m in ACTIVE_RE.finditer(self.router.metrics_text())}
                 self.samples.append((time.time(), loads))
             self._stop.wait(self.interval_s)
+
+
+def polled_workers(metrics_text: str) -> set[str]:
+    """The workers whose load the router has polled at least once, from its Prometheus page."""
+    return set(POLLED_RE.findall(metrics_text))
 
 
 def policy_settings(log_lines: Sequence[str]) -> dict[str, str]:
