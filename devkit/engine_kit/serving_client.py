@@ -8,8 +8,17 @@ imports the client while the first server boots, then runs the client's command 
 request, exactly as ``python -m sglang.benchmark.serving ARGS`` would (``runpy`` executes the module
 as ``__main__`` with ``sys.argv`` set: the same code path, no call into its functions).
 
-Protocol on the process's stdin / stdout: one JSON object a line, ``{"argv": [...], "log": PATH}``
-in, ``{"rc": N}`` out once the run ended; the run's own stdout and stderr go to ``log``.
+Protocol on the process's stdin / stdout: one JSON object a line, ``{"argv": [...], "log": PATH,
+"routing_run": NAME or null}`` in, ``{"rc": N}`` out once the run ended; the run's own stdout and
+stderr go to ``log``.
+
+Routing keys: with ``--gsp-send-routing-key`` the client keys each group
+``{uuid4().hex[:8]}_{now:%Y%m%d%H%M%S}_{group}`` (``benchmark/datasets/generated_shared_prefix.py``:
+``run_random_str``, ``run_start_timestamp``), new every run, so two runs' groups land on other
+positions of a router's hash ring. A run given ``routing_run`` keys its groups
+``{routing_run[:8]}_{routing_run}_{group}`` instead (the dataset module's ``uuid`` and ``datetime`` names
+stand in for that run only), so runs that should place alike get the same keys;
+:func:`routing_key` is what a group's key then is, for the caller to check in what was sent.
 """
 
 from __future__ import annotations
@@ -38,11 +47,12 @@ class ServingClient:
         self._proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       stderr=subprocess.DEVNULL, text=True, env=env, cwd=cwd)
 
-    def run(self, argv: list[str], log: Path, timeout_s: float) -> int:
-        """The client's command line ``argv`` (without the module); its output goes to ``log``.
+    def run(self, argv: list[str], log: Path, timeout_s: float, routing_run: str | None = None) -> int:
+        """The client's command line ``argv`` (without the module); its output goes to ``log``;
+        ``routing_run``: the run's routing keys (the module's docstring).
         Returns its exit status; raises TimeoutError past ``timeout_s`` (the process is killed)."""
         assert self._proc.stdin is not None and self._proc.stdout is not None
-        self._proc.stdin.write(json.dumps({"argv": argv, "log": str(log)}) + "\n")
+        self._proc.stdin.write(json.dumps({"argv": argv, "log": str(log), "routing_run": routing_run}) + "\n")
         self._proc.stdin.flush()
         reply = _readline(self._proc, timeout_s)
         if not reply:
@@ -92,6 +102,37 @@ def client_env() -> dict[str, str]:
     return env
 
 
+GSP_MODULE = "sglang.benchmark.datasets.generated_shared_prefix"
+
+
+def routing_key(routing_run: str, group: int) -> str:
+    """The routing key of ``group`` in a run given ``routing_run``."""
+    return f"{routing_run[:8]}_{routing_run}_{group}"
+
+
+@contextlib.contextmanager
+def _routing_keys_of(routing_run: str | None):
+    """The dataset module's ``uuid.uuid4().hex`` and ``datetime.now().strftime(...)`` both read
+    ``routing_run`` while the run lasts (nothing else in that module reads either name)."""
+    if routing_run is None:
+        yield
+        return
+    import importlib
+    import types
+
+    gsp = importlib.import_module(GSP_MODULE)
+    named = {"uuid": types.SimpleNamespace(uuid4=lambda: types.SimpleNamespace(hex=routing_run)),
+             "datetime": types.SimpleNamespace(now=lambda: types.SimpleNamespace(strftime=lambda _fmt: routing_run))}
+    saved = {name: getattr(gsp, name) for name in named}
+    for name, value in named.items():
+        setattr(gsp, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(gsp, name, value)
+
+
 def _readline(proc: subprocess.Popen, timeout_s: float) -> str:
     assert proc.stdout is not None
     with selectors.DefaultSelector() as sel:
@@ -113,7 +154,8 @@ def _serve() -> None:
             rc = 0
             sys.argv = [MODULE, *request["argv"]]
             try:
-                runpy.run_module(MODULE, run_name="__main__", alter_sys=False)
+                with _routing_keys_of(request.get("routing_run")):
+                    runpy.run_module(MODULE, run_name="__main__", alter_sys=False)
             except SystemExit as exc:  # argparse's errors, or the client's own exit
                 rc = exc.code if isinstance(exc.code, int) else 1
             except Exception:  # the run failed; the process serves the next one

@@ -109,3 +109,20 @@ def test_a_worker_whose_scheduler_died_is_named_with_the_exception_and_the_alloc
     assert "Try to allocate 64 tokens." in death and "Available swa: 56" in death
     assert "SIGQUIT" not in death
     assert scheduler_death(DEAD_WORKER_LOG.split("[2026-12-06 11:25:15] Scheduler")[0]) is None
+
+
+@pytest.mark.parametrize("groups", [2, 3, 4])
+def test_the_key_hashing_runs_keys_spread_the_groups_evenly_on_smgs_ring_and_foreign_keys_are_named(groups):
+    from devkit.bench.fleet import routing_run, unpinned_keys
+    from devkit.engine_kit.serving_client import routing_key
+    from overlay_tools.simulate.gateway.router import HashRing
+
+    urls = ["http://127.0.0.1:49107", "http://127.0.0.1:57967"]
+    name = routing_run(urls, groups)
+    assert name == routing_run(urls, groups)  # every fleet on these ports gets the same keys
+    placed = [HashRing(urls).find(routing_key(name, g)) for g in range(groups)]
+    assert abs(placed.count(0) - placed.count(1)) <= 1
+    sent = [served.Served(f"r{g}", 0, 0.0, [1], routing_key(name, g), 1, 0, 1, None, None) for g in range(groups)]
+    assert unpinned_keys(sent, urls, groups) == []
+    stray = served.Served("x", 0, 0.0, [1], "ab2ee258_20261206143821_0", 1, 0, 1, None, None)
+    assert unpinned_keys([*sent, stray], urls, groups) == ["ab2ee258_20261206143821_0"]

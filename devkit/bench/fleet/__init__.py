@@ -8,7 +8,9 @@ pool with a page a chunk). Against each fleet every policy runs once (:data:`POL
 router (:mod:`.gateway`) with that policy, the client's seeded traffic through it
 (``python -m sglang.benchmark.serving --backend sglang-oai-chat --dataset-name generated-shared-prefix``,
 conversations of several turns sharing a system prompt per group; ``consistent_hashing`` gets the
-client's per-group routing key, ``--gsp-send-routing-key``), then the router stops and each worker's
+client's per-group routing key, ``--gsp-send-routing-key``, named by :func:`routing_run` so that every
+fleet gets the same keys and the ring spreads the groups evenly; every fleet's workers take the same
+ports, so the ring is the same), then the router stops and each worker's
 prefix cache is flushed (``POST /flush_cache``), so every policy starts from empty caches and the
 same requests (same seed).
 
@@ -41,6 +43,7 @@ import json
 import re
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,8 +51,8 @@ from typing import Any
 
 from devkit.bench.fleet import gateway, pressure, served
 from devkit.engine_kit import launcher
-from devkit.engine_kit.serving_client import ServingClient, client_args, client_env
-from overlay_tools.simulate.gateway.router import RouterConfig
+from devkit.engine_kit.serving_client import ServingClient, client_args, client_env, routing_key
+from overlay_tools.simulate.gateway.router import HashRing, RouterConfig
 
 OUT = Path(__file__).resolve().parents[3] / "build" / "bench-fleet"
 WORKERS = 2
@@ -221,6 +224,28 @@ def scheduler_death(log_text: str) -> str | None:
     return " ".join([lines[error], *detail])
 
 
+def routing_run(urls: Sequence[str], groups: int) -> str:
+    """The name of a key-hashing run's routing keys: the first of ``fleet0``, ``fleet1``, ... whose
+    groups smg's ring over the workers' URLs (:class:`HashRing`, ``hash_ring.rs``) spreads as evenly
+    as the count allows. The client's own keys are new every run, and with few groups two of them
+    share a worker as often as not, so one run's key hashing would place by luck and two fleets
+    would place differently; these keys are the same for every fleet on the same ports."""
+    ring = HashRing(list(urls))
+    for n in range(1000):
+        name = f"fleet{n}"
+        placed = Counter(ring.find(routing_key(name, g)) for g in range(groups))
+        if max(placed.values()) - min(placed.get(i, 0) for i in range(len(urls))) <= 1:
+            return name
+    raise RuntimeError(f"no routing keys spread {groups} groups over {len(urls)} workers")
+
+
+def unpinned_keys(records: Sequence[served.Served], urls: Sequence[str], groups: int) -> list[str]:
+    """The routing keys the workers received that are not the bench's (:func:`routing_run`): a
+    client whose keys were not pinned places the groups anew and its fleets do not compare."""
+    name = routing_run(urls, groups)
+    return sorted({r.routing_key or "none" for r in records} - {routing_key(name, g) for g in range(groups)})
+
+
 def prefill_tokens(log_text: str) -> tuple[int, int]:
     """(prefill batches, tokens they computed) from a worker log's ``Prefill batch`` lines."""
     found = PREFILL_RE.findall(log_text)
@@ -249,7 +274,8 @@ def run_policy(fleet_label: str, policy: Policy, workers: Sequence[launcher.Serv
         out_file.unlink(missing_ok=True)
         argv = client_args(router.base_url, model, out_file, traffic) + (
             ["--gsp-send-routing-key"] if policy.routing_key else [])
-        rc = client.run(argv, out / f"{name}.client.txt", CLIENT_TIMEOUT_S)
+        keys = routing_run(run.urls, traffic["groups"]) if policy.routing_key else None
+        rc = client.run(argv, out / f"{name}.client.txt", CLIENT_TIMEOUT_S, routing_run=keys)
         if rc != 0 or not out_file.is_file():
             tail = (out / f"{name}.client.txt").read_text(errors="replace").strip().splitlines()[-3:]
             run.error = f"client exit {rc}: {' | '.join(tail)}"
@@ -283,6 +309,8 @@ def run_policy(fleet_label: str, policy: Policy, workers: Sequence[launcher.Serv
     if run.died:
         run.error = "; ".join(f"worker {d['worker']} died: {d['error']}" for d in run.died) + (
             f" (the router retried {run.router.get('retries', 0)} requests on the others)")
+    if policy.routing_key and (unpinned := unpinned_keys(records, run.urls, traffic["groups"])):
+        run.error = run.error or f"the client sent other routing keys than the bench's: {unpinned}"
     run.moved_turns = served.moved_turns(records)
     if policy.policy == "cache_aware" and records:
         loads = pressure.sampled_loads(records, samples, run.urls)
