@@ -148,6 +148,8 @@ METRICS: tuple[Metric, ...] = (
            "Beside HiCache: plans whose Full KV below F was loaded back from host."),
     Metric("dsv41_cone_replay_loaded_tokens_total", "cone_replay", _CONE + "load",
            "Beside HiCache: Full tokens the cone loaded back from host.", amount=_num("tokens")),
+    Metric("dsv41_cone_replay_waits_total", "cone_replay", _CONE + "wait",
+           "Plans whose first chunk, cut short by the pass's earlier requests, waited a pass (once a request)."),
     Metric("dsv41_cone_replay_fallbacks_total", "cone_replay", _CONE + "fallback",
            "Requests that fell back to the stock resume point, by reason.", labels=("reason",)),
     # KV park

@@ -156,3 +156,51 @@ def test_a_short_first_chunk_falls_back_to_the_stock_admission_so_a_tight_swa_po
     assert (first.prefix_lens[i], first.extend_lens[i]) == (P, N - 16)
     cache.sanity_check()
     assert _leak(h) == baseline
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_first_chunk_cut_short_by_a_request_before_it_in_the_pass_waits_one_pass_and_replays_n(overlap):
+    """A fresh 40-token prompt admitted first leaves 24 of the pass's 64 chunk tokens: the cone's
+    first chunk [s, F) needs 64, so the request waits (nothing committed, no fallback) and the next
+    pass replays N from s instead of recomputing from the stock match."""
+    install(N)
+    h = _harness(N, overlap)
+    baseline = _leak(h)
+    a_hist, F = _lose_a(h)
+    cone_replay.reset_counters()
+    other = h.add_request(h.make_request(40, max_new_tokens=4, seed=77))
+    a2 = h.add_request(h.make_request(0, max_new_tokens=16, prompt_ids=a_hist + list(range(20_000, 20_064))))
+    start = len(h.trace)
+    h.run_until(a2.finished, max_passes=10_000)
+    h.drain()
+    h.finish_in_flight()
+    steps = [s for s in h.trace[start:] if s.rids]
+    assert other.rid in steps[0].rids and a2.rid not in steps[0].rids  # waited while the other ran
+    first = next(s for s in steps if a2.rid in s.rids)
+    assert (first.prefix_lens[first.rids.index(a2.rid)], first.extend_lens[first.rids.index(a2.rid)]) == (F - N, N)
+    c = cone_replay.COUNTERS
+    assert (c.waits, c.admitted, c.copies, c.fallbacks) == (1, 1, 1, 0) and cone_replay.FALLBACKS == {}
+    h.scheduler.tree_cache.sanity_check()
+    assert _leak(h) == baseline
+
+
+def test_a_cone_waits_for_a_whole_chunk_only_once_then_falls_back_to_the_stock_match():
+    install(N)
+    h = _harness(N, False)
+    baseline = _leak(h)
+    a_hist, F = _lose_a(h)
+    cone_replay.reset_counters()
+    h.add_request(h.make_request(40, max_new_tokens=4, seed=77))
+    a2 = h.add_request(h.make_request(0, max_new_tokens=16, prompt_ids=a_hist + list(range(20_000, 20_064))))
+    h.step()  # a2 waits behind the first
+    h.scheduler.waiting_queue.insert(0, h.make_request(40, max_new_tokens=4, seed=78))  # ahead of it again
+    start = len(h.trace)
+    h.run_until(a2.finished, max_passes=10_000)
+    h.drain()
+    h.finish_in_flight()
+    first = next(s for s in h.trace[start:] if a2.rid in s.rids)
+    assert first.prefix_lens[first.rids.index(a2.rid)] < F - N  # the stock match's point, not s
+    c = cone_replay.COUNTERS
+    assert (c.waits, c.admitted, c.copies) == (1, 0, 0) and cone_replay.FALLBACKS == {"first_chunk_short": 1}
+    h.scheduler.tree_cache.sanity_check()
+    assert _leak(h) == baseline

@@ -10,7 +10,9 @@
   node (the match walk's last node) and ``plan.load = F - D``: the admission loads that Full KV
   back through HiCache (:mod:`.hicache`) before the copy.
 * :func:`admit` (after ``PrefillAdder._select_prefill_admission``): the first prefill pass must be
-  one chunk covering ``[s, F)``, else the stock match is restored and the reason logged.
+  one chunk covering ``[s, F)``; a chunk cut short by the requests admitted before it in the same
+  pass waits for the next pass, once per request and F; else the stock match is restored and the
+  reason logged.
 
 Plan states: planned (match) -> admitted (first chunk covers [s, F)) -> copied (rows filled) ->
 forwarded (its ForwardBatch carries the replay rows); or planned -> stock (fell back: the request is
@@ -28,8 +30,10 @@ from adapter.switches.cone_replay.geometry import cache_config, cone_start
 SWITCH = api.handle(__name__)
 REQ_ATTR = "_dsv41_cone"  # the plan of one request (set on its Req)
 NO_LOAD_ATTR = "_dsv41_cone_no_load"  # F of a request whose cone load-back fell back (runs stock)
+WAITED_ATTR = "_dsv41_cone_waited"  # F of a request whose short first chunk waited a pass
 PLANNED, ADMITTED, COPIED, FORWARDED = "planned", "admitted", "copied", "forwarded"
 STOCK = "stock"  # fell back: the stock match restored, to be admitted from the top
+WAIT = "wait"  # admission: not this pass (nothing committed), the plan kept for the next
 
 
 @dataclass
@@ -60,6 +64,7 @@ class Counters:
     substituted_layers: int = 0  # Full-attention layer calls whose replay rows read the resident KV
     masked_rows: int = 0  # DeepSeek-V4: replay rows whose compressor / indexer writes went to slot 0
     fallbacks: int = 0
+    waits: int = 0  # first chunks cut short by the pass's earlier requests that waited a pass
     loads: int = 0  # HiCache: plans whose Full KV of [D, F) was loaded back from host
     loaded_tokens: int = 0
 
@@ -190,17 +195,25 @@ def _stock_resume_point(cache: Any, result: Any) -> int:
     return int(path[-1].path_end) if path else 0
 
 
-def admit(req: Any, prefix_len: int, extend_len: int) -> bool:
-    """The admission rule: keep the cone only if the first pass is one chunk covering ``[s, F)``;
-    otherwise restore the stock match and log why. True when the cone stays."""
+def admit(req: Any, prefix_len: int, extend_len: int, behind_others: bool) -> str:
+    """The admission rule: keep the cone only if the first pass is one chunk covering ``[s, F)``
+    (ADMITTED). A chunk cut short while requests admitted before it in this pass hold part of the
+    pass's chunk budget (``behind_others``) waits one pass (WAIT), once per request and F: the next
+    pass may give it the whole chunk, where falling back recomputes ``F - P`` tokens from the
+    stock match instead of N. Otherwise restore the stock match and log why (STOCK)."""
     plan = getattr(req, REQ_ATTR)
     if prefix_len == plan.s and prefix_len + extend_len >= plan.F:
         plan.state = ADMITTED
         COUNTERS.admitted += 1
-        return True
+        return ADMITTED
+    if behind_others and getattr(req, WAITED_ATTR, None) != plan.F:
+        setattr(req, WAITED_ATTR, plan.F)
+        COUNTERS.waits += 1
+        SWITCH.event("DSV41_SWA_CONE wait", rid=req.rid, F=plan.F, s=plan.s, chunk=extend_len)
+        return WAIT
     fallback(req, "first_chunk_short", F=plan.F, s=plan.s, chunk=extend_len)
     restore_stock(req, plan)
-    return False
+    return STOCK
 
 
 def restore_stock(req: Any, plan: ConePlan) -> None:

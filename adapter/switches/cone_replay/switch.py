@@ -14,7 +14,8 @@ The package, one job a module (this module installs and holds the scheduler-side
   kept, so the first checkpoint inserts exactly ``[0, F)`` and re-publishes F's window from the
   replay's SWA; one line ``DSV41_SWA_CONE plan rid=.. F=.. s=.. N=..``) and the admission rule at
   ``PrefillAdder._select_prefill_admission`` (the first prefill pass must be one chunk covering
-  ``[s, F)``, else the stock match is restored: ``DSV41_SWA_CONE fallback rid=.. reason=..``, and
+  ``[s, F)``; a chunk cut short by the pass's earlier requests waits one pass, once:
+  ``DSV41_SWA_CONE wait rid=..``; else the stock match is restored: ``DSV41_SWA_CONE fallback rid=.. reason=..``, and
   ``PrefillAdder.add_one_req`` admits the request again from the top, as stock, so that its pin
   and its commit lock are both on the stock node and the SWA it budgets is the SWA it allocates). The
   request's lock on F's node (``_commit_prefill_admission`` locks ``req.last_node``) keeps the copy
@@ -98,6 +99,7 @@ from adapter.switches.cone_replay.plan import (
     PLANNED,
     REQ_ATTR,
     STOCK,
+    WAIT,
     admit,
     fallback,
     restore_stock,
@@ -166,7 +168,11 @@ def _select_admission(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> An
         # beside the replay: never replay then.
         fallback(req, "host_load_back", F=plan.F, s=plan.s)
         restore_stock(req, plan)
-    elif admit(req, admission.prefix_len, admission.extend_len):
+    elif (verdict := admit(req, admission.prefix_len, admission.extend_len, bool(instance.can_run_list))) == WAIT:
+        # Nothing committed, the plan kept: the scheduler stops adding requests this pass; the
+        # request stays waiting and is matched and admitted again on a later pass.
+        return _add_req_result().OTHER
+    elif verdict == ADMITTED:
         if not plan.load:
             return admission
         why = hicache.load_full_kv(instance, req, plan, admission.extend_len, admission.max_new_tokens)
@@ -177,7 +183,11 @@ def _select_admission(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> An
         fallback(req, why, F=plan.F, s=plan.s, load=plan.load)
         restore_stock(req, plan)
     # Nothing selected under this pin (F's node): _add_one_req admits the stock match from the top.
-    return __import__(SWITCH.module_of("PrefillAdder.add_one_req"), fromlist=["AddReqResult"]).AddReqResult.OTHER
+    return _add_req_result().OTHER
+
+
+def _add_req_result() -> Any:
+    return __import__(SWITCH.module_of("PrefillAdder.add_one_req"), fromlist=["AddReqResult"]).AddReqResult
 
 
 def _prepare_for_extend(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
