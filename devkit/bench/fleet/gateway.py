@@ -9,8 +9,7 @@ the monitor's loop starts when the first worker registers and polls at once, the
 ``Ready`` only (``worker/monitor.rs:869, 1371-1407``), then every ``--load-monitor-interval`` (10 s);
 until a worker's first poll, expected wait scores it as the best reporting peer plus its own
 in-flight requests (``policies/least_load.rs:316-323``), so it ties at best and every miss of a
-client started earlier goes to the first-polled worker or is drawn (the bench's runs put both
-groups' first turns, and then all 24 requests, on one worker that way). Its Prometheus page is on a
+client started earlier goes to the first-polled worker or is drawn. Its Prometheus page is on a
 second loopback port.
 
 The settings the bench relies on are the installed CLI's defaults, printed on the router's own
