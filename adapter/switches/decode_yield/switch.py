@@ -57,7 +57,7 @@ def unsupported_mode(server_args: Any) -> str | None:
 
 
 def predict(profile: api.Profile) -> api.Prediction:
-    """``python -m adapter check``'s: a first pass's refusal (from the launch line), the mode, open loop on defaults."""
+    """What ``python -m adapter check`` predicts: the first pass's refusal, the mode, a defaults warning."""
     coefficients = [k for k in profile.environ if k.startswith("DSV41_DECODE_YIELD_") and k not in (MODE_KEY, GUARD_KEY)]
     warnings = (DEFAULTS_WARNING,) if profile.values.get(MODE_KEY) == "model" and not coefficients else ()
     if profile.status != "installed":
