@@ -1,8 +1,6 @@
-"""The prefill backlog as decode yield sees it (docs/switches/decode_yield.md, "The bound"): from a
-prompt waiting until none is, the lag its windows added, each waiting prompt's :class:`Stamp`, and the
-rate prefill arrives into it and the queue behind the chunked prompt (the load guard's reading: the
-larger of the two). A prompt whose first token comes past its bound (its lag past ``pct`` of its TTFT
-plus ``1 - pct`` of the longest window) is :class:`Late`."""
+"""The prefill backlog (docs/switches/decode_yield.md, "The bound"), from a prompt waiting until none
+is: the lag its windows added, each waiting prompt's :class:`Stamp`, the load guard's reading. A prompt
+served past its bound (lag past ``pct`` of its TTFT plus ``1 - pct`` of the longest window) is :class:`Late`."""
 
 from __future__ import annotations
 
@@ -44,13 +42,11 @@ class Arrivals:
         self.arrived = self.chunked_ns = 0  # prompts x1000, ns
         self._halved: int | None = None
 
-    def passed(self, t: int, took: int, chunked: bool, arrived: int) -> None:
-        """A pass entered at ``t`` after ``took`` ns, a prompt ``chunked`` then; ``arrived`` first seen now."""
-        if self._halved is None:
-            self._halved = t
+    def passed(self, t: int, took: int, chunked: bool, arrived: int) -> None:  # ``arrived``: first seen now
+        halved = t if self._halved is None else self._halved
         # on wall time: light traffic chunks a prompt a few % of the time, a burst a minute ago says nothing
-        halvings = min((t - self._halved) // HORIZON_NS, 62)
-        self._halved += halvings * HORIZON_NS
+        halvings = min((t - halved) // HORIZON_NS, 62)
+        self._halved = halved + halvings * HORIZON_NS
         self.arrived, self.chunked_ns = self.arrived >> halvings, self.chunked_ns >> halvings
         if chunked:  # a window's steps too: prompts arrive in them (else a share s reads 1 / (1 - s) high)
             self.chunked_ns += took
@@ -74,16 +70,13 @@ class Backlog:
         self._chunked = False  # a prompt was chunked at the pass before
         self._served: list[tuple[Stamp, int]] = []  # prompts the last pass gave a first token, with lost tokens
 
-    def load(self, per_token: int | None) -> int:
+    def load(self, per_token: int) -> int:
         """Permille. A burst arrives before any prompt is chunked (no arrival counted) but queues seconds
-        of prefill: the queue's prefill over the horizon reads as load too. The chunked prompt is no
-        queued work: a lone long prompt reads 0."""
-        per_token = per_token or 0
+        of prefill: the queue's prefill over the horizon reads as load too (a lone long prompt: 0)."""
         return max(self.arrivals.load((median(self.work) or 0) * per_token), self.queued * per_token * 1000 // HORIZON_NS)
 
-    def on_pass(self, t: int, tick: Tick, chunked: Any, waiting: Any, per_token: int | None) -> list[Late]:
+    def on_pass(self, t: int, tick: Tick, chunked: Any, waiting: Any, per_token: int) -> list[Late]:
         """A pass entered at ``t``; returns the prompts the pass before served past their bound."""
-        per_token = per_token or 0
         if tick.window:
             self.lag += tick.took
             self.given += tick.took
@@ -102,21 +95,20 @@ class Backlog:
             self.stamps.clear()
         ahead = len(chunked.origin_input_ids) - (chunked.extend_end or chunked.prefix_len) if chunked else 0
         for req in waiting:
-            if not req.output_ids and self._stamp(req, t, ahead * per_token, queued=True):  # retracted: no prompt
-                self.work.append(len(req.origin_input_ids) - (self.stamps[req].hit or 0))
+            if not req.output_ids and req not in self.stamps:  # retracted: no prompt; stamped: arrived before
+                self.work.append(len(req.origin_input_ids) - (self._stamp(req, t, ahead * per_token, True).hit or 0))
                 arrived += 1
             ahead += len(req.origin_input_ids) + len(req.output_ids) - req.prefix_len
         self.arrivals.passed(t, tick.took, self._chunked, arrived)
         self._chunked = chunked is not None
         return late
 
-    def _stamp(self, req: Any, t: int, ahead_ns: int, queued: bool) -> bool:
-        """Stamp ``req`` unless it is; a queued prompt's cache hit is read (the chunked one's is in the tree)."""
-        if req in self.stamps:
-            return False
-        hit = self.resumable(req) if queued and self.resumable is not None else None
-        self.stamps[req] = Stamp(req, t, min(self.lag, ahead_ns), self.given, hit)
-        return True
+    def _stamp(self, req: Any, t: int, ahead_ns: int, queued: bool) -> Stamp:
+        """``req``'s stamp, made now if none; a queued prompt's cache hit is read (the chunked one's is in the tree)."""
+        if (stamp := self.stamps.get(req)) is None:
+            hit = self.resumable(req) if queued and self.resumable is not None else None
+            stamp = self.stamps[req] = Stamp(req, t, min(self.lag, ahead_ns), self.given, hit)
+        return stamp
 
     def ran(self, reqs: Any, chunked: Any) -> None:
         """The pass that just entered runs a prefill of ``reqs``: all but ``chunked`` get their first token."""
@@ -125,24 +117,19 @@ class Backlog:
                 # its cache hit, counted once at its first chunk's admission (before this pass)
                 self._served.append((stamp, max(0, stamp.hit - req.cached_tokens) if stamp.hit is not None else 0))
 
-    def facts(self, t: int, chunked: Any, waiting: Any, tokens_left: int, per_token: int | None
+    def facts(self, t: int, chunked: Any, waiting: Any, tokens_left: int, per_token: int
               ) -> tuple[int, tuple[Waiting, ...]]:
         """The bound's facts at an arming pass: the chunked prompt's prefill still to run (ns) and each
         waiting prompt's wait and lag (the chunked prompt included; one not yet seen is stamped now)."""
-        per_token = per_token or 0
-        rest, queued, found = tokens_left * per_token, 0, []
-        self.queued = 0
-        for req in (chunked, *waiting):
-            is_queued = req is not chunked
-            hit = req.prefix_len if is_queued else 0
-            if not is_queued or not req.output_ids:  # a retracted request is no prompt
-                self._stamp(req, t, (tokens_left + queued) * per_token if is_queued else 0, is_queued)
-                stamp = self.stamps[req]
-                found.append(Waiting(t - stamp.since, stamp.found + self.given - stamp.given))
+        rest, queued, self.queued = tokens_left * per_token, 0, 0
+        stamps = [self._stamp(chunked, t, 0, queued=False)]
+        for req in waiting:
+            hit = req.prefix_len
+            if not req.output_ids:  # a retracted request is no prompt
+                stamps.append(stamp := self._stamp(req, t, (tokens_left + queued) * per_token, queued=True))
                 hit = max(hit, stamp.hit or 0)  # a prompt not yet matched has prefix_len 0: its hit as read
-            if is_queued:
-                queued += len(req.origin_input_ids) + len(req.output_ids)
-                self.queued += len(req.origin_input_ids) + len(req.output_ids) - hit
+            size = len(req.origin_input_ids) + len(req.output_ids)
+            queued, self.queued = queued + size, self.queued + size - hit
         if per_token:  # stock's backlog is ours less the lag: once ours is no larger, stock's is empty
             self.lag = min(self.lag, rest + queued * per_token)
-        return rest, tuple(found)
+        return rest, tuple(Waiting(t - s.since, s.found + self.given - s.given) for s in stamps)

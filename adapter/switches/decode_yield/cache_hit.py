@@ -1,9 +1,8 @@
-"""What a waiting prompt could resume from the prefix cache now, read without changing the cache (a
-hit lost while it waits is charged to its lag). SGLang's match (``UnifiedRadixCache.match_prefix``)
-touches the LRU and splits nodes; this uses the read-only walks of both tree cores,
-``match_full_device_prefix`` and ``swa_tombstone_ranges``, on the key the scheduler matches
-(``common._req_radix_key``): the Full hit cut back to where the SWA validator accepts, a lower bound.
-"""
+"""What a waiting prompt could resume from the prefix cache now, read without changing the cache (a hit lost while it
+waits is charged to its lag). SGLang's match (``UnifiedRadixCache.match_prefix``) touches the LRU and splits nodes;
+this uses the read-only walks of both tree cores, ``match_full_device_prefix`` and ``swa_tombstone_ranges``, on the
+key the scheduler matches (``common._req_radix_key``): the Full hit cut back to where the SWA validator accepts, a
+lower bound."""
 
 from __future__ import annotations
 
@@ -29,19 +28,16 @@ def reader(cache: Any) -> Callable[[Any], int] | None:
         ids = req.origin_input_ids + req.output_ids
         key = _req_radix_key(cache, req, ids, req._compute_max_prefix_len(len(ids)))
         hit, _, _ = core.match_full_device_prefix(key)
-        if not window or not hit:
-            return hit
-        return deepest_valid(core.swa_tombstone_ranges(key, 0, hit), hit, window)
+        return hit if not window or not hit else deepest_valid(core.swa_tombstone_ranges(key, 0, hit), hit, window)
 
     return resumable
 
 
 def deepest_valid(tombstones: list[tuple[int, int]], hit: int, window: int) -> int:
-    """The deepest point of a Full hit of ``hit`` tokens the SWA validator accepts, given the hit's
-    SWA-tombstoned ranges (whole nodes, in order): a point is valid with no tombstone before it, or
-    with at least ``window`` SWA-bearing tokens since the last one. The candidates are the hit's end
-    and each tombstone's start (a node boundary); a valid node end inside a live run is not seen, so
-    this is at most what the match gives."""
+    """The deepest point of a Full hit of ``hit`` tokens the SWA validator accepts, given the hit's SWA-tombstoned
+    ranges (whole nodes, in order): a point is valid with no tombstone before it, or with at least ``window``
+    SWA-bearing tokens since the last one. The candidates are the hit's end and each tombstone's start (a node
+    boundary); a valid node end inside a live run is not seen, so this is at most what the match gives."""
     if not tombstones or hit - tombstones[-1][1] >= window:
         return hit
     for i in range(len(tombstones) - 1, 0, -1):

@@ -30,13 +30,10 @@ class PassClock:
         self.need_run = 3 if overlap else 2  # decode iterations in a row before one is a step alone
         self.alone, self.any_step = deque[int](maxlen=SAMPLES), deque[int](maxlen=SAMPLES)
         self._prefills: deque[tuple[int, int]] = deque(maxlen=SAMPLES)  # (ns, tokens) of the last prefill passes
-        # from decision.close's served cycles
-        self.cycle_per_token, self.alternation = deque[int](maxlen=SAMPLES), deque[int](maxlen=SAMPLES)
-        self.windows = 0  # windows armed so far, and the count when the last step alone came
-        self._alone_at = -FRESH_CYCLES - 1
+        self.cycle_per_token, self.alternation = deque[int](maxlen=SAMPLES), deque[int](maxlen=SAMPLES)  # from close()
+        self.windows, self._alone_at = 0, -FRESH_CYCLES - 1  # windows armed so far; their count at the last step alone
         self.entered: int | None = None  # when the current pass entered
-        self._run = 0  # decode iterations in a row, ending with the pass that just entered
-        self._prefill = 0
+        self._run = self._prefill = 0  # decode iterations in a row to the pass that just entered; its prefill tokens
         self.deferred = False  # set by the defer hook: the pass that just entered is a window's step
 
     def on_pass(self, t: int) -> Tick:

@@ -84,8 +84,7 @@ class Served:  # a closed cycle, as the ``window`` line reports it, and the cloc
 
 
 def final_span(windows: int) -> int:
-    """How many of a prompt's last windows pay its final chunk's share: those of its last quarter
-    (no window follows the final chunk, its first token does), at least one."""
+    """A prompt's last windows that pay its final chunk's share (no window follows it): its last quarter."""
     return max(1, (windows + 1) // 4 - 1)
 
 
@@ -95,10 +94,8 @@ def decide(cfg: Config, facts: Facts, state: State) -> tuple[Window, State]:
     share = cfg.pct
     if cfg.guard and facts.load is not None:  # the guard: pct * (1 - load), whole percents, nearest
         share = (cfg.pct * (1000 - min(max(facts.load, 0), 1000)) + 500) // 1000
-    chunk_fs, step_fs = facts.model
-    # the cost model's window: model mode's, and the closed loop's until a step is measured (its carry
-    # is model mode's alone: 0 in the closed loop)
-    n, carry = cost_model.yield_window(share, chunk_fs, step_fs, facts.floor, state.carry, cfg.cap,
+    # the cost model's window: model mode's, and the closed loop's until a step is measured (the carry: model mode's)
+    n, carry = cost_model.yield_window(share, *facts.model, facts.floor, state.carry, cfg.cap,
                                        facts.rode_along) if share else (facts.floor, 0)
     if cfg.measured:
         window, state = _closed_loop(cfg, facts, state, share, n)
@@ -142,8 +139,7 @@ def _closed_loop(cfg: Config, facts: Facts, state: State, share: int, model_n: i
 
 def close(state: State, t: int, given: int, window_ns: int, step_ns: int | None, per_token_ps: int | None,
           need_run: int = 2) -> tuple[Served | None, State]:
-    """The cycle ends at ``t`` after ``given`` steps that took ``window_ns``, whole: the served cycle
-    (None: nothing to close) and the balance closed."""
+    """The cycle ends at ``t`` after ``given`` steps of ``window_ns``, whole (None: nothing to close)."""
     cycle, state = state.cycle, replace(state, cycle=None)
     if cycle is None or step_ns is None or t <= cycle.facts.t:
         return None, state

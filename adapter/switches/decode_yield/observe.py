@@ -1,7 +1,6 @@
-"""What decode yield says, beside its control path: lines, throttles, counts. Every ``burst``,
-``guard`` and ``unbounded`` event is counted in the metrics; a line is logged at most once per
-:data:`LINE_S` per kind (``ctx.tally`` counts the rest); the DEBUG ``window`` line is formatted only
-when something reads it (``DSV41_DEBUG_LOG`` or metrics)."""
+"""What decode yield says, beside its control path: lines, throttles, counts. Every ``burst``, ``guard`` and
+``unbounded`` event is counted in the metrics; a line is logged at most once per :data:`LINE_S` per kind (``ctx.tally``
+counts the rest); the DEBUG ``window`` line is formatted only when read (``DSV41_DEBUG_LOG`` or metrics)."""
 
 from __future__ import annotations
 
@@ -36,9 +35,6 @@ class Observer:
             lost = {"lost_hit_tokens": x.lost_tokens} if x.lost_tokens else {}
             self._say("unbounded", t, share=self.pct, lag_ms=round(x.lag_ns / 1e6, 1),
                       ttft_ms=round(x.ttft_ns / 1e6, 1), waiting=waiting, **lost)
-
-    def backlog_over(self) -> None:
-        self.bursting = False
 
     def armed(self, t: int, window: Window, n: int, lag_ns: int, load: int | None, waiting: int) -> None:
         if window.share < self.pct:

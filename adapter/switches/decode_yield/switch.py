@@ -3,8 +3,7 @@ wall time, when prefill has room to give it (docs/switches/decode_yield.md; sgla
 them no step between a prompt's chunks, or a fixed ``--prefill-decode-interval``). After each non-final
 chunk, while rows decode, the next prefill is deferred ``N`` steps through the engine's own
 ``_should_defer_prefill`` counter: chunk boundaries, batch contents and outputs stay the engine's own.
-Rollback: unset ``DSV41_DECODE_YIELD``; the open-loop model only: ``DSV41_DECODE_YIELD_MODE=model``.
-"""
+Rollback: unset ``DSV41_DECODE_YIELD``; the open-loop model only: ``DSV41_DECODE_YIELD_MODE=model``."""
 
 from __future__ import annotations
 
@@ -50,8 +49,7 @@ def unsupported_mode(server_args: Any) -> str | None:
         return "DP attention: every rank would need the same N (ranks decide on local batches)"
     if (getattr(server_args, "pp_size", 1) or 1) > 1:
         return "pipeline parallelism: the microbatched PP loop keeps several batches in flight"
-    mode = str(getattr(server_args, "disaggregation_mode", "null") or "null")
-    if mode != "null":
+    if (mode := str(getattr(server_args, "disaggregation_mode", "null") or "null")) != "null":
         return f"PD disaggregation (mode {mode}): a prefill server has no decode rows, a decode server no chunks"
     if getattr(server_args, "dllm_algorithm", None) is not None:
         return DLLM
@@ -59,8 +57,7 @@ def unsupported_mode(server_args: Any) -> str | None:
 
 
 def predict(profile: api.Profile) -> api.Prediction:
-    """What ``python -m adapter check`` predicts: a refusal on the first pass (read from the launch
-    line), the mode (a note), a warning when the open loop runs on default coefficients."""
+    """What ``python -m adapter check`` predicts: the first pass's refusal, the mode, a defaults warning."""
     coefficients = [k for k in profile.environ if k.startswith("DSV41_DECODE_YIELD_") and k not in (MODE_KEY, GUARD_KEY)]
     warnings = (DEFAULTS_WARNING,) if profile.values.get(MODE_KEY) == "model" and not coefficients else ()
     if profile.status != "installed":
@@ -92,13 +89,10 @@ def _rows(scheduler: Any, plan: Any, batch: Any, coef: cost_model.Coefficients) 
     decoding = batch.decoding_reqs  # --enable-mixed-chunk: the rows rode along in this chunk
     # overlap loop: rows whose in-flight result finishes them will not decode again
     finishing = () if decoding else scheduler._reqs_finishing_inflight(plan.running_batch)
-    rows = kv = kv_topk = 0
-    for r in decoding or plan.running_batch.reqs:
-        if r.finished() or (finishing and r in finishing):
-            continue
-        context = len(r.origin_input_ids) + len(r.output_ids)
-        rows, kv, kv_topk = rows + 1, kv + context, kv_topk + min(context, coef.topk)
-    return rows, cost_model.decode_cost(rows, kv, kv_topk, coef)
+    contexts = [len(r.origin_input_ids) + len(r.output_ids) for r in decoding or plan.running_batch.reqs
+                if not (r.finished() or (finishing and r in finishing))]
+    topk = sum(min(c, coef.topk) for c in contexts)
+    return len(contexts), cost_model.decode_cost(len(contexts), sum(contexts), topk, coef)
 
 
 def install(ctx: api.SwitchContext) -> dict[str, Any]:
@@ -121,28 +115,24 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
     def state_of(scheduler: Any) -> Yield | None:
         """The instance's state; None (and a late refusal, back to stock) in an unsupported mode."""
         reason = unsupported_mode(getattr(scheduler, "server_args", None))
-        if reason is None and getattr(scheduler, "dllm_config", None) is not None:
-            reason = DLLM
-        if reason is None:
+        if reason is None and getattr(scheduler, "dllm_config", None) is None:
             return scheduler.__dict__.setdefault(_ATTR, Yield(scheduler, cfg.pct, observe.Observer(ctx, cfg.pct, mode)))
-        ctx.refuse_late(reason, revert=True)
+        ctx.refuse_late(reason or DLLM, revert=True)
         return None
 
     def get_next_batch_to_run(wrapped: Any, s: Any, args: Any, kwargs: Any) -> Any:
         y = s.__dict__.get(_ATTR) or state_of(s)
         if y is None:
             return wrapped(*args, **kwargs)
-        t = clock.now()
-        tick = y.clock.on_pass(t)
+        tick = y.clock.on_pass(t := clock.now())
         if y.open is not None and tick.window:
             y.open.wall_ns += tick.took
-        per_token = y.clock.per_token_ns()
+        per_token = y.clock.per_token_ns() or 0
         if late := y.backlog.on_pass(t, tick, s.chunked_req, s.waiting_queue, per_token):
             y.observe.late(t, late, len(s.waiting_queue))
-        if s.chunked_req is None and not s.waiting_queue:
-            y.observe.backlog_over()
-        plan = wrapped(*args, **kwargs)
-        batch = plan.batch_to_run
+        if s.chunked_req is None and not s.waiting_queue:  # the backlog is over: the next may burst
+            y.observe.bursting = False
+        batch = (plan := wrapped(*args, **kwargs)).batch_to_run
         extend = batch is not None and batch.forward_mode.is_extend()
         y.clock.ran(batch is not None and not extend, sum(batch.extend_lens) if extend else 0)
         chunked = s.chunked_req
@@ -166,8 +156,7 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
             (cost_model.window_cost(zip(batch.extend_lens, batch.prefix_lens), coef), step_fs),
             rode_along=1 if batch.decoding_reqs else 0, final_tokens=max(0, left - (windows_left - 1) * size),
             windows_left=windows_left, step_ns=y.clock.step_ns(), fresh=y.clock.fresh(), need_run=y.clock.need_run,
-            per_token_ps=clock.median(y.clock.cycle_per_token),
-            alternation_ns=clock.median(y.clock.alternation) or 0,
+            per_token_ps=clock.median(y.clock.cycle_per_token), alternation_ns=clock.median(y.clock.alternation) or 0,
             rest_ns=rest_ns, waiting=waiting, load=y.backlog.load(per_token))
         window, y.state = decision.decide(cfg, facts, y.state)
         n = s._prefill_decode_interval_remaining = agree(s, window.n)
@@ -198,10 +187,9 @@ def install(ctx: api.SwitchContext) -> dict[str, Any]:
                 # prefixes fresh in the LRU: a deferred pass does the same, or under pool pressure a
                 # waiting prompt's prefix ages out while the window runs and is prefilled again
                 s.policy.calc_priority(s.waiting_queue, running_batch, processed_tokens=s.processed_tokens_counter)
-        if ended is None:
-            if defer:
-                return defer
-            ended = "served" if remaining == 0 else "min_bs"
+        if ended is None and defer:
+            return defer
+        ended = ended or ("served" if remaining == 0 else "min_bs")
         given, y.open, served = opened.n - remaining, None, None
         if ended == "served" and cfg.measured:  # the cycle ends at this pass: the next chunk runs in it
             served, y.state = decision.close(y.state, y.clock.entered, given, opened.wall_ns, y.clock.step_ns(),
