@@ -59,3 +59,11 @@ def host_ratio(args: tuple[str, ...]) -> float:
         raise ValueError(f"HiCache flags {' '.join(args)!r} are invalid for the gate's HiCache leg: expected "
                          "--hicache-ratio R and no --hicache-size (the leg sizes its churn from the ratio)")
     return float(flags["ratio"])
+
+
+def write_policy(args: tuple[str, ...]) -> str:
+    """The host tier's write policy (``--hicache-write-policy``, SGLang's default where unset): the DSV4
+    kit's churn was found per ratio and policy."""
+    from adapter.ops import check
+
+    return str((check.parse_launch(list(args)).hicache or {}).get("write_policy"))
