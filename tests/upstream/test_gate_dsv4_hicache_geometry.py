@@ -108,3 +108,39 @@ def test_a_one_chunk_host_session_finds_no_full_kv_on_host_so_the_cone_plans_not
     host = _phases(replace(W, host_session_tokens=model_kits.DSV4_CHUNK), host=True)["host"]
     assert host["recomputed_tokens"] == model_kits.DSV4_CHUNK + W.turn_tokens
     assert not _cone(records, host["rid"], "plan") and not _cone(records, host["rid"], "load")
+
+
+def _boot(label: str, out: dict, profile: dict[str, str], records) -> object:
+    from devkit.gate.record import Boot
+
+    boot = Boot(label, profile, None)
+    boot.cache, boot.host, boot.log_lines = out, out["host"], [r.getMessage() for r in records]
+    records.clear()
+    return boot
+
+
+def test_the_gates_host_row_passes_on_the_cones_load_and_fails_when_the_profile_runs_without_the_cone(records):
+    """The gate's verdict (:mod:`devkit.gate.verdict`) on these phases: stock + HiCache as both controls,
+    the profile (thin and the cone), and the profile without ``DSV41_SWA_CONE_REPLAY`` (``--drop-key``):
+    the host row passes only with the cone's load line, and thin's row passes either way."""
+    from adapter.core import boot
+    from devkit.gate import verdict
+
+    stock = _boot("A", _phases(host=True), {}, records)
+    boot.install({"DSV41_SWA_THIN": "1"})
+    importlib.import_module(swa_thin.SWITCH.module_of("checkpoint_into_tree"))
+    no_cone = _boot("B", _phases(host=True), {"DSV41_SWA_THIN": "1"}, records)
+    boot.uninstall()
+    _profile(records)
+    records.clear()
+    profile = _boot("B", _phases(host=True), {"DSV41_SWA_THIN": "1", "DSV41_SWA_CONE_TOKENS": str(N)}, records)
+    context = W.host_session_tokens + W.turn_tokens
+    row = verdict._cone_host_row("cone_replay", stock, profile, stock, True)
+    assert row["status"] == "pass", row
+    assert row["profile"] == f"{context - 768} tokens (load tokens=1792 D=0 F=1792 s=768)"
+    assert row["stock"] == f"{context} / {context} tokens"
+    dropped = verdict._cone_host_row("cone_replay", stock, no_cone, stock, True)
+    assert dropped["status"].startswith("FAIL: no replay planned for the resume"), dropped
+    assert "DSV41_SWA_CONE load" not in "\n".join(no_cone.log_lines) and dropped["profile"].endswith("(no load line)")
+    for b in (profile, no_cone):
+        assert verdict._thin_row("swa_thin", stock, b, stock, True)["status"] == "pass"
