@@ -9,9 +9,9 @@
 
 Every boot of one gate run shares the kit's model, seed, server arguments and workload; the boots
 differ only in their ``DSV41_*`` profile. The HiCache leg (``--hicache``) passes the host tier's ratio
-to :meth:`Kit.workload`, whose churn then outruns the device SWA pool and the host tier together
-(:func:`outrun_host_tier`), and whose host phase presses the device Full pool (:func:`press_full_pool`).
-The DSV4 kit refuses the leg before any boot (:data:`DSV4_HICACHE_MEASURED` says why).
+and write policy to :meth:`Kit.workload`, whose churn then outruns the device SWA pool and the host
+tier together (Mellum: :func:`outrun_host_tier`; DSV4: the churn found per host tier setting,
+:data:`DSV4_HICACHE_CHURN`), and whose host phase presses the device Full pool (:func:`press_full_pool`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ class Kit(Protocol):
     def server(self, model: Path, log: Path, profile: dict[str, str], extra: Sequence[str],
                plugin: Any = None) -> Any: ...
 
-    def workload(self, quick: bool, hicache_ratio: float | None = None) -> Any: ...
+    def workload(self, quick: bool, hicache_ratio: float | None = None,
+                 hicache_write_policy: str | None = None) -> Any: ...
 
     def profile_overrides(self) -> dict[str, str]: ...
 
@@ -49,14 +50,26 @@ def outrun_host_tier(w: Any, hicache_ratio: float, swa_tokens: int, full_tokens:
     of ``hicache_ratio`` times it, so an idle session's window is gone from both; a clear error when
     that churn would press the Full pool (``full_tokens``) too: the leg would then judge another loss."""
     need = math.ceil(OUTRUN * (1 + hicache_ratio) * swa_tokens / w.churn_tokens)
-    w = replace(w, churn_requests=max(w.churn_requests, need))
-    held = (w.session_tokens + 2 * w.turn_tokens + w.new_user_tokens + w.cone_tokens + w.cone_followup_tokens
+    return churn_within_full_pool(replace(w, churn_requests=max(w.churn_requests, need)), full_tokens,
+                                  f"--hicache with --model {kit} is invalid at --hicache-ratio {hicache_ratio:g}")
+
+
+def cache_phases_held(w: Any) -> int:
+    """The tokens the cache phases (:func:`devkit.engine_kit.workload.run_cache_phases`) put in the
+    tree: both sessions' turns, the branch's follow-up and every churn request with its 4 answer tokens."""
+    return (w.session_tokens + 2 * w.turn_tokens + w.new_user_tokens + w.cone_tokens + w.cone_followup_tokens
             + w.churn_requests * (w.churn_tokens + 4))
+
+
+def churn_within_full_pool(w: Any, full_tokens: int, invalid: str) -> Any:
+    """``w``, or a clear error (``invalid``: what is invalid) when its cache phases would press the
+    Full pool (``full_tokens``): the HiCache leg's rows judge the loss of the SWA window, and with
+    the Full pool pressed they would judge another loss."""
+    held = cache_phases_held(w)
     if held > full_tokens:
-        raise ValueError(f"--hicache with --model {kit} is invalid at --hicache-ratio {hicache_ratio:g}: outrunning "
-                         f"the host tier takes {w.churn_requests} churn requests of {w.churn_tokens} tokens, "
-                         f"{held} tokens in all, more than the kit's Full pool of {full_tokens} (the leg would press the "
-                         "Full pool and judge another loss)")
+        raise ValueError(f"{invalid}: outrunning the host tier takes {w.churn_requests} churn requests of "
+                         f"{w.churn_tokens} tokens, {held} tokens in all, more than the kit's Full pool of {full_tokens} "
+                         "(the leg would press the Full pool and judge another loss)")
     return w
 
 
@@ -110,7 +123,8 @@ class MellumKit:
         return launcher.Server(args, log, profile, python=str(plugin.python),
                                env=plugin.server_env(launcher.child_env(profile)), cwd=plugin.cwd)
 
-    def workload(self, quick: bool, hicache_ratio: float | None = None) -> Any:
+    def workload(self, quick: bool, hicache_ratio: float | None = None,
+                 hicache_write_policy: str | None = None) -> Any:
         from devkit.engine_kit import workload as wl
 
         w = wl.Workload.quick() if quick else wl.Workload.full()
@@ -139,14 +153,38 @@ DSV4_MAX_RUNNING = 3  # the yield phase's 2 streams and its long prompt
 # else it falls back to the stock match (first_chunk_short, seen at 256).
 DSV4_CHUNK = 4 * 256
 DSV4_SWA_RATIO = 12 * 256 / DSV4_MAX_TOTAL_TOKENS
-# Why the HiCache leg refuses this kit: its workload, not SGLang (measured on one `gate --quick --model
-# dsv4 --hicache` run with the Full pool at 96 pages, the same 12 SWA pages, docs/gate.md).
-DSV4_HICACHE_MEASURED = (
-    "not an SGLang limit: SGLang 0.5.23 boots the kit's DeepSeek-V4 pools and their host pools beside the "
-    "profile's write-through HiCache at ratio 2 on CPU; the leg's workload does not fit the kit: with 96 Full pages "
-    "the controls lost what the rows need, but so did SWA thin (the idle session resumed 0.00 cached after 6 "
-    "three-chunk churn requests), and the host phase's resume of a one-chunk session logged no cone plan (most "
-    "likely no host hit: a DSV4 kit leaf leaves both tiers whole)")
+# The HiCache leg on this kit (found in-process on the real DSV4 pool, scheduler and HiCache first,
+# tests/upstream/test_gate_dsv4_hicache_geometry.py, then on the server). The Mellum rule
+# (OUTRUN x what the SWA pool and the host tier hold) does not carry over: a DSV4 kit request leaves
+# only its windows and chunk checkpoints in the SWA pool, not its prompt, and that rule asks for 6
+# churn requests (21,064 tokens, past the 64-page Full pool). The churn is what was found per host
+# tier setting (ratio, write policy): the count at which stock + HiCache has lost the idle session
+# (from both tiers) and the branch's window while SWA thin still keeps the session. The window is one
+# request wide at every setting tried (12 SWA pages, churn requests at which stock + HiCache lost it
+# / thin lost it: ratio 1 write-through 2 / 3, ratio 2 write-through 4 / 5, ratio 2 write-back 6 / 7,
+# ratio 4 write-through 8 / not reached at 8; the last two press the Full pool). The table holds the
+# profile's setting, the one run on the server.
+DSV4_HICACHE_CHURN: dict[tuple[float, str], int] = {(2.0, "write_through"): 4}
+# The host phase's session: two chunks. A one-chunk session is one leaf, which leaves both tiers
+# whole: its resume finds no Full KV on host and the cone plans nothing (the kit's first HiCache run,
+# 96 Full pages: no cone line; in-process, no load at any churn). With two (as in
+# devkit/testkit/dsv4_cone_hicache.py), the resume finds Full KV on host up to a page short of the
+# prompt's end, and the cone loads it back.
+DSV4_HOST_SESSION_TOKENS = 2 * DSV4_CHUNK
+
+
+def dsv4_hicache_churn(w: Any, hicache_ratio: float, write_policy: str | None, full_tokens: int, kit: str) -> Any:
+    """``w`` with the DSV4 kit's churn for this host tier (:data:`DSV4_HICACHE_CHURN`); a clear error
+    naming the setting and the ones found when it has none, or when that churn presses the Full pool."""
+    invalid = (f"--hicache with --model {kit} is invalid at --hicache-ratio {hicache_ratio:g} "
+               f"--hicache-write-policy {write_policy}")
+    churn = DSV4_HICACHE_CHURN.get((float(hicache_ratio), write_policy or ""))
+    if churn is None:
+        found = ", ".join(f"--hicache-ratio {r:g} --hicache-write-policy {p}" for r, p in DSV4_HICACHE_CHURN)
+        raise ValueError(f"{invalid}: the kit's HiCache churn was found for {found} only (the churn where stock + "
+                         "HiCache loses the idle session and SWA thin keeps it is one request wide and moves with the "
+                         "host tier: find it in-process, tests/upstream/test_gate_dsv4_hicache_geometry.py)")
+    return churn_within_full_pool(replace(w, churn_requests=churn), full_tokens, invalid)
 
 
 @dataclass(frozen=True)
@@ -172,7 +210,8 @@ class Dsv4Kit:
                              max_running=DSV4_MAX_RUNNING, chunk=chunk, swa_ratio=DSV4_SWA_RATIO,
                              extra=list(extra), port=port)
 
-    def workload(self, quick: bool, hicache_ratio: float | None = None) -> Any:
+    def workload(self, quick: bool, hicache_ratio: float | None = None,
+                 hicache_write_policy: str | None = None) -> Any:
         from devkit.engine_kit import workload as wl
 
         page = 256
@@ -191,11 +230,9 @@ class Dsv4Kit:
         )
         if hicache_ratio is None:
             return w
-        try:
-            return outrun_host_tier(w, hicache_ratio, round(DSV4_SWA_RATIO * DSV4_MAX_TOTAL_TOKENS),
-                                    DSV4_MAX_TOTAL_TOKENS, self.name)
-        except ValueError as exc:
-            raise ValueError(f"{exc}; {DSV4_HICACHE_MEASURED}") from None
+        w = dsv4_hicache_churn(replace(w, host_session_tokens=DSV4_HOST_SESSION_TOKENS), hicache_ratio,
+                               hicache_write_policy, DSV4_MAX_TOTAL_TOKENS, self.name)
+        return press_full_pool(w, hicache_ratio, DSV4_MAX_TOTAL_TOKENS, self.name)
 
     def profile_overrides(self) -> dict[str, str]:
         # Replay depth: a page multiple at least the kit model's bound (cone_replay checks it at

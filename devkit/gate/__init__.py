@@ -98,7 +98,8 @@ def run(quick: bool = True, out: str | Path | None = None, say: Callable[[str], 
     drop_keys(build_profile(without=without), drop)  # a bad --without or --drop-key fails before any boot
     shipped.with_set_keys({}, set_keys)  # so does a bad --set-key
     launch_extra = hicache_leg.launch_args() if hicache else ()
-    workload = kit.workload(quick, hicache_leg.host_ratio(launch_extra) if hicache else None)
+    workload = (kit.workload(quick, hicache_leg.host_ratio(launch_extra), hicache_leg.write_policy(launch_extra))
+                if hicache else kit.workload(quick))
     workload.validate()
     out = Path(out) if out else DEFAULT_OUT / (kit.name + ("-hicache" if hicache else ""))
     out.mkdir(parents=True, exist_ok=True)

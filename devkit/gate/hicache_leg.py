@@ -3,10 +3,11 @@ stock + HiCache loses the idle session.
 
 Every boot (A1, B, A2) runs with the HiCache launch flags of :data:`PROFILE`'s ``LAUNCH_ARGS`` (read
 with the project's env-file reader, as ``check`` reads them), so the leg runs what the profile runs:
-its host ratio and its write policy. The kit sizes the workload's churn from the host ratio
-(:func:`devkit.engine_kit.model_kits.outrun_host_tier`) so that it outruns the device SWA pool and the host tier
-together: the idle session's window is gone from both, stock + HiCache resumes it uncached, and SWA
-thin's row passes only where thin kept it.
+its host ratio and its write policy. The kit sizes the workload's churn from them (Mellum:
+:func:`devkit.engine_kit.model_kits.outrun_host_tier`; DSV4: the churn found per setting,
+:data:`devkit.engine_kit.model_kits.DSV4_HICACHE_CHURN`) so that it outruns the device SWA pool and the
+host tier together: the idle session's window is gone from both, stock + HiCache resumes it uncached,
+and SWA thin's row passes only where thin kept it.
 
 Then a host phase (:func:`devkit.engine_kit.workload.run_host_phase`): a session's turn, churn past
 the device Full pool (:func:`devkit.engine_kit.model_kits.press_full_pool`) so its Full KV goes to host (the
@@ -59,3 +60,11 @@ def host_ratio(args: tuple[str, ...]) -> float:
         raise ValueError(f"HiCache flags {' '.join(args)!r} are invalid for the gate's HiCache leg: expected "
                          "--hicache-ratio R and no --hicache-size (the leg sizes its churn from the ratio)")
     return float(flags["ratio"])
+
+
+def write_policy(args: tuple[str, ...]) -> str:
+    """The host tier's write policy (``--hicache-write-policy``, SGLang's default where unset): the DSV4
+    kit's churn was found per ratio and policy."""
+    from adapter.ops import check
+
+    return str((check.parse_launch(list(args)).hicache or {}).get("write_policy"))

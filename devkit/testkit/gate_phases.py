@@ -23,12 +23,19 @@ class SchedulerApi:
     harness: SchedulerHarness
 
     def flush_cache(self, base_url: str) -> None:
-        pass  # a fresh harness starts from an empty tree; the phases flush only at their start
+        """What ``Scheduler.flush_cache`` empties on an idle scheduler: the tree (with HiCache, its host
+        pools too), the request slots and the KV allocator (the harness has no grammar or metrics)."""
+        s = self.harness.scheduler
+        s.last_batch = None
+        s.tree_cache.reset()
+        s.req_to_token_pool.clear()
+        s.token_to_kv_pool_allocator.clear()
+        s.req_to_token_pool.reset_aux_cache_allocator()
 
     def generate(self, base_url: str, input_ids: list[int], max_new_tokens: int, timeout_s: float = 0.0,
-                 logprobs: bool = False) -> dict[str, Any]:
+                 logprobs: bool = False, rid: str | None = None) -> dict[str, Any]:
         h = self.harness
-        req = h.make_request(len(input_ids), max_new_tokens, prompt_ids=input_ids)
+        req = h.make_request(len(input_ids), max_new_tokens, prompt_ids=input_ids, rid=rid)
         h.add_request(req)
         cached = None
         while not req.finished():

@@ -1,6 +1,6 @@
-"""The release gate's HiCache leg on the real engine (``gate --quick --hicache``; heavy: three boots per
-run, minutes here): every boot runs the datacenter profile's HiCache flags and churn past its host tier,
-so stock + HiCache loses the idle session; thin's row passes only where thin kept it, and fails when the
+"""The release gate's HiCache leg on the real engine (``gate --quick --hicache [--model dsv4]``; heavy:
+three boots per run, minutes here on the Mellum kit, more on the DSV4 kit): every boot runs the
+datacenter profile's HiCache flags and churn past its host tier, so stock + HiCache loses the idle session; thin's row passes only where thin kept it, and fails when the
 profile boot runs without ``DSV41_SWA_THIN`` while the row is still judged (``--drop-key``). The host
 phase presses the device Full pool: the row ``cone_replay (Full KV from host)`` passes only on the
 cone's load line for the session's resume, and fails without ``DSV41_SWA_CONE_REPLAY``."""
@@ -15,12 +15,12 @@ from devkit.gate.verdict import HOST_ROW
 pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
 
-def _run(tmp_path, drop=()):
+def _run(tmp_path, drop=(), model="mellum"):
     import devkit.gate as gate
     from devkit.gate import hicache_leg
 
     lines: list[str] = []
-    figures = gate.run(quick=True, out=tmp_path / "gate", say=lines.append, hicache=True, drop=drop)
+    figures = gate.run(quick=True, out=tmp_path / "gate", say=lines.append, hicache=True, drop=drop, model_kit=model)
     print("\n".join(lines))
     assert figures["hicache"] == list(hicache_leg.launch_args())
     assert "--hicache-write-policy" in figures["hicache"] and figures["leftover_processes"] == 0
@@ -30,8 +30,9 @@ def _run(tmp_path, drop=()):
     return figures
 
 
-def test_the_hicache_legs_thin_row_passes_where_thin_kept_what_stock_and_hicache_lost(tmp_path):
-    figures = _run(tmp_path)
+@pytest.mark.parametrize("model", ["mellum", "dsv4"])
+def test_the_hicache_legs_thin_row_passes_where_thin_kept_what_stock_and_hicache_lost(tmp_path, model):
+    figures = _run(tmp_path, model=model)
     assert figures["resume_cached_frac_profile"] == 1.0
     assert figures["rows"]["swa_thin"] == "pass" and figures["rows"]["fast_tree_core"] == "pass (outputs equal)"
     assert figures["rows"]["cone_replay"] == "pass", figures["rows"]
@@ -49,8 +50,9 @@ def test_the_hicache_legs_thin_row_fails_when_the_profile_boot_runs_without_swa_
     assert figures["verdict"] == "FAIL"
 
 
-def test_the_hicache_legs_host_row_fails_when_the_profile_boot_runs_without_the_cone(tmp_path):
-    figures = _run(tmp_path, drop=("DSV41_SWA_CONE_REPLAY",))
+@pytest.mark.parametrize("model", ["mellum", "dsv4"])
+def test_the_hicache_legs_host_row_fails_when_the_profile_boot_runs_without_the_cone(tmp_path, model):
+    figures = _run(tmp_path, drop=("DSV41_SWA_CONE_REPLAY",), model=model)
     assert figures["rows"][HOST_ROW].startswith("FAIL: no replay planned for the resume"), figures["rows"]
     assert "DSV41_SWA_CONE load" not in (tmp_path / "gate" / "B-profile.log").read_text()
     assert figures["verdict"] == "FAIL"

@@ -314,12 +314,50 @@ def test_the_hicache_legs_churn_outruns_the_swa_pool_and_host_tier_without_press
         assert churn + w.session_tokens + w.cone_tokens < model_kits.MELLUM_MAX_TOTAL_TOKENS
     assert model_kits.kit("mellum").workload(True).churn_requests == 10  # the plain leg's workload is unchanged
     assert model_kits.kit("mellum").workload(True).host_churn_requests == 0  # no host phase without HiCache
-    # the DSV4 kit: refused with what was measured (the kit's workload, not SGLang)
-    with pytest.raises(ValueError, match=r"--hicache with --model dsv4 is invalid at --hicache-ratio 2: .* more than the "
-                       r"kit's Full pool of 16384 .*; not an SGLang limit: .*SWA thin \(the idle session resumed 0.00"):
-        model_kits.kit("dsv4").workload(True, 2.0)
     with pytest.raises(ValueError, match="--hicache with --model mellum is invalid at --hicache-ratio 4"):
         model_kits.kit("mellum").workload(True, 4.0)
+
+
+def test_the_dsv4_kits_hicache_leg_runs_the_churn_found_for_the_profiles_host_tier_inside_its_full_pool():
+    """The Mellum rule would take 6 three-chunk churn requests, past the DSV4 kit's 64-page Full pool;
+    the kit runs the churn found in-process for the profile's ratio and policy
+    (tests/upstream/test_gate_dsv4_hicache_geometry.py) and a two-chunk host session."""
+    from devkit.engine_kit import model_kits
+    from devkit.gate import hicache_leg
+
+    args = hicache_leg.launch_args()
+    ratio, policy = hicache_leg.host_ratio(args), hicache_leg.write_policy(args)
+    full = model_kits.DSV4_MAX_TOTAL_TOKENS
+    for quick in (True, False):
+        w = model_kits.kit("dsv4").workload(quick, ratio, policy)
+        assert (w.churn_requests, w.churn_tokens) == (4, 3 * model_kits.DSV4_CHUNK)
+        assert model_kits.cache_phases_held(w) == 14912 <= full
+        assert w.host_session_tokens == 2 * model_kits.DSV4_CHUNK
+        # the host phase: past the device Full pool, inside the host tier
+        assert w.host_churn_requests == 7 and full < 7 * (w.churn_tokens + 4) < ratio * full - w.host_session_tokens
+    assert model_kits.kit("dsv4").workload(True).churn_requests == 2  # the plain leg's workload is unchanged
+    assert model_kits.kit("dsv4").workload(True).host_churn_requests == 0
+
+
+@pytest.mark.parametrize(("ratio", "policy"), [(4.0, "write_through"), (2.0, "write_back"), (2.0, None)])
+def test_the_dsv4_kits_hicache_leg_refuses_a_host_tier_its_churn_was_not_found_for(ratio, policy):
+    from devkit.engine_kit import model_kits
+
+    with pytest.raises(ValueError, match=rf"--hicache with --model dsv4 is invalid at --hicache-ratio {ratio:g} "
+                       rf"--hicache-write-policy {policy}: the kit's HiCache churn was found for --hicache-ratio 2 "
+                       r"--hicache-write-policy write_through only .* find it in-process, "
+                       r"tests/upstream/test_gate_dsv4_hicache_geometry.py"):
+        model_kits.kit("dsv4").workload(True, ratio, policy)
+
+
+def test_the_dsv4_kits_hicache_churn_is_refused_where_it_would_press_the_full_pool(monkeypatch):
+    from devkit.engine_kit import model_kits
+
+    monkeypatch.setitem(model_kits.DSV4_HICACHE_CHURN, (1.0, "write_through"), 5)
+    with pytest.raises(ValueError, match=r"--hicache with --model dsv4 is invalid at --hicache-ratio 1 "
+                       r"--hicache-write-policy write_through: outrunning the host tier takes 5 churn requests of 3072 "
+                       r"tokens, 17988 tokens in all, more than the kit's Full pool of 16384"):
+        model_kits.kit("dsv4").workload(True, 1.0, "write_through")
 
 
 def test_the_hicache_legs_host_phase_presses_the_device_full_pool_while_the_host_tier_holds_the_session():
@@ -342,12 +380,17 @@ def test_the_hicache_legs_host_phase_presses_the_device_full_pool_while_the_host
 
 @pytest.mark.parametrize(("model", "hicache", "drop", "error"), [
     ("mellum", False, ["DSV41_NOPE"], "--drop-key 'DSV41_NOPE' is invalid: expected a key of the gate's profile"),
-    ("dsv4", True, [], "--hicache with --model dsv4 is invalid at --hicache-ratio 2"),
+    ("dsv4", True, [], "--hicache with --model dsv4 is invalid at --hicache-ratio 4 --hicache-write-policy write_through"),
 ], ids=["drop-key", "dsv4-hicache"])
-def test_a_bad_drop_key_or_a_kit_the_hicache_leg_cannot_outrun_fails_before_any_boot(tmp_path, capsys, model, hicache,
-                                                                                      drop, error):
+def test_a_bad_drop_key_or_a_kit_the_hicache_leg_cannot_outrun_fails_before_any_boot(tmp_path, capsys, monkeypatch,
+                                                                                      model, hicache, drop, error):
     import argparse
 
+    from devkit.gate import hicache_leg
+
+    # a profile whose host tier the DSV4 kit's churn was not found for
+    monkeypatch.setattr(hicache_leg, "launch_args", lambda: ("--enable-hierarchical-cache", "--hicache-ratio", "4",
+                                                             "--hicache-write-policy", "write_through"))
     args = argparse.Namespace(quick=True, out=str(tmp_path / "gate"), without=[], model=model, via="import-hook",
                               hicache=hicache, drop_key=drop)
     assert gate.main(args) == 2

@@ -43,13 +43,13 @@ def test_the_host_phase_passes_only_on_a_load_line_of_its_resume_and_a_replay_of
     assert verdict.host_load_gaps(lines, RID, 64, cached) == gaps
 
 
-def _boots(stock=1032, profile=72, lines=(PLAN, LOAD), cached=960):
+def _boots(stock=1032, profile=72, lines=(PLAN, LOAD), cached=960, context=1032, n=64):
     boots = []
     for label, recomputed in (("A1", stock), ("B", profile), ("A2", stock)):
         boot = gate.Boot(label, {}, None)
-        boot.host = {"rid": RID, "recomputed_tokens": recomputed, "cached_tokens": 1032 - recomputed, "outputs": {}}
+        boot.host = {"rid": RID, "recomputed_tokens": recomputed, "cached_tokens": context - recomputed, "outputs": {}}
         boots.append(boot)
-    boots[1].profile, boots[1].log_lines, boots[1].host["cached_tokens"] = {"DSV41_SWA_CONE_TOKENS": "64"}, list(lines), cached
+    boots[1].profile, boots[1].log_lines, boots[1].host["cached_tokens"] = {"DSV41_SWA_CONE_TOKENS": str(n)}, list(lines), cached
     return boots
 
 
@@ -62,6 +62,25 @@ def test_the_host_row_passes_with_the_load_line_and_fails_naming_what_is_missing
     a1, b, a2 = _boots(profile=1032, lines=(), cached=0)
     assert verdict._cone_host_row("cone_replay", a1, b, a2, True)["status"] == (
         "FAIL: no replay planned for the resume; 1032 tokens recomputed, not fewer than the controls' 1032")
+
+
+# Recorded from `gate --quick --hicache --model dsv4` (profile boot): the two-chunk session's Full KV
+# came back from host to a page short of its prompt and the cone replayed N = 768 from s = 1024.
+DSV4_PLAN = f"[dsv41] cone_replay DSV41_SWA_CONE plan rid={RID} F=1792 s=1024 N=768 P=0 B=0 load=1792 rank=tp0"
+DSV4_LOAD = f"[dsv41] cone_replay DSV41_SWA_CONE load rid={RID} tokens=1792 D=0 F=1792 s=1024 rank=tp0"
+
+
+def test_on_the_dsv4_kit_the_host_row_passes_with_the_load_line_and_fails_without_it_or_without_the_cone():
+    dsv4 = dict(stock=2056, profile=1032, cached=1024, context=2056, n=768)
+    a1, b, a2 = _boots(**dsv4, lines=(DSV4_PLAN, DSV4_LOAD))
+    row = verdict._cone_host_row("cone_replay", a1, b, a2, True)
+    assert row["status"] == "pass" and row["profile"] == "1032 tokens (load tokens=1792 D=0 F=1792 s=1024)"
+    a1, b, a2 = _boots(**dsv4, lines=(DSV4_PLAN,))
+    assert verdict._cone_host_row("cone_replay", a1, b, a2, True)["status"] == (
+        "FAIL: no load line for F=1792 s=1024: the Full KV did not come back from host through the cone")
+    a1, b, a2 = _boots(**{**dsv4, "profile": 2056, "cached": 0}, lines=())  # --drop-key DSV41_SWA_CONE_REPLAY
+    assert verdict._cone_host_row("cone_replay", a1, b, a2, True)["status"] == (
+        "FAIL: no replay planned for the resume; 2056 tokens recomputed, not fewer than the controls' 2056")
 
 
 def test_the_host_row_cannot_act_where_hicache_alone_brought_the_session_back():
