@@ -123,6 +123,6 @@ def test_the_key_hashing_runs_keys_spread_the_groups_evenly_on_smgs_ring_and_for
     placed = [HashRing(urls).find(routing_key(name, g)) for g in range(groups)]
     assert abs(placed.count(0) - placed.count(1)) <= 1
     sent = [served.Served(f"r{g}", 0, 0.0, [1], routing_key(name, g), 1, 0, 1, None, None) for g in range(groups)]
-    assert unpinned_keys(sent, urls, groups) == []
+    assert unpinned_keys(sent, name, groups) == []
     stray = served.Served("x", 0, 0.0, [1], "ab2ee258_20261206143821_0", 1, 0, 1, None, None)
-    assert unpinned_keys([*sent, stray], urls, groups) == ["ab2ee258_20261206143821_0"]
+    assert unpinned_keys([*sent, stray], name, groups) == ["ab2ee258_20261206143821_0"]

@@ -239,10 +239,9 @@ def routing_run(urls: Sequence[str], groups: int) -> str:
     raise RuntimeError(f"no routing keys spread {groups} groups over {len(urls)} workers")
 
 
-def unpinned_keys(records: Sequence[served.Served], urls: Sequence[str], groups: int) -> list[str]:
-    """The routing keys the workers received that are not the bench's (:func:`routing_run`): a
-    client whose keys were not pinned places the groups anew and its fleets do not compare."""
-    name = routing_run(urls, groups)
+def unpinned_keys(records: Sequence[served.Served], name: str, groups: int) -> list[str]:
+    """The routing keys the workers received that are not the run's (``name``, :func:`routing_run`):
+    a client whose keys were not pinned places the groups anew and its fleets do not compare."""
     return sorted({r.routing_key or "none" for r in records} - {routing_key(name, g) for g in range(groups)})
 
 
@@ -265,6 +264,7 @@ def run_policy(fleet_label: str, policy: Policy, workers: Sequence[launcher.Serv
     req_at = [_size(p) for p in req_logs]
     router = gateway.Gateway([w.base_url for w in workers], policy.policy, out / f"{name}.router.log",
                              policy.router_args)
+    keys = routing_run(run.urls, traffic["groups"]) if policy.routing_key else None
     t0 = time.monotonic()
     sampler = gateway.LoadSampler(router)
     try:
@@ -274,7 +274,6 @@ def run_policy(fleet_label: str, policy: Policy, workers: Sequence[launcher.Serv
         out_file.unlink(missing_ok=True)
         argv = client_args(router.base_url, model, out_file, traffic) + (
             ["--gsp-send-routing-key"] if policy.routing_key else [])
-        keys = routing_run(run.urls, traffic["groups"]) if policy.routing_key else None
         rc = client.run(argv, out / f"{name}.client.txt", CLIENT_TIMEOUT_S, routing_run=keys)
         if rc != 0 or not out_file.is_file():
             tail = (out / f"{name}.client.txt").read_text(errors="replace").strip().splitlines()[-3:]
@@ -309,7 +308,7 @@ def run_policy(fleet_label: str, policy: Policy, workers: Sequence[launcher.Serv
     if run.died:
         run.error = "; ".join(f"worker {d['worker']} died: {d['error']}" for d in run.died) + (
             f" (the router retried {run.router.get('retries', 0)} requests on the others)")
-    if policy.routing_key and (unpinned := unpinned_keys(records, run.urls, traffic["groups"])):
+    if keys is not None and (unpinned := unpinned_keys(records, keys, traffic["groups"])):
         run.error = run.error or f"the client sent other routing keys than the bench's: {unpinned}"
     run.moved_turns = served.moved_turns(records)
     if policy.policy == "cache_aware" and records:
