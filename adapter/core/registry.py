@@ -290,7 +290,7 @@ SWITCHES: tuple[Switch, ...] = (
     Switch(
         name="swa_thin",
         on_key=Key("DSV41_SWA_THIN", env.flag(), "evict passed SWA checkpoints first so idle sessions keep their resume point"),
-        summary="checkpoints a request has moved past go to the evict-first end of the SWA LRU (Python tree core)",
+        summary="checkpoints a request has moved past go to the evict-first end of the SWA LRU, oldest first (Python tree core)",
         modules=("sglang.srt.mem_cache.unified_radix_cache",),
         wraps=(
             "sglang.srt.mem_cache.unified_radix_cache:UnifiedRadixCache.checkpoint_into_tree",
@@ -300,14 +300,15 @@ SWITCHES: tuple[Switch, ...] = (
             # so the shared rule counts as under every other policy.
             "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._inc_hit_count_and_check",
             "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore._should_backup_after_insert",
+            # Every unlink from an LRU list: keeps the front of the demoted run (oldest demoted first).
+            "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedLRUList._remove_node",
         ),
         relies_on=(
             # Called with a fixed signature (found by tests/upstream/test_upstream_calls_are_pinned.py).
             "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore.is_root",
             "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedTreeCore.node_by_id",
             "sglang.srt.managers.schedule_batch:Req.finished",
-            # The two LRU primitives the demotion calls.
-            "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedLRUList._remove_node",
+            # The LRU primitive the demotion calls beside the unlink it wraps.
             "sglang.srt.mem_cache.unified_cache.unified_tree_core:UnifiedLRUList._add_node_after",
         ),
         install="adapter.switches.swa_thin:install",

@@ -11,9 +11,11 @@ tree-insert point of 0.5.23), the checkpoint it has moved past goes to the evict
 SWA LRU: the previous chunk's checkpoint of a chunked prefill while more chunks follow, or the
 prefix-match node of a request that finished its prefill in one pass (the previous turn's leaf) and,
 with it, the next checkpoint above it on the same unshared path (that turn's last prompt
-checkpoint, kept below). Only the list order changes: membership, sizes, locks and
-``last_access_time`` stay identical, so the Full heap, the match and every accounting ledger see
-exactly the stock tree.
+checkpoint, kept below). At the evict-first end the moved checkpoints keep stock's order among
+themselves, oldest first (each goes in front of those moved before it), so of the checkpoints a
+prompt's chunks passed the deepest, the one a branch in the prompt's last chunks resumes at, is the
+last to go. Only the list order changes: membership, sizes, locks and ``last_access_time`` stay
+identical, so the Full heap, the match and every accounting ledger see exactly the stock tree.
 
 Left where they are:
 * the first chunk's prefix-match node of a chunked request (the session's resume point before the
@@ -70,9 +72,10 @@ whole, Full KV included), and on the cache kit that recomputed more, not less, u
 
 What no online order can promise: a document whose reader's question spans more than one chunk
 past the document's last checkpoint. The reader passes that checkpoint mid-prefill, before anything
-shares it; thin demotes it, and the first request branching there later re-prefills from the
-checkpoint below where stock, if it kept the window, resumed (only the first: it inserts the branch
-point). Measured with ``python -m adapter simulate synthetic_trace.jsonl --share 1/16 --policies
+shares it; thin demotes it (behind the checkpoints demoted before it), and when SWA eviction reaches
+it before the first request branching there arrives, that request re-prefills from the checkpoint
+below where stock, if it kept the window, resumed (only the first: it inserts the branch point).
+Measured with ``python -m adapter simulate synthetic_trace.jsonl --share 1/16 --policies
 stock,thin``: thin recomputes 3,368,448 tokens vs stock's 3,385,856 (3,439,872 before this rule).
 
 Receipts: ``installed tree_core=python backend_set_by=overlay|operator``; every 1024 hooked inserts
@@ -105,6 +108,12 @@ BACKEND_ENV = "SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND"
 SET_BY_OVERLAY_ENV = "_DSV41_TREE_CORE_SET_BY_OVERLAY"
 RECEIPT_EVERY = 1024
 SHARED_HIT_COUNT = 2  # the node's creator plus the request passing it
+# On an SWA LRU list: (the installation's STATS, the node thin demoted last). The run from that node
+# to the tail holds only nodes thin demoted and nothing has touched since, oldest nearest the tail:
+# upstream adds every other node at the most-recently-used end (``head`` or ``mid``). A run kept by
+# an earlier installation in this process is forgotten: its front may have moved while no wrapper
+# watched.
+FRONT = "_dsv41_thin_front"
 
 
 @dataclass
@@ -162,6 +171,7 @@ def install(ctx: api.SwitchContext) -> dict[str, object]:
     ctx.wrap("UnifiedRadixCache.__init__", _cache_init)
     ctx.wrap("UnifiedTreeCore._inc_hit_count_and_check", _count_hit_under_write_back)
     ctx.wrap("UnifiedTreeCore._should_backup_after_insert", _count_creator_under_write_back)
+    ctx.wrap("UnifiedLRUList._remove_node", _unlink)
     if chosen is None:
         ctx.set_attr(ENVIRON, BACKEND_ENV, "python")  # read when the cache is built, after this
         ctx.set_attr(ENVIRON, SET_BY_OVERLAY_ENV, "1")
@@ -327,8 +337,25 @@ def demote_passed(core: Any, old_id: int, new_id: int, cover: int, then_next: bo
         while node is not root and node.component_data[ct].value is None and not is_shared(node):
             node = node.parent
         if node is not root and not is_shared(node):
-            picked = window(node)[0] + picked  # the passed resume point stays the very next victim
-    for node in picked:
-        lru._remove_node(node)
-        lru._add_node_after(lru.tail.lru_prev[pt], node)
+            picked = window(node)[0] + picked  # the passed resume point goes last: nearest the tail
+    # Oldest demoted first, stock's own order among passed checkpoints: this call's nodes go in
+    # front of those demoted before them, its last picked node nearest the evict-first end.
+    for node in reversed(picked):
+        lru._remove_node(node)  # moves the front on if ``node`` was it
+        installation, front = getattr(lru, FRONT, (None, None))
+        if installation is not STATS:  # no run yet, or one kept by an earlier installation
+            front = lru.tail
+        lru._add_node_after(front.lru_prev[pt], node)
+        setattr(lru, FRONT, (STATS, node))
     return len(picked)
+
+
+def _unlink(wrapped: Any, lru: Any, args: tuple, kwargs: dict) -> Any:
+    """Every node leaving its place in an LRU list (evicted, refreshed to most-recently-used, moved
+    by thin) is unlinked here: when it is the front of thin's demoted run, the front passes to the
+    next node toward the tail (the tail itself when the run is empty)."""
+    node = args[0] if args else kwargs["node"]
+    installation, front = getattr(lru, FRONT, (None, None))
+    if front is node:
+        setattr(lru, FRONT, (installation, node.lru_next[lru._pt]))
+    return wrapped(*args, **kwargs)

@@ -126,3 +126,20 @@ def test_the_key_hashing_runs_keys_spread_the_groups_evenly_on_smgs_ring_and_for
     assert unpinned_keys(sent, name, groups) == []
     stray = served.Served("x", 0, 0.0, [1], "ab2ee258_20261206143821_0", 1, 0, 1, None, None)
     assert unpinned_keys([*sent, stray], name, groups) == ["ab2ee258_20261206143821_0"]
+
+
+def _row(fleet: str, policy: str, prefilled: int, error: str | None = None) -> dict:
+    return {"fleet": fleet, "policy": policy, "prefilled": prefilled, "error": error}
+
+
+def test_fleet_totals_sum_the_policies_every_fleet_ran_and_name_those_above_stock():
+    from devkit.bench.fleet import fleet_totals
+
+    rows = [_row("stock", "cache_aware", 3507), _row("stock", "round_robin", 10542), _row("stock", "hashing", 3507),
+            _row("profile", "cache_aware", 3546), _row("profile", "round_robin", 6437),
+            _row("profile", "hashing", 0, error="worker 0 died")]
+    stock, profile = fleet_totals(rows)
+    assert stock == {"fleet": "stock", "policies": ["cache_aware", "round_robin"], "prefilled": 14049,
+                     "vs_stock": 1.0, "above_stock": []}
+    assert profile["prefilled"] == 9983 and profile["vs_stock"] == 0.71
+    assert profile["above_stock"] == ["cache_aware"]

@@ -113,7 +113,7 @@ def test_cache_built_with_an_explicit_rust_core_stays_stock(thin, caplog):
     assert kit.leak_check() == {"full": 0, "swa": 0}
 
 
-def test_passed_chunk_checkpoints_go_to_the_evict_first_end(thin):
+def test_passed_chunk_checkpoints_go_to_the_evict_first_end_oldest_first(thin):
     tok = rc.Tokens()
     stock, kit = pair()
     other = tok.fresh(6 * P)
@@ -132,7 +132,12 @@ def test_passed_chunk_checkpoints_go_to_the_evict_first_end(thin):
             assert not at_tail(kit, passed)
             assert position_from_head(kit, kit.node_at(passed)) == position_from_head(stock, stock.node_at(passed))
             continue
-        assert at_tail(kit, passed), "the passed checkpoint is the next SWA victim"
+        # Oldest demoted first: the checkpoints passed before this one stay nearer the tail.
+        run = [window_ids(kit, prompt[:e]) for e in ends[:i]]
+        tail, at = tail_ids(kit, sum(map(len, run))), 0
+        for window in run:
+            assert set(tail[at:at + len(window)]) == window, "passed checkpoints are the next SWA victims, oldest first"
+            at += len(window)
         assert not at_tail(stock, passed)
         assert position_from_head(kit, kit.node_at(prompt[:end])) == 0, "the new window stays most recently used"
         assert window_ids(kit, prompt[:end]).isdisjoint(tail_ids(kit, 4))
@@ -140,6 +145,49 @@ def test_passed_chunk_checkpoints_go_to_the_evict_first_end(thin):
     for k, r in zip((stock, kit), reqs):
         k.finish(r, P)
     assert kit.leak_check() == {"full": 0, "swa": 0}
+
+
+def test_a_demoted_checkpoint_a_request_matches_again_leaves_the_run_and_later_ones_queue_behind_the_rest(thin):
+    tok = rc.Tokens()
+    stock, kit = pair()
+    both((stock, kit), lambda k: k.run_turn(tok.fresh(6 * P), P))
+    prompt = tok.fresh(5 * cache_kit.SMALL.chunk)
+    a, b, c = (prompt[: cache_kit.SMALL.chunk * i] for i in (1, 2, 3))
+    req = kit.admit(prompt, P)
+    for checkpoint in (a, b, c):  # one chunk each: passes a, then b (the run's front)
+        kit.prefill_to(req, len(checkpoint))
+    branch = kit.admit(b + tok.fresh(2 * P), P)  # matches b: its window goes to the most-recently-used end
+    assert not window_ids(kit, b) & set(tail_ids(kit, len(window_ids(kit, a)) + 2))
+    kit.prefill_to(req, 4 * cache_kit.SMALL.chunk)  # demotes c
+    run = [window_ids(kit, a), window_ids(kit, c)]
+    tail = tail_ids(kit, sum(map(len, run)))
+    assert set(tail[: len(run[0])]) == run[0] and set(tail[len(run[0]):]) == run[1]
+    kit.prefill(req)
+    kit.finish(req, P)
+    kit.prefill(branch)
+    kit.finish(branch, P)
+    assert kit.leak_check() == {"full": 0, "swa": 0}
+    kit.cache.sanity_check()
+
+
+def test_a_cache_that_outlived_an_uninstall_demotes_again_after_the_switch_is_back(thin):
+    tok = rc.Tokens()
+    kit = cache_kit.build(cache_kit.SMALL, backend=None)
+    prompt = tok.fresh(4 * cache_kit.SMALL.chunk)
+    a, b, c = (prompt[: cache_kit.SMALL.chunk * i] for i in (1, 2, 3))
+    req = kit.admit(prompt, P)
+    for checkpoint in (a, b):
+        kit.prefill_to(req, len(checkpoint))  # a demoted: the run's front
+    boot.uninstall()
+    branch = kit.admit(a + tok.fresh(2 * P), P)  # the front leaves the list unseen
+    boot.install({"DSV41_SWA_THIN": "1"})
+    kit.prefill_to(req, len(c))  # demotes b
+    assert set(tail_ids(kit, len(window_ids(kit, b)))) == window_ids(kit, b)
+    for r in (req, branch):
+        kit.prefill(r)
+        kit.finish(r, P)
+    assert kit.leak_check() == {"full": 0, "swa": 0}
+    kit.cache.sanity_check()
 
 
 def test_first_chunks_prefix_match_node_keeps_its_place(thin):
@@ -186,6 +234,7 @@ def test_one_pass_prefill_demotes_its_prefix_match_node(thin):
 def test_finished_turns_demote_nothing(thin):
     tok = rc.Tokens()
     stock, kit = pair()
+    both((stock, kit), lambda k: k.run_turn(tok.fresh(6 * P), P))  # older traffic: stock's next SWA victim
     prompt = tok.fresh(4 * cache_kit.SMALL.chunk)
     reqs = both((stock, kit), lambda k: k.admit(prompt, P))
     for k, r in zip((stock, kit), reqs):

@@ -427,6 +427,18 @@ def summarize(results: Sequence[FleetResult]) -> list[dict[str, Any]]:
     return rows
 
 
+def fleet_totals(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per fleet: prefilled tokens over the policies every fleet ran without error, against the
+    stock fleet's (the first) over the same policies, and the policies where it prefilled more."""
+    fleets = list(dict.fromkeys(r["fleet"] for r in rows))
+    by = {(r["fleet"], r["policy"]): r["prefilled"] for r in rows if not r["error"]}
+    shared = [p for p in dict.fromkeys(r["policy"] for r in rows) if all((f, p) in by for f in fleets)]
+    stock = sum(by[(fleets[0], p)] for p in shared) if fleets else 0
+    return [{"fleet": f, "policies": shared, "prefilled": (mine := sum(by[(f, p)] for p in shared)),
+             "vs_stock": _ratio(mine, stock), "above_stock": [p for p in shared if by[(f, p)] > by[(fleets[0], p)]]}
+            for f in fleets]
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or not b else round(a / b, 2)
 
@@ -453,6 +465,9 @@ def print_table(rows: Sequence[dict[str, Any]], say: Callable[[str], None] = pri
     for r in rows:
         if r["error"]:
             say(f"{r['fleet']} / {r['policy']}: {r['error']}")
+    for t in fleet_totals(rows)[1:]:
+        say(f"{t['fleet']}: prefilled {t['prefilled']} over {', '.join(t['policies'])}, {t['vs_stock']} x the stock "
+            f"fleet's; above stock at {', '.join(t['above_stock']) or 'no policy'}")
 
 
 def moved_by(row: dict[str, Any]) -> str:
@@ -512,6 +527,6 @@ def run(quick: bool = False, model: str = "mellum") -> dict[str, Any]:
             print(f"{f.label}: receipts gaps {gaps}; survivors {f.survivors}; {f.error or ''}")
     wall = round(time.monotonic() - t0, 1)
     print(f"fleet: {wall:.0f} s")
-    return {"model": model, "traffic": traffic, "smg": gateway.SMG_VERSION, "rows": rows,
+    return {"model": model, "traffic": traffic, "smg": gateway.SMG_VERSION, "rows": rows, "totals": fleet_totals(rows),
             "fleets": [{"fleet": f.label, "profile": f.profile, "boot_s": f.boot_s, "receipts": f.receipts,
                         "survivors": f.survivors, "error": f.error} for f in results], "wall_s": wall}
