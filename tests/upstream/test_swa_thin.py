@@ -147,10 +147,19 @@ def test_passed_chunk_checkpoints_go_to_the_evict_first_end_oldest_first(thin):
     assert kit.leak_check() == {"full": 0, "swa": 0}
 
 
+def drain(kit: cache_kit.CacheKit, *reqs) -> None:
+    """Prefill and finish ``reqs`` in turn: nothing leaks and the tree stays sound."""
+    for r in reqs:
+        kit.prefill(r)
+        kit.finish(r, P)
+    assert kit.leak_check() == {"full": 0, "swa": 0}
+    kit.cache.sanity_check()
+
+
 def test_a_demoted_checkpoint_a_request_matches_again_leaves_the_run_and_later_ones_queue_behind_the_rest(thin):
     tok = rc.Tokens()
-    stock, kit = pair()
-    both((stock, kit), lambda k: k.run_turn(tok.fresh(6 * P), P))
+    kit = cache_kit.build(cache_kit.SMALL, backend=None)
+    kit.run_turn(tok.fresh(6 * P), P)
     prompt = tok.fresh(5 * cache_kit.SMALL.chunk)
     a, b, c = (prompt[: cache_kit.SMALL.chunk * i] for i in (1, 2, 3))
     req = kit.admit(prompt, P)
@@ -162,12 +171,7 @@ def test_a_demoted_checkpoint_a_request_matches_again_leaves_the_run_and_later_o
     run = [window_ids(kit, a), window_ids(kit, c)]
     tail = tail_ids(kit, sum(map(len, run)))
     assert set(tail[: len(run[0])]) == run[0] and set(tail[len(run[0]):]) == run[1]
-    kit.prefill(req)
-    kit.finish(req, P)
-    kit.prefill(branch)
-    kit.finish(branch, P)
-    assert kit.leak_check() == {"full": 0, "swa": 0}
-    kit.cache.sanity_check()
+    drain(kit, req, branch)
 
 
 def test_a_cache_that_outlived_an_uninstall_demotes_again_after_the_switch_is_back(thin):
@@ -183,11 +187,7 @@ def test_a_cache_that_outlived_an_uninstall_demotes_again_after_the_switch_is_ba
     boot.install({"DSV41_SWA_THIN": "1"})
     kit.prefill_to(req, len(c))  # demotes b
     assert set(tail_ids(kit, len(window_ids(kit, b)))) == window_ids(kit, b)
-    for r in (req, branch):
-        kit.prefill(r)
-        kit.finish(r, P)
-    assert kit.leak_check() == {"full": 0, "swa": 0}
-    kit.cache.sanity_check()
+    drain(kit, req, branch)
 
 
 def test_first_chunks_prefix_match_node_keeps_its_place(thin):
