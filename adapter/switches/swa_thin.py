@@ -109,10 +109,12 @@ SET_BY_OVERLAY_ENV = "_DSV41_TREE_CORE_SET_BY_OVERLAY"
 RECEIPT_EVERY = 1024
 SHARED_HIT_COUNT = 2  # the node's creator plus the request passing it
 # On an SWA LRU list: (the installation's STATS, the node thin demoted last). The run from that node
-# to the tail holds only nodes thin demoted and nothing has touched since, oldest nearest the tail:
-# upstream adds every other node at the most-recently-used end (``head`` or ``mid``). A run kept by
-# an earlier installation in this process is forgotten: its front may have moved while no wrapper
-# watched.
+# to the tail holds the nodes thin demoted and nothing has touched since, oldest nearest the tail:
+# upstream adds nodes at the most-recently-used end (``head`` or ``mid``), except a split's new prefix
+# node, which goes right behind the node it was split from (``_split_node``: inside the run only when
+# that node is in it, and it then leaves with it, as in stock order) and the eviction walk's cursor
+# sentinel. A run kept by an earlier installation in this process is forgotten: its front may have
+# moved while no wrapper watched.
 FRONT = "_dsv41_thin_front"
 
 
