@@ -167,9 +167,8 @@ DSV4_SWA_RATIO = 12 * 256 / DSV4_MAX_TOTAL_TOKENS
 DSV4_HICACHE_CHURN: dict[tuple[float, str], int] = {(2.0, "write_through"): 4}
 # The host phase's session: two chunks. A one-chunk session is one leaf, which leaves both tiers
 # whole: its resume finds no Full KV on host and the cone plans nothing (in-process: no load at any
-# churn). With two (as in
-# devkit/testkit/dsv4_cone_hicache.py), the resume finds Full KV on host up to a page short of the
-# prompt's end, and the cone loads it back.
+# churn). With two (as in devkit/testkit/dsv4_cone_hicache.py), the resume finds Full KV on host up
+# to a page short of the prompt's end, and the cone loads it back.
 DSV4_HOST_SESSION_TOKENS = 2 * DSV4_CHUNK
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from devkit.bench.fleet import served
+from devkit.bench.fleet import fleet_totals, served
 
 pytest.importorskip("sglang.srt.utils.request_logger")
 
@@ -133,8 +133,6 @@ def _row(fleet: str, policy: str, prefilled: int, error: str | None = None) -> d
 
 
 def test_fleet_totals_sum_the_policies_every_fleet_ran_and_name_those_above_stock():
-    from devkit.bench.fleet import fleet_totals
-
     rows = [_row("stock", "cache_aware", 3507), _row("stock", "round_robin", 10542), _row("stock", "hashing", 3507),
             _row("profile", "cache_aware", 3546), _row("profile", "round_robin", 6437),
             _row("profile", "hashing", 0, error="worker 0 died")]
